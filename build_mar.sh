@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Builds a TorchServe model archive (.mar) that serves a PyG GNN from a graph. See --help.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+ARCHIVER="${ARCHIVER:-$(dirname "$PYTHON")/torch-model-archiver}"
+
+usage() {
+  cat <<'HELP'
+Usage: ./build_mar.sh [options]
+
+Builds <export-path>/<name>.mar (version 1.0) or <name>_v<version>.mar (any other version):
+the serialized graph, the trained (or given) weights, the handler and its model-config YAML.
+With no options: the demo graph (graph_assets/demo), GraphSAGE, model_store/gnn.mar.
+
+Graph
+  --graph DIR             input graph: DIR/nodes.csv + DIR/edges.csv (or .parquet); format in
+                          docs/graph-format.md. Default: graph_assets/demo
+  --synthetic NODES EDGES generate a labelled synthetic graph instead (IDs 0..NODES-1)
+  --feature-dim N         features of a synthetic graph (default 128)
+  --num-classes N         classes of a synthetic graph (default 8)
+  --undirected            add the reverse of every edge
+
+Model
+  --task node             node classification (link and graph arrive in a later release;
+                          any other value is refused)
+  --arch NAME             gcn | sage | gat | gin (default sage)
+  --hidden-dim N          hidden width (default 64)
+  --num-layers N          message-passing layers = sampled hops (default 2)
+  --heads N               GAT attention heads (default 4)
+  --epochs N              training epochs, early stopping on validation accuracy (default 200)
+  --seed N                training seed (default 0)
+  --weights FILE          package this state_dict instead of training; the architecture comes
+                          from FILE's sibling model_config.json if present, else from the flags
+
+Serving (written to the archive's model-config YAML)
+  --fanouts LIST          neighbours per hop, comma list, -1 = all (default 25,10,...);
+                          --fanouts -1,-1 and --fanouts=-1,-1 both work; -1 at every hop gives
+                          exactly the full-graph answer
+  --batch-size N          TorchServe batchSize (default 8)
+  --max-batch-delay MS    TorchServe maxBatchDelay (default 5)
+  --min-workers N         minWorkers (default 1)
+  --max-workers N         maxWorkers (default 1)
+  --response-timeout S    responseTimeout (default 60)
+  --startup-timeout S     startupTimeout (default 300)
+  --device auto|cpu|gpu   deviceType; auto = gpu when this machine has CUDA (default auto)
+  --sampling-seed N       seed of the deterministic neighbour sampler (default 0)
+  --max-ids N             node IDs accepted in one request (default 1024)
+
+Archive
+  --name NAME             model name (default gnn)
+  --version V             model version (default 1.0)
+  --export-path DIR       where the .mar goes (default model_store)
+  -h, --help              this text
+HELP
+}
+
+die() { echo "build_mar.sh: error: $*" >&2; exit 2; }
+step() { echo "==> $*"; }
+
+graph="$ROOT/graph_assets/demo"; synthetic=(); undirected=(); task=node; arch=sage
+name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""
+model_args=(); train_args=(); synth_args=(); yaml_args=()
+
+need() { [ $# -ge 2 ] || die "$1 needs a value (see --help)"; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) usage; exit 0 ;;
+    --*=*) opt="${1%%=*}"; val="${1#*=}"; shift; set -- "$opt" "$val" "$@"; continue ;;
+    --graph) need "$@"; graph="$2"; shift 2 ;;
+    --synthetic) [ $# -ge 3 ] || die "--synthetic needs NODES EDGES"
+                 synthetic=("$2" "$3"); shift 3 ;;
+    --feature-dim|--num-classes) need "$@"; synth_args+=("$1" "$2"); shift 2 ;;
+    --undirected) undirected=(--undirected); shift ;;
+    --task) need "$@"; task="$2"; shift 2 ;;
+    --arch) need "$@"; arch="$2"; shift 2 ;;
+    --hidden-dim|--num-layers|--heads) need "$@"; model_args+=("$1" "$2"); shift 2 ;;
+    --epochs|--seed) need "$@"; train_args+=("$1" "$2"); shift 2 ;;
+    --weights) need "$@"; weights="$2"; shift 2 ;;
+    --fanouts|--batch-size|--max-batch-delay|--min-workers|--max-workers|--response-timeout|\
+    --startup-timeout|--device|--sampling-seed|--max-ids)
+      need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
+    --name) need "$@"; name="$2"; shift 2 ;;
+    --version) need "$@"; version="$2"; shift 2 ;;
+    --export-path) need "$@"; export_path="$2"; shift 2 ;;
+    *) die "unknown option '$1' (see --help)" ;;
+  esac
+done
+
+[ "$task" = node ] || die "--task $task is not available yet: this release serves node classification only (--task node); link prediction and graph classification arrive with their own release"
+[[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9_-]*$ ]] || die "--name must be letters, digits, '_' or '-' (got '$name')"
+[[ "$version" =~ ^[0-9A-Za-z][0-9A-Za-z._-]*$ ]] || die "--version must look like 1.0 (got '$version')"
+[ -x "$PYTHON" ] || die "no Python environment at $PYTHON; run 'make install' first"
+[ -n "$weights" ] && { [ -f "$weights" ] || die "--weights $weights: no such file"; }
+if [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no such directory"; fi
+mkdir -p "$export_path"
+export_path="$(cd "$export_path" && pwd)"
+[ "$version" = 1.0 ] && archive="$name.mar" || archive="${name}_v${version}.mar"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/gnnserve-build.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
+stage="$work/stage"
+mkdir -p "$stage" "$work/out"
+cd "$ROOT"
+
+if [ ${#synthetic[@]} -gt 0 ]; then
+  step "1/4 generating a synthetic graph: ${synthetic[0]} nodes, ${synthetic[1]} edges"
+  "$PYTHON" -m graph_assets synthetic "${synthetic[@]}" --out "$stage/graph" "${synth_args[@]}"
+else
+  step "1/4 serializing the graph in $graph"
+  "$PYTHON" -m graph_assets build --graph "$graph" --out "$stage/graph" "${undirected[@]}"
+fi
+
+if [ -n "$weights" ]; then
+  step "2/4 packaging the given weights $weights"
+  "$PYTHON" -m model package --store "$stage/graph" --weights "$weights" --arch "$arch" \
+    --out "$work/model" "${model_args[@]}"
+else
+  step "2/4 training a $arch node classifier"
+  "$PYTHON" -m model train --store "$stage/graph" --arch "$arch" --out "$work/model" \
+    "${model_args[@]}" "${train_args[@]}"
+fi
+cp "$work/model/model_config.json" "$work/model/metrics.json" "$stage/"
+
+step "3/4 writing the model-config YAML and staging the code"
+"$PYTHON" -m handler.archive_config --out "$work/model-config.yaml" \
+  --model-config "$stage/model_config.json" "${yaml_args[@]}"
+"$PYTHON" -m handler.build_info --name "$name" --version "$version" --graph "$stage/graph" \
+  --metrics "$stage/metrics.json" --model-config "$stage/model_config.json" --out "$stage/build_info.json"
+for package in graph_assets model handler; do
+  mkdir -p "$stage/$package"
+  cp "$package"/*.py "$stage/$package/"
+done
+
+step "4/4 packaging $archive with torch-model-archiver"
+"$ARCHIVER" --model-name "$name" --version "$version" --handler handler/gnn_handler.py \
+  --serialized-file "$work/model/model.pt" --extra-files "$stage" \
+  --config-file "$work/model-config.yaml" --export-path "$work/out" --force
+mv -f "$work/out/$name.mar" "$export_path/$archive"
+echo "built $export_path/$archive ($(du -h "$export_path/$archive" | cut -f1))"

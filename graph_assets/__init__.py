@@ -1,0 +1,25 @@
+"""Build and load gnnserve's serialized graph: validated input, memory-mapped CSC store.
+
+No torch here: the model and the handler import this package, never the other way round.
+"""
+
+from graph_assets.errors import GraphInputError, StoreError
+from graph_assets.reader import RawGraph, read_graph_dir
+from graph_assets.store import FORMAT_VERSION, GraphStore, StoreMeta, open_store
+from graph_assets.synthetic import generate_synthetic, write_synthetic_csv
+from graph_assets.writer import StoreBuilder, write_store
+
+__all__ = [
+    "FORMAT_VERSION",
+    "GraphInputError",
+    "GraphStore",
+    "RawGraph",
+    "StoreBuilder",
+    "StoreError",
+    "StoreMeta",
+    "generate_synthetic",
+    "open_store",
+    "read_graph_dir",
+    "write_store",
+    "write_synthetic_csv",
+]

@@ -1,0 +1,27 @@
+"""The two ways building or opening a graph store fails, each with a message a user can act on."""
+
+from __future__ import annotations
+
+
+class GraphInputError(ValueError):
+    """An input file (nodes/edges CSV or Parquet) is missing or holds a bad value.
+
+    ``row`` is the 1-based data row as a user counts it (the header is not a row, so data row 17
+    of a CSV is its line 18), or ``None`` when the problem is not in one row (a missing file or
+    column). The message reads ``nodes.csv row 17: <problem>``.
+    """
+
+    def __init__(self, file: str, row: int | None, problem: str) -> None:
+        self.file = file
+        self.row = row
+        self.problem = problem
+        where = file if row is None else f"{file} row {row}"
+        super().__init__(f"{where}: {problem}")
+
+    def __reduce__(self) -> tuple[type[GraphInputError], tuple[str, int | None, str]]:
+        # The default reduce would call __init__ with the message alone; keep the fields instead.
+        return (type(self), (self.file, self.row, self.problem))
+
+
+class StoreError(RuntimeError):
+    """A graph store is missing, corrupt, of another format version, or cannot be written."""

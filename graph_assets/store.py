@@ -1,0 +1,472 @@
+"""The store format (version 1) and `open_store`, which memory-maps a store after checking it.
+
+A store is one directory of ``.npy`` arrays plus ``meta.json`` (docs/architecture.md has the
+table). Every check a server needs happens here, at open time, so a bad store refuses to load
+with a message that says how to fix it instead of failing mid-request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypedDict, cast
+
+import numpy as np
+
+from graph_assets.errors import StoreError
+
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+# Sorted by name: the combined checksum hashes the files' digests in this order.
+ARRAY_FILES = (
+    "features.npy",
+    "ids.npy",
+    "in_degree.npy",
+    "indices.npy",
+    "indptr.npy",
+    "labels.npy",
+    "out_degree.npy",
+)
+REBUILD_HINT = (
+    "rebuild the store with `python -m graph_assets build --graph DIR --out STORE` "
+    "(or `python -m graph_assets synthetic ...`)"
+)
+
+_HASH_BLOCK_BYTES = 8 << 20
+_SCAN_BLOCK = 1 << 22  # elements per pass over a memory-mapped array: bounded temporaries
+_INT64 = np.dtype("<i8")
+_INDEX_DTYPES = (np.dtype("<i4"), _INT64)
+# Canonical decimal form of an int, as str(int) writes it: no sign on zero, no leading zeros.
+_CANONICAL_INT = re.compile(r"0|-?[1-9][0-9]*")
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+
+IdKind = Literal["int", "str"]
+
+
+class FileMeta(TypedDict):
+    """What meta.json records about one array file."""
+
+    dtype: str  # numpy dtype string, e.g. "<f4", "|S12"
+    shape: list[int]
+    bytes: int
+    sha256: str
+
+
+class StoreStats(TypedDict):
+    """What the build dropped; ``input_edges`` counts edges after ``--undirected`` doubling."""
+
+    input_edges: int
+    self_loops_dropped: int
+    duplicate_edges_dropped: int
+    undirected: bool
+
+
+class StoreMeta(TypedDict):
+    """The content of meta.json (format version 1)."""
+
+    format_version: int
+    num_nodes: int
+    num_edges: int
+    feature_dim: int
+    num_classes: int
+    class_names: list[str] | None
+    id_kind: IdKind
+    files: dict[str, FileMeta]
+    checksum: str
+    stats: StoreStats
+
+
+def index_dtype(count: int) -> np.dtype[Any]:
+    """The dtype that indexes ``count`` items: int32 while it fits (half the memory), else int64."""
+    return np.dtype("<i4") if count < 2**31 else _INT64
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in blocks so a large feature matrix is never held in memory."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_HASH_BLOCK_BYTES):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def combined_checksum(file_sha256: Mapping[str, str]) -> str:
+    """One digest naming the whole graph: sha256 over the files' hex digests in name order."""
+    joined = "".join(file_sha256[name] for name in sorted(file_sha256))
+    return hashlib.sha256(joined.encode("ascii")).hexdigest()
+
+
+@dataclass(frozen=True, eq=False)
+class GraphStore:
+    """An opened store; use `open_store` to get one.
+
+    The arrays are read-only memory maps, so every worker serving the graph shares one copy in
+    the page cache. Internal node ``i`` is the node whose external ID is ``ids[i]``.
+
+    Attributes:
+        path: the store directory.
+        meta: the content of meta.json.
+        indptr: ``[N+1]`` int32/int64; the in-edges of node ``v`` are
+            ``indices[indptr[v]:indptr[v+1]]`` (CSC).
+        indices: ``[E]`` int32/int64 source node of each in-edge, ascending within a node.
+        features: ``[N, F]`` float32 node features.
+        labels: ``[N]`` int64 class index, -1 for an unlabelled node.
+        in_degree: ``[N]`` int64 full-graph in-degree (no self-loops, no duplicates).
+        out_degree: ``[N]`` int64 full-graph out-degree.
+        ids: ``[N]`` sorted external IDs, int64 or UTF-8 bytes (``S<k>``).
+    """
+
+    path: Path
+    meta: StoreMeta
+    indptr: np.ndarray
+    indices: np.ndarray
+    features: np.ndarray
+    labels: np.ndarray
+    in_degree: np.ndarray
+    out_degree: np.ndarray
+    ids: np.ndarray
+
+    @property
+    def num_nodes(self) -> int:
+        return self.meta["num_nodes"]
+
+    @property
+    def num_edges(self) -> int:
+        return self.meta["num_edges"]
+
+    @property
+    def feature_dim(self) -> int:
+        return self.meta["feature_dim"]
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (0 when the graph has no labels)."""
+        return self.meta["num_classes"]
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """Name of each class index, or None when labels were given as integers."""
+        return self.meta["class_names"]
+
+    @property
+    def id_kind(self) -> IdKind:
+        return self.meta["id_kind"]
+
+    @property
+    def checksum(self) -> str:
+        """Digest of all arrays: names this exact graph (e.g. to seed deterministic sampling)."""
+        return self.meta["checksum"]
+
+    def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
+        """Internal indices (int64) of external ``ids``; -1 marks an ID the graph does not have.
+
+        On an int store a str in canonical decimal form (``"42"``, not ``"042"``) finds node 42;
+        on a str store an int finds the node whose ID is its decimal string. Anything else
+        (bools, floats, other strings) is reported missing rather than raising, since callers
+        turn -1 into "node not found".
+        """
+        keys, usable = self._keys(ids)
+        pos = np.searchsorted(self.ids, keys)
+        # Positions past the end and unusable keys both mean missing; clip only to compare safely.
+        clipped = np.minimum(pos, self.num_nodes - 1)
+        found = usable & (pos < self.num_nodes) & (self.ids[clipped] == keys)
+        return np.where(found, pos, -1).astype(np.int64)
+
+    def _keys(self, ids: Sequence[int | str]) -> tuple[np.ndarray, np.ndarray]:
+        """The query IDs as an array of ``ids.dtype`` plus a mask of those that could match."""
+        if self.id_kind == "int":
+            ints = [_as_int_id(x) for x in ids]
+            usable = np.array([v is not None for v in ints], dtype=bool)
+            keys = np.array([0 if v is None else v for v in ints], dtype=np.int64)
+            return keys, usable
+        width = self.ids.dtype.itemsize
+        raw = [_as_str_id(x) for x in ids]
+        # Longer keys would be truncated by the S<k> dtype and could falsely match a prefix.
+        usable = np.array([b is not None and len(b) <= width for b in raw], dtype=bool)
+        keys = np.array(
+            [b if ok and b is not None else b"" for b, ok in zip(raw, usable, strict=True)],
+            dtype=self.ids.dtype,
+        )
+        return keys, usable
+
+    def edge_index(self) -> np.ndarray:
+        """All edges as int64 ``[2, E]`` (row 0 source, row 1 destination), in CSC order.
+
+        This materialises the whole graph: meant for training and full-graph reference checks,
+        not for serving.
+        """
+        dst = np.repeat(np.arange(self.num_nodes, dtype=np.int64), np.diff(self.indptr))
+        return np.stack([np.asarray(self.indices, dtype=np.int64), dst])
+
+    def external_ids(self, index: np.ndarray) -> list[int | str]:
+        """External IDs of internal indices (Python ints or strs, as the input file had them)."""
+        index = np.asarray(index)
+        if index.size and (index.min() < 0 or index.max() >= self.num_nodes):
+            raise ValueError(
+                f"internal indices must be in [0, {self.num_nodes}), got values from "
+                f"{index.min()} to {index.max()}; map external IDs with lookup() first"
+            )
+        values: list[Any] = self.ids[index].tolist()
+        if self.id_kind == "int":
+            return values
+        return [v.decode("utf-8") for v in values]
+
+
+def _as_int_id(x: object) -> int | None:
+    """``x`` as an int64 node ID, or None when it cannot be one."""
+    if isinstance(x, bool | np.bool_):
+        return None
+    if isinstance(x, int | np.integer) or (isinstance(x, str) and _CANONICAL_INT.fullmatch(x)):
+        value = int(x)
+        return value if _INT64_MIN <= value <= _INT64_MAX else None
+    return None
+
+
+def _as_str_id(x: object) -> bytes | None:
+    """``x`` as the UTF-8 bytes of a string node ID, or None when it cannot be one."""
+    if isinstance(x, bool | np.bool_):
+        return None
+    if isinstance(x, int | np.integer):
+        return str(int(x)).encode("ascii")
+    if not isinstance(x, str):
+        return None
+    try:
+        encoded = x.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: no stored ID can equal them
+        return None
+    # Stored IDs are never empty and never hold NUL (S<k> would strip a trailing one).
+    return encoded if encoded and b"\0" not in encoded else None
+
+
+def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
+    """Open the store at ``path`` after checking it; raise `StoreError` if anything is off.
+
+    Checks the format version, that every file is present with the size, dtype and shape that
+    meta.json records (and that the format requires), the CSC structure (``indptr`` starts at 0,
+    never decreases, ends at E; ``indices`` in range), label range, sorted unique IDs and
+    degrees. With ``verify_checksum`` (default) it also re-hashes every file, which reads the
+    whole store once; turn it off only where the store was verified already.
+    """
+    path = Path(path)
+    meta = _read_meta(path)
+    for name in ARRAY_FILES:
+        _check_size(path, name, meta["files"][name])
+    if verify_checksum:
+        _verify_checksums(path, meta)
+    expected = _expected_layout(meta)
+    arrays = {name: _load(path, name, meta["files"][name], expected[name]) for name in ARRAY_FILES}
+    _check_structure(path, meta, arrays)
+    return GraphStore(
+        path=path,
+        meta=meta,
+        indptr=arrays["indptr.npy"],
+        indices=arrays["indices.npy"],
+        features=arrays["features.npy"],
+        labels=arrays["labels.npy"],
+        in_degree=arrays["in_degree.npy"],
+        out_degree=arrays["out_degree.npy"],
+        ids=arrays["ids.npy"],
+    )
+
+
+def _read_meta(path: Path) -> StoreMeta:
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
+        raise StoreError(
+            f"{path} is not a graph store: expected {META_FILE} there, found none; {REBUILD_HINT}"
+        )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{meta_path}: cannot read it as JSON ({exc}); {REBUILD_HINT}") from exc
+    if not isinstance(meta, dict):
+        raise StoreError(f"{meta_path}: expected a JSON object, found {type(meta).__name__}")
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise StoreError(
+            f"{meta_path}: format_version is {version!r}, this gnnserve reads version "
+            f"{FORMAT_VERSION}; {REBUILD_HINT} with this version"
+        )
+    _check_meta_fields(meta_path, meta)
+    return cast(StoreMeta, meta)
+
+
+def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
+    """Types and ranges of meta.json's fields, so later code can trust them."""
+
+    def bad(problem: str) -> StoreError:
+        return StoreError(f"{meta_path}: {problem}; {REBUILD_HINT}")
+
+    minimum = {"num_nodes": 1, "num_edges": 0, "feature_dim": 1, "num_classes": 0}
+    for key, low in minimum.items():
+        value = meta.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise bad(f"{key} must be an integer >= {low}, found {value!r}")
+    names = meta.get("class_names")
+    if names is not None and (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) for n in names)
+        or len(names) != meta["num_classes"]
+    ):
+        raise bad(f"class_names must be null or {meta['num_classes']} strings, found {names!r}")
+    if meta.get("id_kind") not in ("int", "str"):
+        raise bad(f"id_kind must be 'int' or 'str', found {meta.get('id_kind')!r}")
+    if not isinstance(meta.get("checksum"), str):
+        raise bad("checksum is missing")
+    if not isinstance(meta.get("stats"), dict):
+        raise bad("stats is missing")
+    files = meta.get("files")
+    if not isinstance(files, dict) or sorted(files) != list(ARRAY_FILES):
+        listed = sorted(files) if isinstance(files, dict) else files
+        raise bad(f"files must list exactly {list(ARRAY_FILES)}, found {listed!r}")
+    for name, entry in files.items():
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("dtype"), str)
+            and isinstance(entry.get("shape"), list)
+            and all(isinstance(d, int) for d in entry["shape"])
+            and isinstance(entry.get("bytes"), int)
+            and isinstance(entry.get("sha256"), str)
+        ):
+            raise bad(f"files[{name!r}] must hold dtype, shape, bytes and sha256, found {entry!r}")
+
+
+def _check_size(path: Path, name: str, entry: FileMeta) -> None:
+    file = path / name
+    if not file.is_file():
+        raise StoreError(f"{file} is missing: the store is incomplete; {REBUILD_HINT}")
+    size = file.stat().st_size
+    if size != entry["bytes"]:
+        raise StoreError(
+            f"{file} is {size} bytes, meta.json says {entry['bytes']}: the file was truncated "
+            f"or replaced; {REBUILD_HINT}"
+        )
+
+
+def _verify_checksums(path: Path, meta: StoreMeta) -> None:
+    digests = {}
+    for name in ARRAY_FILES:
+        digest = sha256_file(path / name)
+        if digest != meta["files"][name]["sha256"]:
+            raise StoreError(
+                f"{path / name} has sha256 {digest}, meta.json says "
+                f"{meta['files'][name]['sha256']}: the file is corrupt or was changed; "
+                f"{REBUILD_HINT}"
+            )
+        digests[name] = digest
+    combined = combined_checksum(digests)
+    if combined != meta["checksum"]:
+        raise StoreError(
+            f"{path / META_FILE}: checksum is {meta['checksum']}, the files combine to "
+            f"{combined}; {REBUILD_HINT}"
+        )
+
+
+def _expected_layout(meta: StoreMeta) -> dict[str, tuple[tuple[np.dtype[Any], ...], list[int]]]:
+    """Allowed dtypes and the shape of each file, as the format defines them from meta's counts."""
+    n, e, f = meta["num_nodes"], meta["num_edges"], meta["feature_dim"]
+    if meta["id_kind"] == "int":
+        id_dtypes: tuple[np.dtype[Any], ...] = (_INT64,)
+    else:
+        # Any width: S<k> is as wide as the longest ID. Checked by kind in _load.
+        id_dtypes = (np.dtype("S1"),)
+    return {
+        "features.npy": ((np.dtype("<f4"),), [n, f]),
+        "ids.npy": (id_dtypes, [n]),
+        "in_degree.npy": ((_INT64,), [n]),
+        "indices.npy": (_INDEX_DTYPES, [e]),
+        "indptr.npy": (_INDEX_DTYPES, [n + 1]),
+        "labels.npy": ((_INT64,), [n]),
+        "out_degree.npy": ((_INT64,), [n]),
+    }
+
+
+def _load(
+    path: Path,
+    name: str,
+    entry: FileMeta,
+    expected: tuple[tuple[np.dtype[Any], ...], list[int]],
+) -> np.ndarray:
+    file = path / name
+    try:
+        array = np.load(file, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{file}: cannot read it as a .npy array ({exc}); {REBUILD_HINT}") from exc
+    found = f"{array.dtype.str} {list(array.shape)}"
+    recorded = f"{entry['dtype']} {entry['shape']}"
+    if found != recorded:
+        raise StoreError(
+            f"{file} holds {found} (dtype, shape), meta.json says {recorded}: the store's files "
+            f"and meta.json disagree; {REBUILD_HINT}"
+        )
+    dtypes, shape = expected
+    if array.dtype.kind == "S" and dtypes[0].kind == "S":
+        dtype_ok = array.dtype.itemsize >= 1
+    else:
+        dtype_ok = array.dtype in dtypes
+    if not dtype_ok or list(array.shape) != shape:
+        allowed = " or ".join("S<k>" if d.kind == "S" else d.str for d in dtypes)
+        raise StoreError(
+            f"{file} holds {found}, format version {FORMAT_VERSION} needs {allowed} {shape}; "
+            f"{REBUILD_HINT}"
+        )
+    return array
+
+
+def _blocks(length: int) -> Iterator[tuple[int, int]]:
+    for start in range(0, length, _SCAN_BLOCK):
+        yield start, min(start + _SCAN_BLOCK, length)
+
+
+def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray]) -> None:
+    """The invariants the sampler and the model rely on, checked in bounded-memory passes."""
+    n, e = meta["num_nodes"], meta["num_edges"]
+    indptr, indices = arrays["indptr.npy"], arrays["indices.npy"]
+
+    def bad(name: str, problem: str) -> StoreError:
+        return StoreError(f"{path / name}: {problem}; {REBUILD_HINT}")
+
+    if indptr[0] != 0 or indptr[-1] != e:
+        raise bad(
+            "indptr.npy",
+            f"indptr must start at 0 and end at num_edges={e}, found {indptr[0]} .. {indptr[-1]}",
+        )
+    for start, stop in _blocks(n):
+        counts = np.diff(indptr[start : stop + 1])
+        drops = np.flatnonzero(counts < 0)
+        if drops.size:
+            v = start + int(drops[0])
+            raise bad(
+                "indptr.npy",
+                f"indptr must never decrease, found indptr[{v}]={indptr[v]} > "
+                f"indptr[{v + 1}]={indptr[v + 1]}",
+            )
+        if not np.array_equal(counts, arrays["in_degree.npy"][start:stop]):
+            raise bad("in_degree.npy", "in_degree disagrees with indptr's in-edge counts")
+        ids = arrays["ids.npy"][start : min(stop + 1, n)]
+        if not np.all(ids[1:] > ids[:-1]):
+            raise bad("ids.npy", "ids must be sorted ascending without duplicates")
+    for start, stop in _blocks(e):
+        block = indices[start:stop]
+        if block.min() < 0 or block.max() >= n:
+            raise bad(
+                "indices.npy",
+                f"source indices must be in [0, {n}), found values from {block.min()} to "
+                f"{block.max()}",
+            )
+    out_degree = np.bincount(indices, minlength=n)
+    if not np.array_equal(out_degree, arrays["out_degree.npy"]):
+        raise bad("out_degree.npy", "out_degree disagrees with the edges in indices.npy")
+    labels, num_classes = arrays["labels.npy"], meta["num_classes"]
+    for start, stop in _blocks(n):
+        block = labels[start:stop]
+        if block.min() < -1 or block.max() >= num_classes:
+            raise bad(
+                "labels.npy",
+                f"labels must be -1 (unlabelled) or in [0, {num_classes}), found values from "
+                f"{block.min()} to {block.max()}",
+            )

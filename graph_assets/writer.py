@@ -1,0 +1,356 @@
+"""Write a graph store: CSC structure, features, IDs, labels, degrees and meta.json.
+
+Everything is written into a temp dir beside the output, fsynced, hashed, and then swapped into
+place in one rename, so a reader never sees a half-written store and a failed build leaves
+nothing behind. `StoreBuilder` is the one code path; `write_store` feeds it a `RawGraph`, the
+synthetic generator feeds it features chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import numpy as np
+
+from graph_assets.errors import StoreError
+from graph_assets.reader import RawGraph
+from graph_assets.store import (
+    ARRAY_FILES,
+    FORMAT_VERSION,
+    META_FILE,
+    FileMeta,
+    StoreMeta,
+    StoreStats,
+    combined_checksum,
+    index_dtype,
+    sha256_file,
+)
+
+_FEATURE_BLOCK_BYTES = 64 << 20
+
+
+def feature_block_rows(feature_dim: int) -> int:
+    """Rows per `StoreBuilder.add_features` block: about 64 MiB, so memory stays bounded."""
+    return max(1, _FEATURE_BLOCK_BYTES // (4 * feature_dim))
+
+
+class StoreBuilder:
+    """Stages one store in a temp dir beside ``out_dir``; `commit` moves it into place.
+
+    Use it as a context manager: leaving the block without a commit (an exception, say)
+    removes the temp dir. Features stream in with `add_features` in internal order (``ids``
+    order), block by block (`feature_block_rows` rows suit), so a large matrix never has to be
+    held twice in memory.
+
+    Args:
+        out_dir: where the store goes. It may be absent, an empty directory or a previous
+            store (replaced); anything else is refused with `StoreError` before work starts.
+        ids: the external IDs in internal order: int64, or UTF-8 bytes ``S<k>``, strictly
+            ascending (sorted order is what makes lookup a binary search).
+        feature_dim: columns of the feature matrix.
+    """
+
+    def __init__(self, out_dir: Path, ids: np.ndarray, feature_dim: int) -> None:
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or ids.size == 0 or not (ids.dtype == np.int64 or ids.dtype.kind == "S"):
+            raise ValueError(
+                f"ids must be a non-empty 1-D int64 or bytes (S<k>) array, got dtype {ids.dtype} "
+                f"shape {ids.shape}"
+            )
+        if not np.all(ids[1:] > ids[:-1]):
+            raise ValueError("ids must be strictly ascending (sorted, no duplicates)")
+        if feature_dim < 1:
+            raise ValueError(f"feature_dim must be >= 1, got {feature_dim}")
+        self.out_dir = Path(out_dir)
+        self.ids = ids
+        self.feature_dim = feature_dim
+        self._rows_written = 0
+        _check_replaceable(self.out_dir)
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        self._staging = Path(
+            tempfile.mkdtemp(
+                prefix=f".{self.out_dir.name}.", suffix=".tmp", dir=self.out_dir.parent
+            )
+        )
+        self._features: IO[bytes] | None = None
+        try:
+            # mkdtemp makes the dir private (0700); a store is read by other users' workers.
+            self._staging.chmod(0o755)
+            self._features = (self._staging / "features.npy").open("wb")
+            header = {
+                "descr": "<f4",
+                "fortran_order": False,
+                "shape": (len(ids), feature_dim),
+            }
+            np.lib.format.write_array_header_1_0(self._features, header)
+        except BaseException:
+            self.abort()
+            raise
+
+    def __enter__(self) -> StoreBuilder:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.abort()
+
+    def add_features(self, rows: np.ndarray) -> None:
+        """Append feature rows (any float dtype; stored float32) for the next nodes in order."""
+        if self._features is None:
+            raise RuntimeError("this StoreBuilder was committed or aborted already")
+        block = np.ascontiguousarray(rows, dtype="<f4")
+        if block.ndim != 2 or block.shape[1] != self.feature_dim:
+            raise ValueError(f"feature rows must be [n, {self.feature_dim}], got {block.shape}")
+        if self._rows_written + len(block) > len(self.ids):
+            raise ValueError(
+                f"got {self._rows_written + len(block)} feature rows for {len(self.ids)} nodes"
+            )
+        if not np.isfinite(block).all():
+            raise ValueError("features must be finite (no NaN or inf)")
+        self._features.write(block.data)
+        self._rows_written += len(block)
+
+    def commit(
+        self,
+        src: np.ndarray,
+        dst: np.ndarray,
+        labels: np.ndarray,
+        *,
+        num_classes: int,
+        class_names: Sequence[str] | None,
+        undirected: bool,
+    ) -> StoreMeta:
+        """Finish the store and move it into place; return its meta.
+
+        ``src``/``dst`` are internal indices of the directed edges ``src -> dst``; self-loops
+        and duplicates are dropped and counted in ``meta["stats"]``. ``labels`` are class
+        indices in internal order (-1 unlabelled); ``class_names[k]`` names class ``k``.
+        ``undirected`` is only recorded: the caller has already added the reverse edges.
+        """
+        if self._features is None:
+            raise RuntimeError("this StoreBuilder was committed or aborted already")
+        n = len(self.ids)
+        if self._rows_written != n:
+            raise ValueError(f"got {self._rows_written} feature rows for {n} nodes")
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        labels = np.asarray(labels, dtype=np.int64)
+        _check_inputs(n, src, dst, labels, num_classes, class_names)
+        self._features.flush()
+        os.fsync(self._features.fileno())
+        self._features.close()
+        self._features = None
+
+        indptr, indices, self_loops, duplicates = _csc(src, dst, n)
+        arrays = {
+            "ids.npy": self.ids,
+            "in_degree.npy": np.diff(indptr).astype(np.int64),
+            "indices.npy": indices,
+            "indptr.npy": indptr,
+            "labels.npy": labels,
+            "out_degree.npy": np.bincount(indices, minlength=n).astype(np.int64),
+        }
+        for name, array in arrays.items():
+            _save(self._staging / name, array)
+        files = {name: _file_meta(self._staging / name) for name in ARRAY_FILES}
+        stats: StoreStats = {
+            "input_edges": len(src),
+            "self_loops_dropped": self_loops,
+            "duplicate_edges_dropped": duplicates,
+            "undirected": undirected,
+        }
+        meta: StoreMeta = {
+            "format_version": FORMAT_VERSION,
+            "num_nodes": n,
+            "num_edges": len(indices),
+            "feature_dim": self.feature_dim,
+            "num_classes": num_classes,
+            "class_names": None if class_names is None else list(class_names),
+            "id_kind": "int" if self.ids.dtype.kind == "i" else "str",
+            "files": files,
+            "checksum": combined_checksum({name: f["sha256"] for name, f in files.items()}),
+            "stats": stats,
+        }
+        with (self._staging / META_FILE).open("w", encoding="utf-8") as f:
+            json.dump(meta, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self._staging)
+        _move_into_place(self._staging, self.out_dir)
+        _fsync_dir(self.out_dir.parent)
+        return meta
+
+    def abort(self) -> None:
+        """Remove the temp dir unless the store was committed; safe to call more than once."""
+        if self._features is not None:
+            self._features.close()
+            self._features = None
+        shutil.rmtree(self._staging, ignore_errors=True)
+
+
+def write_store(raw: RawGraph, out_dir: Path) -> StoreMeta:
+    """Write ``raw`` as a store at ``out_dir`` (replacing a previous store there); return meta.
+
+    Nodes are renumbered into sorted external-ID order so that lookups are binary searches.
+    """
+    order = np.argsort(raw.ids, kind="stable")
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    with StoreBuilder(out_dir, raw.ids[order], raw.features.shape[1]) as builder:
+        rows = feature_block_rows(raw.features.shape[1])
+        for start in range(0, len(order), rows):
+            builder.add_features(raw.features[order[start : start + rows]])
+        return builder.commit(
+            rank[raw.src],
+            rank[raw.dst],
+            raw.labels[order],
+            num_classes=raw.num_classes,
+            class_names=raw.class_names,
+            undirected=raw.undirected,
+        )
+
+
+def _check_inputs(
+    n: int,
+    src: np.ndarray,
+    dst: np.ndarray,
+    labels: np.ndarray,
+    num_classes: int,
+    class_names: Sequence[str] | None,
+) -> None:
+    if src.shape != dst.shape or src.ndim != 1:
+        raise ValueError(f"src and dst must be 1-D of one length, got {src.shape} and {dst.shape}")
+    for name, ends in (("src", src), ("dst", dst)):
+        if ends.size and (ends.min() < 0 or ends.max() >= n):
+            raise ValueError(f"{name} must hold internal indices in [0, {n})")
+    if labels.shape != (n,):
+        raise ValueError(f"labels must have shape ({n},), got {labels.shape}")
+    if labels.size and (labels.min() < -1 or labels.max() >= num_classes):
+        raise ValueError(f"labels must be -1 or in [0, {num_classes}), num_classes={num_classes}")
+    if class_names is not None and (
+        len(class_names) != num_classes or len(set(class_names)) != num_classes
+    ):
+        raise ValueError(f"class_names must be {num_classes} distinct names, got {class_names}")
+
+
+def _csc(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """CSC arrays of the edge list without self-loops and duplicates, plus both drop counts.
+
+    One sort of the key ``dst * n + src`` both removes duplicates and yields CSC order
+    (grouped by destination, ascending source within a group).
+    """
+    if n > 3_037_000_499:  # n * n would overflow int64
+        raise ValueError(f"{n} nodes is more than this writer's int64 edge keys can address")
+    keys = dst * n
+    keys += src  # in place: one E-sized temporary at a time keeps 10M-edge builds small
+    keys = keys[src != dst]
+    self_loops = len(src) - len(keys)
+    keys.sort()
+    first = np.ones(len(keys), dtype=bool)
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    keys = keys[first]
+    duplicates = len(src) - self_loops - len(keys)
+    indices = (keys % n).astype(index_dtype(n))
+    in_degree = np.bincount(keys // n, minlength=n)
+    indptr = np.zeros(n + 1, dtype=index_dtype(len(keys)))
+    np.cumsum(in_degree, out=indptr[1:])
+    return indptr, indices, self_loops, duplicates
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with path.open("wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _file_meta(path: Path) -> FileMeta:
+    array = np.load(path, mmap_mode="r", allow_pickle=False)
+    return {
+        "dtype": array.dtype.str,
+        "shape": list(array.shape),
+        "bytes": path.stat().st_size,
+        "sha256": sha256_file(path),
+    }
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make renames and new entries in ``path`` durable (a no-op where dirs cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_store(path: Path) -> bool:
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(meta, dict) and "format_version" in meta
+
+
+def _check_replaceable(out_dir: Path) -> None:
+    """Refuse to replace anything but a previous store or an empty directory."""
+    if not out_dir.exists() and not out_dir.is_symlink():
+        return
+    if (
+        out_dir.is_dir()
+        and not out_dir.is_symlink()
+        and (_is_store(out_dir) or not any(out_dir.iterdir()))
+    ):
+        return
+    raise StoreError(
+        f"{out_dir} exists and is not a graph store (no readable {META_FILE}); refusing to "
+        f"replace it. Choose a new output path or remove {out_dir} first."
+    )
+
+
+def _move_into_place(staged: Path, out_dir: Path) -> None:
+    """Rename ``staged`` to ``out_dir``, replacing a previous store there atomically if possible."""
+    if not out_dir.exists():
+        os.rename(staged, out_dir)
+        return
+    if _exchange(staged, out_dir):
+        shutil.rmtree(staged)  # now holds the previous store
+        return
+    # No atomic exchange on this system: move the old store aside first, so that a crash
+    # between the two renames leaves it recoverable beside out_dir rather than lost.
+    previous = staged.with_name(staged.name + ".old")
+    os.rename(out_dir, previous)
+    os.rename(staged, out_dir)
+    shutil.rmtree(previous)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    if sys.platform != "linux":
+        return False
+    renameat2: Any = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:  # glibc older than 2.28
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL):  # kernel or filesystem without RENAME_EXCHANGE
+        return False
+    raise OSError(err, os.strerror(err), str(b))

@@ -1,0 +1,106 @@
+"""Writes an archive's model-config YAML: TorchServe's batching/worker keys plus our ``gnn:``.
+
+TorchServe reads timeouts from this YAML, not from the register call, so every key is written
+explicitly. ``build_mar.sh`` calls ``python -m handler.archive_config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from handler.settings import ServingSettings, default_fanouts, parse_fanouts
+
+
+def torchserve_section(
+    batch_size: int,
+    max_batch_delay_ms: int,
+    min_workers: int,
+    max_workers: int,
+    response_timeout_s: int,
+    startup_timeout_s: int,
+    device_type: str,
+) -> dict[str, Any]:
+    """TorchServe's own model-config keys, validated so a typo fails the build, not the server."""
+    values = {
+        "batchSize": batch_size,
+        "maxBatchDelay": max_batch_delay_ms,
+        "minWorkers": min_workers,
+        "maxWorkers": max_workers,
+        "responseTimeout": response_timeout_s,
+        "startupTimeout": startup_timeout_s,
+    }
+    for key, value in values.items():
+        floor = 0 if key == "maxBatchDelay" else 1
+        if value < floor:
+            raise ValueError(f"{key} must be >= {floor}; got {value}")
+    if min_workers > max_workers:
+        raise ValueError(f"minWorkers ({min_workers}) must not exceed maxWorkers ({max_workers})")
+    if device_type not in ("cpu", "gpu"):
+        raise ValueError(f"deviceType must be cpu or gpu; got {device_type!r}")
+    return {**values, "deviceType": device_type}
+
+
+def detect_device_type() -> str:
+    """gpu when this machine has CUDA (the archive then asks TorchServe for GPU workers)."""
+    import torch
+
+    return "gpu" if torch.cuda.is_available() else "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, required=True, help="YAML file to write")
+    parser.add_argument(
+        "--model-config", type=Path, required=True, help="model_config.json (its num_layers = hops)"
+    )
+    parser.add_argument("--fanouts", help="comma list, -1 = all; default 25 then 10 per hop")
+    parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batchSize")
+    parser.add_argument("--max-batch-delay", type=int, default=5, help="maxBatchDelay in ms")
+    parser.add_argument("--min-workers", type=int, default=1, help="minWorkers")
+    parser.add_argument("--max-workers", type=int, default=1, help="maxWorkers")
+    parser.add_argument("--response-timeout", type=int, default=60, help="responseTimeout, s")
+    parser.add_argument("--startup-timeout", type=int, default=300, help="startupTimeout, s")
+    parser.add_argument(
+        "--device", choices=("auto", "cpu", "gpu"), default="auto", help="deviceType"
+    )
+    parser.add_argument("--sampling-seed", type=int, default=0, help="seed of the sampler")
+    parser.add_argument("--max-ids", type=int, default=1024, help="node IDs per request")
+    args = parser.parse_args(argv)
+    num_layers = int(json.loads(args.model_config.read_text())["num_layers"])
+    try:
+        fanouts = parse_fanouts(args.fanouts) if args.fanouts else default_fanouts(num_layers)
+        if len(fanouts) != num_layers:
+            raise ValueError(
+                f"--fanouts {args.fanouts} names {len(fanouts)} hops but the model has "
+                f"{num_layers} layers; give one fanout per layer"
+            )
+        settings = ServingSettings(
+            fanouts=fanouts, sampling_seed=args.sampling_seed, max_ids_per_request=args.max_ids
+        )
+        settings = ServingSettings.from_yaml_section(settings.to_yaml_section())
+        device = detect_device_type() if args.device == "auto" else args.device
+        config = torchserve_section(
+            args.batch_size,
+            args.max_batch_delay,
+            args.min_workers,
+            args.max_workers,
+            args.response_timeout,
+            args.startup_timeout,
+            device,
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    config["gnn"] = settings.to_yaml_section()
+    args.out.write_text(yaml.safe_dump(config, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Writes ``build_info.json``: what an archive holds, so operators can tell versions apart.
+
+It records the model name and version, the graph's checksum and size, the architecture, the
+training metrics and the build time; the handler returns it from the management API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+
+def build_info(
+    name: str,
+    version: str,
+    graph_meta: dict[str, Any],
+    metrics: dict[str, Any],
+    model_config: dict[str, Any],
+) -> dict[str, Any]:
+    """The archive's identity card (all JSON-serializable)."""
+    return {
+        "name": name,
+        "version": version,
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "graph": {
+            "checksum": graph_meta["checksum"],
+            "nodes": graph_meta["num_nodes"],
+            "edges": graph_meta["num_edges"],
+            "feature_dim": graph_meta["feature_dim"],
+        },
+        "model": model_config,
+        "metrics": metrics,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--name", required=True, help="model name")
+    parser.add_argument("--version", required=True, help="model version")
+    parser.add_argument("--graph", type=Path, required=True, help="serialized graph directory")
+    parser.add_argument("--metrics", type=Path, required=True, help="metrics.json of training")
+    parser.add_argument("--model-config", type=Path, required=True, help="model_config.json")
+    parser.add_argument("--out", type=Path, required=True, help="file to write")
+    args = parser.parse_args(argv)
+    info = build_info(
+        args.name,
+        args.version,
+        json.loads((args.graph / "meta.json").read_text()),
+        json.loads(args.metrics.read_text()),
+        json.loads(args.model_config.read_text()),
+    )
+    args.out.write_text(json.dumps(info, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,288 @@
+"""The node classification pipeline of one batch, free of TorchServe so it can be tested alone.
+
+``prepare`` parses every request on its own and samples ONE ego-graph for the union of the
+batch's seeds; ``run`` does the forward pass; ``respond`` makes exactly one response per request.
+A batch whose union ego-graph is over the limits, or whose forward pass fails unexpectedly, is
+served request by request, so one request never fails its neighbours.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph_assets import GraphStore
+from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
+from handler.requests import NodeId, NodeRequest, parse_node_request
+from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
+from handler.settings import ServingSettings
+
+logger = logging.getLogger(__name__)
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_LISTED_MISSING = 20
+
+
+@dataclass(frozen=True)
+class ResolvedRequest:
+    """A valid request with its IDs mapped to internal node indices (same order)."""
+
+    request: NodeRequest
+    nodes: np.ndarray
+
+
+@dataclass
+class Group:
+    """Requests answered from one sampled subgraph (the whole batch, or one request)."""
+
+    positions: list[int]
+    seeds: torch.Tensor
+    subgraph: SampledSubgraph
+
+
+@dataclass
+class StageTimes:
+    """Seconds spent per stage of one batch, and its sizes (reported as metrics)."""
+
+    batch_size: int = 0
+    seed_nodes: int = 0
+    sampled_nodes: int = 0
+    sampled_edges: int = 0
+    parse: float = 0.0
+    sample: float = 0.0
+    gather: float = 0.0
+    forward: float = 0.0
+    format: float = 0.0
+
+
+@dataclass
+class PreparedBatch:
+    """What ``prepare`` hands ``run``: per-request outcomes so far and the groups to run."""
+
+    outcomes: list[ResolvedRequest | ApiError]
+    groups: list[Group]
+    times: StageTimes
+
+
+@dataclass
+class BatchResult:
+    """What ``run`` hands ``respond``: class probabilities per request position."""
+
+    batch: PreparedBatch
+    probabilities: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Response:
+    """One request's answer: HTTP status and JSON body."""
+
+    status: int
+    body: dict[str, Any]
+
+
+def _readonly_tensor(array: np.ndarray) -> torch.Tensor:
+    """Wraps a read-only memory map without copying; nothing ever writes through it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+class NodeClassificationEngine:
+    """Answers node classification requests from k-hop ego-graphs of a memory-mapped graph."""
+
+    def __init__(
+        self,
+        store: GraphStore,
+        model: torch.nn.Module,
+        settings: ServingSettings,
+        device: torch.device,
+        model_version: str,
+    ) -> None:
+        self.store = store
+        self.model = model.to(device).eval()
+        self.settings = settings
+        self.device = device
+        self.model_version = model_version
+        self.features = _readonly_tensor(store.features)
+        self.in_degree = _readonly_tensor(store.in_degree)
+        # The structure is small next to the features: on a GPU it lives on the GPU so that
+        # sampling runs there; features stay memory-mapped and only sampled rows are copied.
+        indptr = _readonly_tensor(store.indptr)
+        indices = _readonly_tensor(store.indices)
+        if device.type != "cpu":
+            indptr, indices = indptr.to(device), indices.to(device)
+        self.sampler = NeighbourSampler(
+            indptr,
+            indices,
+            fanouts=settings.fanouts,
+            seed=settings.sampling_seed,
+            graph_key=int(store.checksum[:15], 16),
+            max_nodes=settings.max_subgraph_nodes,
+            max_edges=settings.max_subgraph_edges,
+        )
+
+    def prepare(self, items: Sequence[Any]) -> PreparedBatch:
+        """Parses each request separately, then samples one subgraph for the batch's seeds."""
+        times = StageTimes(batch_size=len(items))
+        start = time.perf_counter()
+        outcomes = [self._resolve(item) for item in items]
+        times.parse = time.perf_counter() - start
+        start = time.perf_counter()
+        valid = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, ResolvedRequest)]
+        groups: list[Group] = []
+        if valid:
+            try:
+                groups = [self._sample_group(outcomes, valid)]
+            except SubgraphTooLarge:
+                groups = self._sample_one_by_one(outcomes, valid)
+        times.sample = time.perf_counter() - start
+        times.seed_nodes = sum(int(g.seeds.numel()) for g in groups)
+        times.sampled_nodes = sum(g.subgraph.num_nodes for g in groups)
+        times.sampled_edges = sum(g.subgraph.num_edges for g in groups)
+        return PreparedBatch(outcomes=outcomes, groups=groups, times=times)
+
+    def run(self, batch: PreparedBatch) -> BatchResult:
+        """Runs the model once per group; a failing group is retried request by request."""
+        result = BatchResult(batch=batch)
+        for group in batch.groups:
+            if len(group.positions) == 1:
+                self._run_isolated(group, result)
+                continue
+            try:
+                self._run_group(group, result)
+            except Exception:
+                logger.exception("batch forward failed; retrying its requests one by one")
+                for retry in self._sample_one_by_one(batch.outcomes, group.positions):
+                    self._run_isolated(retry, result)
+        return result
+
+    def respond(self, result: BatchResult) -> list[Response]:
+        """Exactly one response per request, in request order."""
+        start = time.perf_counter()
+        batch = result.batch
+        responses = [
+            self._format(position, outcome, result)
+            for position, outcome in enumerate(batch.outcomes)
+        ]
+        batch.times.format = time.perf_counter() - start
+        if len(responses) != len(batch.outcomes):
+            raise AssertionError(
+                f"the batch has {len(batch.outcomes)} requests but {len(responses)} responses"
+            )
+        return responses
+
+    def handle(self, items: Sequence[Any]) -> list[Response]:
+        """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks)."""
+        return self.respond(self.run(self.prepare(items)))
+
+    def _resolve(self, item: Any) -> ResolvedRequest | ApiError:
+        try:
+            request = parse_node_request(item, self.settings.max_ids_per_request)
+            return ResolvedRequest(request=request, nodes=self._lookup(request.node_ids))
+        except ApiError as error:
+            return error
+        except Exception:
+            logger.exception("unexpected error while parsing a request")
+            return InternalError("the request could not be parsed; the error is in the server log")
+
+    def _lookup(self, node_ids: Sequence[NodeId]) -> np.ndarray:
+        in_range = [
+            not isinstance(node, int) or _INT64_MIN <= node <= _INT64_MAX for node in node_ids
+        ]
+        nodes = np.full(len(node_ids), -1, dtype=np.int64)
+        if any(in_range):
+            nodes[np.array(in_range)] = self.store.lookup(
+                [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
+            )
+        missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
+        if missing:
+            listed = ", ".join(repr(node) for node in missing[:_MAX_LISTED_MISSING])
+            more = len(missing) - _MAX_LISTED_MISSING
+            suffix = f" and {more} more" if more > 0 else ""
+            raise NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
+        return nodes
+
+    def _sample_group(self, outcomes: list[Any], positions: list[int]) -> Group:
+        nodes = np.concatenate([outcomes[i].nodes for i in positions])
+        seeds = torch.from_numpy(np.unique(nodes))
+        return Group(positions=positions, seeds=seeds, subgraph=self.sampler.sample(seeds))
+
+    def _sample_one_by_one(self, outcomes: list[Any], positions: list[int]) -> list[Group]:
+        groups = []
+        for position in positions:
+            try:
+                groups.append(self._sample_group(outcomes, [position]))
+            except SubgraphTooLarge as error:
+                outcomes[position] = TooLarge(
+                    f"{error}; request fewer nodes, or lower the fanouts or raise "
+                    "max_subgraph_nodes/max_subgraph_edges in the model config"
+                )
+        return groups
+
+    def _run_isolated(self, group: Group, result: BatchResult) -> None:
+        try:
+            self._run_group(group, result)
+        except Exception:
+            position = group.positions[0]
+            logger.exception("request %d: forward pass failed", position)
+            result.batch.outcomes[position] = InternalError(
+                "the model failed on this request; the error is in the server log"
+            )
+
+    def _run_group(self, group: Group, result: BatchResult) -> None:
+        times = result.batch.times
+        start = time.perf_counter()
+        sub = group.subgraph
+        rows = sub.node.cpu()
+        x = self.features[rows].to(self.device, non_blocking=True)
+        degree = self.in_degree[rows].to(self.device, non_blocking=True)
+        times.gather += time.perf_counter() - start
+        start = time.perf_counter()
+        with torch.inference_mode():
+            logits = self.model(x, sub.edge_index, degree=degree)[: sub.num_seeds]
+            probabilities = torch.softmax(logits.float(), dim=-1).cpu()
+        times.forward += time.perf_counter() - start
+        seed_row = {int(node): row for row, node in enumerate(group.seeds.tolist())}
+        for position in group.positions:
+            resolved = result.batch.outcomes[position]
+            assert isinstance(resolved, ResolvedRequest)
+            rows_of_request = [seed_row[int(node)] for node in resolved.nodes]
+            result.probabilities[position] = probabilities[rows_of_request]
+
+    def _format(
+        self, position: int, outcome: ResolvedRequest | ApiError, result: BatchResult
+    ) -> Response:
+        if isinstance(outcome, ApiError):
+            logger.info("request %d: %s %s", position, outcome.status, outcome.type_name)
+            return Response(status=outcome.status, body=outcome.body())
+        probabilities = result.probabilities.get(position)
+        if probabilities is None:
+            error = InternalError("no prediction was computed for this request")
+            logger.error("request %d: %s", position, error.message)
+            return Response(status=error.status, body=error.body())
+        predictions = [
+            self._prediction(node_id, row)
+            for node_id, row in zip(outcome.request.node_ids, probabilities.tolist(), strict=True)
+        ]
+        if outcome.request.single:
+            return Response(status=200, body=predictions[0])
+        return Response(
+            status=200, body={"predictions": predictions, "model_version": self.model_version}
+        )
+
+    def _prediction(self, node_id: NodeId, probabilities: list[float]) -> dict[str, Any]:
+        predicted = max(range(len(probabilities)), key=probabilities.__getitem__)
+        answer: dict[str, Any] = {"node_id": node_id, "predicted_class": predicted}
+        class_names = self.store.class_names
+        if class_names:
+            answer["predicted_label"] = class_names[predicted]
+        answer["probabilities"] = probabilities
+        answer["model_version"] = self.model_version
+        return answer

@@ -1,0 +1,52 @@
+"""Typed request errors and the one table that maps them to HTTP statuses and bodies."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class ApiError(Exception):
+    """A request that cannot be answered; carries its HTTP status and a JSON-ready body."""
+
+    status: ClassVar[int] = 500
+    phrase: ClassVar[str] = "Internal Server Error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def type_name(self) -> str:
+        return type(self).__name__
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body of design.md §3: ``{"code", "type", "message"}``."""
+        return {"code": self.status, "type": self.type_name, "message": self.message}
+
+
+class BadRequest(ApiError):
+    """400: the body is not a valid request (syntax, types, missing or conflicting fields)."""
+
+    status = 400
+    phrase = "Bad Request"
+
+
+class NodeNotFound(ApiError):
+    """404: a requested node ID is not in the graph; the message lists the missing IDs."""
+
+    status = 404
+    phrase = "Not Found"
+
+
+class TooLarge(ApiError):
+    """413: the request asks for more IDs than the archive's configured limits allow."""
+
+    status = 413
+    phrase = "Payload Too Large"
+
+
+class InternalError(ApiError):
+    """500: something unexpected failed inside the handler; the worker stays up."""
+
+    status = 500
+    phrase = "Internal Server Error"

@@ -1,0 +1,94 @@
+"""Serving settings of one archive, read from the ``gnn:`` section of its model-config YAML.
+
+Defaults live here and nowhere else; ``build_mar.sh`` writes the YAML from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+DEFAULT_FANOUTS = (25, 10)
+
+
+def default_fanouts(num_layers: int) -> tuple[int, ...]:
+    """25 neighbours at the first hop and 10 at each later one, one hop per model layer."""
+    return (DEFAULT_FANOUTS[0],) + (DEFAULT_FANOUTS[1],) * (num_layers - 1)
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    """What the handler needs besides the weights and the graph.
+
+    Attributes:
+        task: the archive's task; ``node`` for node classification.
+        fanouts: neighbours sampled per hop (``-1`` = all); one hop per model layer.
+        sampling_seed: seed of the deterministic sampler.
+        max_ids_per_request: more IDs in one request is answered 413.
+        max_subgraph_nodes, max_subgraph_edges: a single request whose ego-graph exceeds these
+            is answered 413; a batch whose union exceeds them is served request by request.
+        verify_checksum: hash the graph files when a worker starts (slower start, refuses a
+            corrupt graph).
+        graph_dir: folder of the serialized graph inside the unpacked archive.
+    """
+
+    task: str = "node"
+    fanouts: tuple[int, ...] = field(default=DEFAULT_FANOUTS)
+    sampling_seed: int = 0
+    max_ids_per_request: int = 1024
+    max_subgraph_nodes: int = 2_000_000
+    max_subgraph_edges: int = 20_000_000
+    verify_checksum: bool = True
+    graph_dir: str = "graph"
+
+    @classmethod
+    def from_yaml_section(cls, section: dict[str, Any] | None) -> ServingSettings:
+        """Validates the ``gnn:`` mapping; unknown keys and wrong types fail the worker's start."""
+        section = dict(section or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown key(s) {unknown} in the model-config 'gnn:' section; "
+                f"known keys are {sorted(known)}"
+            )
+        if "fanouts" in section:
+            section["fanouts"] = parse_fanouts(section["fanouts"])
+        settings = cls(**section)
+        settings._check()
+        return settings
+
+    def to_yaml_section(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["fanouts"] = list(self.fanouts)
+        return data
+
+    def _check(self) -> None:
+        if self.task != "node":
+            raise ValueError(
+                f"task must be 'node' (link and graph arrive later); got {self.task!r}"
+            )
+        for name in ("max_ids_per_request", "max_subgraph_nodes", "max_subgraph_edges"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if not isinstance(self.sampling_seed, int) or isinstance(self.sampling_seed, bool):
+            raise ValueError(f"sampling_seed must be an integer; got {self.sampling_seed!r}")
+        if not isinstance(self.verify_checksum, bool):
+            raise ValueError(f"verify_checksum must be true or false; got {self.verify_checksum!r}")
+
+
+def parse_fanouts(value: object) -> tuple[int, ...]:
+    """Accepts ``[25, 10]`` or ``"25,10"``; each entry a positive int or -1 (all neighbours)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ValueError(
+            f"fanouts must be a non-empty list like [25, 10] or '-1,-1'; got {value!r}"
+        )
+    try:
+        fanouts = tuple(int(str(item).strip()) for item in items)
+    except ValueError:
+        raise ValueError(f"fanouts must be integers (-1 = all neighbours); got {value!r}") from None
+    if any(f == 0 or f < -1 for f in fanouts):
+        raise ValueError(f"each fanout must be a positive integer or -1; got {value!r}")
+    return fanouts

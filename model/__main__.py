@@ -1,0 +1,186 @@
+"""``python -m model train --store STORE --arch sage --out DIR``: train on a graph store, export.
+
+``python -m model package --store STORE --weights FILE --out DIR`` packages weights trained
+elsewhere instead: the architecture comes from FILE's sibling ``model_config.json`` when there is
+one, else from the flags; the weights are checked against it and scored on the labelled nodes.
+
+Model options default to ``ModelConfig``'s defaults and training options to
+``train_node_classifier``'s, so each default lives in one place; flags left out are not passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph_assets.errors import StoreError
+from graph_assets.store import GraphStore, open_store
+from model.architectures import build_model
+from model.config import Arch, ModelConfig
+from model.export import CONFIG_FILE, check_state_dict, export_model, write_model_files
+from model.train import train_node_classifier
+
+_MODEL_FLAGS = {
+    "hidden_dim": (int, "hidden width (for gat: total over heads)"),
+    "num_layers": (int, "message-passing layers = hops the server samples"),
+    "heads": (int, "gat attention heads"),
+    "dropout": (float, "training dropout probability"),
+}
+_TRAIN_FLAGS = {
+    "epochs": (int, "most epochs to train"),
+    "patience": (int, "stop after this many epochs without a better validation accuracy"),
+    "lr": (float, "Adam learning rate"),
+    "seed": (int, "seed of the split, the initial weights and dropout"),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    model_defaults = {f.name: f.default for f in fields(ModelConfig)}
+    train_defaults = {
+        name: p.default for name, p in inspect.signature(train_node_classifier).parameters.items()
+    }
+    parser = argparse.ArgumentParser(prog="python -m model", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser(
+        "train", help="train a node classifier on a graph store and export it"
+    )
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    package = commands.add_parser(
+        "package", help="check pre-trained weights against a graph store and export them"
+    )
+    package.add_argument("--weights", required=True, help="a state_dict saved with torch.save")
+    for command in (train, package):
+        _add_model_flags(command, model_defaults)
+    for name, (kind, text) in _TRAIN_FLAGS.items():
+        train.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            help=f"{text} (default: {train_defaults[name]})",
+        )
+    return parser
+
+
+def _add_model_flags(command: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    command.add_argument("--store", required=True, help="graph store directory (graph_assets)")
+    command.add_argument(
+        "--arch",
+        default=defaults["arch"].value,
+        choices=[arch.value for arch in Arch],
+        help="architecture (default: %(default)s)",
+    )
+    command.add_argument(
+        "--out", required=True, help="directory for model.pt, model_config.json, metrics.json"
+    )
+    for name, (kind, text) in _MODEL_FLAGS.items():
+        command.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            help=f"{text} (default: {defaults[name]})",
+        )
+
+
+def _package(args: dict[str, Any], store: GraphStore) -> str:
+    """Exports ``--weights`` with its config; returns the summary line."""
+    weights = Path(args["weights"])
+    sibling = weights.parent / CONFIG_FILE
+    if sibling.is_file():
+        config = ModelConfig.from_dict(json.loads(sibling.read_text()))
+    else:
+        config = _config_from_flags(args, store)
+    if (config.in_dim, config.out_dim) != (store.feature_dim, store.num_classes):
+        raise ValueError(
+            f"the weights' config expects {config.in_dim} features and {config.out_dim} classes; "
+            f"the graph has {store.feature_dim} features and {store.num_classes} classes"
+        )
+    state_dict = torch.load(weights, map_location="cpu", weights_only=True)
+    if not isinstance(state_dict, Mapping):
+        raise ValueError(f"{weights} must hold a state_dict, got {type(state_dict).__name__}")
+    model = build_model(config)
+    check_state_dict(model, state_dict, source=str(weights))
+    model.load_state_dict(state_dict)
+    accuracy = labelled_accuracy(model.eval(), store)
+    metrics = {"arch": config.arch.value, "labelled_accuracy": accuracy, "weights": weights.name}
+    write_model_files(state_dict, config, metrics, args["out"])
+    return f"accuracy on the labelled nodes {accuracy:.3f} (packaged {weights}) -> {args['out']}"
+
+
+def labelled_accuracy(model: torch.nn.Module, store: GraphStore) -> float:
+    """Full-graph accuracy over every labelled node (no split is known for outside weights)."""
+    labels = torch.from_numpy(np.array(store.labels, dtype=np.int64))
+    with torch.no_grad():
+        predicted = model(*_graph_tensors(store)).argmax(dim=-1)
+    labelled = labels >= 0
+    if not labelled.any():
+        return 0.0
+    return float((predicted[labelled] == labels[labelled]).float().mean())
+
+
+def _graph_tensors(store: GraphStore) -> tuple[torch.Tensor, torch.Tensor]:
+    return (
+        torch.from_numpy(np.array(store.features, dtype=np.float32)),
+        torch.from_numpy(np.array(store.edge_index(), dtype=np.int64)),
+    )
+
+
+def _config_from_flags(args: dict[str, Any], store: GraphStore) -> ModelConfig:
+    return ModelConfig.from_dict(
+        {
+            "arch": args["arch"],
+            "in_dim": store.feature_dim,
+            "out_dim": store.num_classes,
+            **{name: args[name] for name in _MODEL_FLAGS if name in args},
+        }
+    )
+
+
+def _train(args: dict[str, Any], store: GraphStore) -> str:
+    """Trains and exports; returns the summary line."""
+    if store.num_classes < 2:
+        raise ValueError(
+            f"the graph in {args['store']} has {store.num_classes} label classes; training "
+            "needs at least 2 (a label column in nodes.csv), or package pre-trained weights"
+        )
+    config = _config_from_flags(args, store)
+    result = train_node_classifier(
+        *_graph_tensors(store),
+        torch.from_numpy(np.array(store.labels, dtype=np.int64)),
+        config,
+        progress=not args["quiet"],
+        **{name: args[name] for name in _TRAIN_FLAGS if name in args},
+    )
+    export_model(result, config, args["out"])
+    return (
+        f"test accuracy {result.test_accuracy:.3f} (val {result.val_accuracy:.3f}, "
+        f"{result.epochs_run} epochs, {result.seconds:.1f} s) -> {args['out']}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 with a one-line message on bad input)."""
+    args = vars(_parser().parse_args(argv))
+    try:
+        store = open_store(Path(args["store"]))
+        command = _train if args["command"] == "train" else _package
+        summary = command(args, store)
+    except (ValueError, StoreError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

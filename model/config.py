@@ -1,0 +1,139 @@
+"""The architecture config: the one home of model defaults, stored as ``model_config.json``.
+
+Strings from JSON or the command line become Enums here, at the edge, and every value is
+checked once, so a bad archive fails when it is built or loaded rather than mid-request.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from enum import Enum
+from typing import Any, TypeVar
+
+_E = TypeVar("_E", bound=Enum)
+
+
+def _parse_enum(cls: type[_E], name: str, value: object) -> _E:
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, str):
+        try:
+            return cls(value.strip().lower())
+        except ValueError:
+            pass
+    allowed = ", ".join(repr(member.value) for member in cls)
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+class Task(str, Enum):
+    """What the model predicts; only node classification is built by this package."""
+
+    NODE = "node"
+
+    @classmethod
+    def parse(cls, value: str | Task) -> Task:
+        """Converts a string such as ``"node"``; the error lists the accepted values."""
+        return _parse_enum(cls, "task", value)
+
+
+class Arch(str, Enum):
+    """The message-passing architecture."""
+
+    GCN = "gcn"
+    SAGE = "sage"
+    GAT = "gat"
+    GIN = "gin"
+
+    @classmethod
+    def parse(cls, value: str | Arch) -> Arch:
+        """Converts a string such as ``"sage"`` (any case); the error lists the accepted values."""
+        return _parse_enum(cls, "arch", value)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Everything ``build_model`` needs to rebuild the module that a ``model.pt`` belongs to.
+
+    Attributes:
+        task: what is predicted; ``node`` (default).
+        arch: ``gcn``, ``sage``, ``gat`` or ``gin``; default ``sage``.
+        in_dim: node feature width (the graph store's ``feature_dim``).
+        hidden_dim: width of hidden layers, default 64; for GAT the total over heads, so it
+            must be divisible by ``heads``.
+        out_dim: number of classes (>= 2).
+        num_layers: message-passing layers = hops of the ego-graph the server samples; default 2.
+        heads: GAT attention heads, default 4 (ignored by the other architectures).
+        dropout: training-time dropout probability in ``[0, 1)``, default 0.5.
+    """
+
+    task: Task = Task.NODE
+    arch: Arch = Arch.SAGE
+    in_dim: int
+    hidden_dim: int = 64
+    out_dim: int
+    num_layers: int = 2
+    heads: int = 4
+    dropout: float = 0.5
+
+    def __post_init__(self) -> None:
+        self.task = Task.parse(self.task)
+        self.arch = Arch.parse(self.arch)
+        self.in_dim = _check_int("in_dim", self.in_dim, minimum=1)
+        self.out_dim = _check_int("out_dim", self.out_dim, minimum=2)
+        self.hidden_dim = _check_int("hidden_dim", self.hidden_dim, minimum=1)
+        self.num_layers = _check_int("num_layers", self.num_layers, minimum=1)
+        self.heads = _check_int("heads", self.heads, minimum=1)
+        # NaN fails the range test too.
+        if (
+            isinstance(self.dropout, bool)
+            or not isinstance(self.dropout, numbers.Real)
+            or not 0.0 <= self.dropout < 1.0
+        ):
+            raise ValueError(
+                f"dropout must be a number in [0, 1), got {self.dropout!r}; for example dropout=0.5"
+            )
+        self.dropout = float(self.dropout)
+        if self.arch is Arch.GAT and self.hidden_dim % self.heads != 0:
+            raise ValueError(
+                f"hidden_dim must be divisible by heads for arch 'gat' (the heads split the "
+                f"hidden width), got hidden_dim={self.hidden_dim} and heads={self.heads}; "
+                f"for example hidden_dim={self.heads * max(1, round(self.hidden_dim / self.heads))}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form written as ``model_config.json``: plain strings and numbers."""
+        data = asdict(self)
+        data["task"] = self.task.value
+        data["arch"] = self.arch.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ModelConfig:
+        """Validates a ``model_config.json`` dict; missing optional keys take the defaults."""
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"a model config must be a JSON object, got {type(data).__name__}; "
+                'for example {"arch": "sage", "in_dim": 128, "out_dim": 8}'
+            )
+        known = {field.name for field in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown model config key(s) {unknown}; the accepted keys are {sorted(known)}"
+            )
+        missing = [name for name in ("in_dim", "out_dim") if name not in data]
+        if missing:
+            raise ValueError(
+                f"model config is missing {missing}: in_dim is the feature width and out_dim "
+                "the number of classes of the graph"
+            )
+        return cls(**data)
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> int:
+    """Accepts any integer type (a numpy int from a store's metadata too), returns a plain int."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)

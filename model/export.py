@@ -1,0 +1,122 @@
+"""Writes and reads a trained model as plain files: no pickled code, only tensors and JSON.
+
+``model.pt`` is a ``state_dict`` that ``torch.load(..., weights_only=True)`` reads, and
+``model_config.json`` rebuilds the module with ``build_model``; together they are what the
+model archive carries at its top level.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from model.architectures import build_model
+from model.config import ModelConfig
+from model.train import TrainResult
+
+WEIGHTS_FILE = "model.pt"
+CONFIG_FILE = "model_config.json"
+METRICS_FILE = "metrics.json"
+
+
+def export_model(result: TrainResult, config: ModelConfig, out_dir: str | Path) -> None:
+    """Writes ``model.pt``, ``model_config.json`` and ``metrics.json`` into ``out_dir``.
+
+    The weights are checked against the config first, so an export that would not load is
+    refused here rather than when a server starts.
+    """
+    metrics = {
+        "arch": config.arch.value,
+        "test_accuracy": result.test_accuracy,
+        "val_accuracy": result.val_accuracy,
+        "train_accuracy": result.train_accuracy,
+        "epochs_run": result.epochs_run,
+        "best_epoch": result.best_epoch,
+        "seconds": result.seconds,
+    }
+    write_model_files(result.state_dict, config, metrics, out_dir)
+
+
+def write_model_files(
+    state_dict: Mapping[str, Tensor],
+    config: ModelConfig,
+    metrics: Mapping[str, object],
+    out_dir: str | Path,
+) -> None:
+    """Checks ``state_dict`` against ``config``, then writes the three model files."""
+    check_state_dict(build_model(config), state_dict, source="the weights to export")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(dict(state_dict), out / WEIGHTS_FILE)
+    (out / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    (out / METRICS_FILE).write_text(json.dumps(dict(metrics), indent=2) + "\n")
+
+
+def load_model(
+    model_dir: str | Path, map_location: str | torch.device = "cpu"
+) -> tuple[torch.nn.Module, ModelConfig]:
+    """Rebuilds the module from ``model_config.json`` and ``model.pt``, on ``map_location``,
+    in eval mode. Weights are read with ``weights_only=True`` (no code runs on load)."""
+    directory = Path(model_dir)
+    config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
+    for path in (config_path, weights_path):
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{path} not found; a model directory holds {WEIGHTS_FILE} and {CONFIG_FILE} "
+                "(written by `python -m model train --out DIR`)"
+            )
+    try:
+        config = ModelConfig.from_dict(json.loads(config_path.read_text()))
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{config_path}: {error}") from error
+    state_dict = torch.load(weights_path, map_location=map_location, weights_only=True)
+    if not isinstance(state_dict, Mapping):
+        raise ValueError(
+            f"{weights_path} must hold a state_dict (a dict of tensors), "
+            f"got {type(state_dict).__name__}"
+        )
+    model = build_model(config)
+    check_state_dict(model, state_dict, source=str(weights_path))
+    model.load_state_dict(state_dict)
+    return model.to(map_location).eval(), config
+
+
+def check_state_dict(
+    model: torch.nn.Module, state_dict: Mapping[str, object], *, source: str
+) -> None:
+    """Raises a ValueError naming every missing, unexpected and mis-shaped key."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mis_shaped = []
+    for key in sorted(set(expected) & set(state_dict)):
+        value = state_dict[key]
+        if not isinstance(value, Tensor):
+            mis_shaped.append(f"{key}: expected a tensor, got {type(value).__name__}")
+        elif value.shape != expected[key].shape:
+            mis_shaped.append(
+                f"{key}: expected shape {tuple(expected[key].shape)}, got {tuple(value.shape)}"
+            )
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_first(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_first(unexpected)}")
+    if mis_shaped:
+        problems.append(f"wrong shapes: {_first(mis_shaped)}")
+    if problems:
+        raise ValueError(
+            f"the weights in {source} do not match the {type(model).__name__} that the model "
+            f"config describes ({'; '.join(problems)}); check that the weights were trained "
+            "with this model_config.json (arch, in_dim, hidden_dim, out_dim, num_layers, heads)"
+        )
+
+
+def _first(items: list[str], limit: int = 6) -> str:
+    """Lists a few items so a wholly wrong file gives a readable message, not hundreds of keys."""
+    shown = ", ".join(items[:limit])
+    return f"{shown} (and {len(items) - limit} more)" if len(items) > limit else shown

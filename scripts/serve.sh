@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Starts or stops the demo TorchServe for `make serve` / `make stop`, all state under .serve/.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STATE="$ROOT/.serve"
+VENV_BIN="$ROOT/.venv/bin"
+MODEL="${MODEL:-gnn}"
+ARCHIVE="${ARCHIVE:-gnn.mar}"
+# TorchServe keeps its pid file and unpacked archives in the temp dir: ours is private.
+export TEMP="$STATE/tmp" TMPDIR="$STATE/tmp" LOG_LOCATION="$STATE/logs" METRICS_LOCATION="$STATE/logs"
+export PATH="$VENV_BIN:$PATH"
+
+inference_key() {
+  "$VENV_BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["key"])' \
+    "$STATE/key_file.json" "$1"
+}
+
+start() {
+  if [ -f "$STATE/tmp/.model_server.pid" ] && kill -0 "$(cat "$STATE/tmp/.model_server.pid")" 2>/dev/null; then
+    echo "TorchServe is already running (pid $(cat "$STATE/tmp/.model_server.pid")); 'make stop' first"
+    exit 1
+  fi
+  mkdir -p "$STATE/tmp" "$STATE/logs"
+  echo "==> starting TorchServe with $ROOT/config.properties (logs in $STATE/logs)"
+  (cd "$STATE" && torchserve --start --ts-config "$ROOT/config.properties" \
+     --model-store "$ROOT/model_store" --models "$MODEL=$ARCHIVE" >"$STATE/logs/start.out" 2>&1)
+  for _ in $(seq 1 120); do
+    if [ -f "$STATE/key_file.json" ] && curl -sf -H "Authorization: Bearer $(inference_key management)" \
+        "http://127.0.0.1:8081/models/$MODEL" 2>/dev/null | grep -q '"status": "READY"'; then
+      cat <<MSG
+
+TorchServe is serving '$MODEL'. Query it (the token is read from $STATE/key_file.json):
+
+  curl -X POST http://127.0.0.1:8080/predictions/$MODEL \\
+       -H "Authorization: Bearer \$(python3 -c 'import json; print(json.load(open("$STATE/key_file.json"))["inference"]["key"])')" \\
+       -H 'Content-Type: application/json' -d '{"node_id": 42}'
+
+Management API: port 8081 with the "management" key; Prometheus metrics: http://127.0.0.1:8082/metrics
+Stop it with: make stop
+MSG
+      return 0
+    fi
+    sleep 1
+  done
+  echo "TorchServe did not become ready in 120 s; see $STATE/logs/model_log.log and ts_log.log" >&2
+  stop || true
+  exit 1
+}
+
+stop() {
+  if [ ! -f "$STATE/tmp/.model_server.pid" ]; then
+    echo "TorchServe is not running (no pid file in $STATE/tmp)"
+    return 0
+  fi
+  torchserve --stop
+}
+
+case "${1:-}" in
+  start) start ;;
+  stop) stop ;;
+  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+esac

@@ -1,0 +1,156 @@
+"""Starts and stops a real TorchServe for tests: free loopback ports, private dirs, stop by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import requests
+
+BIN = Path(sys.executable).parent
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class TorchServe:
+    """One TorchServe whose state (temp, logs, keys) lives in ``home``."""
+
+    home: Path
+    model_store: Path
+    inference_port: int = 0
+    management_port: int = 0
+    metrics_port: int = 0
+    pid: int | None = None
+
+    @property
+    def inference_url(self) -> str:
+        return f"http://127.0.0.1:{self.inference_port}"
+
+    @property
+    def management_url(self) -> str:
+        return f"http://127.0.0.1:{self.management_port}"
+
+    def keys(self) -> dict[str, str]:
+        data = json.loads((self.home / "key_file.json").read_text())
+        return {name: entry["key"] for name, entry in data.items()}
+
+    def auth(self, api: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys()[api]}"}
+
+    def env(self) -> dict[str, str]:
+        tmp = self.home / "tmp"
+        return {
+            **os.environ,
+            "TEMP": str(tmp),
+            "TMPDIR": str(tmp),
+            "LOG_LOCATION": str(self.home / "logs"),
+            "METRICS_LOCATION": str(self.home / "logs"),
+            "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+
+    def write_config(self, extra: str = "") -> Path:
+        self.inference_port, self.management_port, self.metrics_port = free_ports(3)
+        config = self.home / "config.properties"
+        config.write_text(
+            f"inference_address=http://127.0.0.1:{self.inference_port}\n"
+            f"management_address=http://127.0.0.1:{self.management_port}\n"
+            f"metrics_address=http://127.0.0.1:{self.metrics_port}\n"
+            "disable_token_authorization=false\n"
+            "enable_model_api=true\n"
+            "metrics_mode=prometheus\n"
+            f"model_store={self.model_store}\n" + extra
+        )
+        return config
+
+    def start(self, models: str, timeout: float = 240.0, extra_config: str = "") -> None:
+        for sub in ("tmp", "logs"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        config = self.write_config(extra_config)
+        command = [str(BIN / "torchserve"), "--start", "--ts-config", str(config)]
+        command += ["--model-store", str(self.model_store), "--models", models]
+        # The daemonized frontend inherits stdout: a file, not a pipe, or run() never returns.
+        with open(self.home / "logs" / "start.out", "ab") as out:
+            subprocess.run(
+                command,
+                cwd=self.home,
+                env=self.env(),
+                check=True,
+                stdout=out,
+                stderr=out,
+                timeout=120,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._read_pid()
+            if self.pid is not None and not psutil.pid_exists(self.pid):
+                raise RuntimeError(f"TorchServe exited during start; see {self.home / 'logs'}")
+            if self._all_models_ready():
+                return
+            time.sleep(1)
+        raise TimeoutError(f"TorchServe not ready after {timeout} s; see {self.home / 'logs'}")
+
+    def _all_models_ready(self) -> bool:
+        if not (self.home / "key_file.json").exists():
+            return False
+        try:
+            listed = requests.get(
+                f"{self.management_url}/models", headers=self.auth("management"), timeout=5
+            )
+            if listed.status_code != 200 or not listed.json().get("models"):
+                return False
+            for model in listed.json()["models"]:
+                described = requests.get(
+                    f"{self.management_url}/models/{model['modelName']}",
+                    headers=self.auth("management"),
+                    timeout=5,
+                ).json()
+                workers = [w for entry in described for w in entry.get("workers", [])]
+                if not workers or any(w["status"] != "READY" for w in workers):
+                    return False
+            return True
+        except (requests.RequestException, ValueError, KeyError):
+            return False
+
+    def _read_pid(self) -> None:
+        pid_file = self.home / "tmp" / ".model_server.pid"
+        if self.pid is None and pid_file.exists() and pid_file.read_text().strip():
+            self.pid = int(pid_file.read_text().strip())
+
+    def stop(self) -> None:
+        """SIGTERM the frontend and its workers by PID, then SIGKILL what is left."""
+        self._read_pid()
+        if self.pid is None or not psutil.pid_exists(self.pid):
+            return
+        try:
+            frontend = psutil.Process(self.pid)
+            processes = [frontend, *frontend.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for process in processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGTERM)
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        for process in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(alive, timeout=10)
+        self.pid = None

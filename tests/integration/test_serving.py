@@ -1,0 +1,146 @@
+"""Node classification through a real TorchServe with token authorization on."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from graph_assets import open_store
+from model import build_model
+
+pytestmark = pytest.mark.integration
+
+
+def predict(server, payload, token=True, raw: bytes | None = None) -> requests.Response:
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers.update(server.auth("inference"))
+    data = raw if raw is not None else json.dumps(payload)
+    return requests.post(
+        f"{server.inference_url}/predictions/gnn", data=data, headers=headers, timeout=60
+    )
+
+
+def test_single_prediction_echoes_string_id(server):
+    response = predict(server, {"node_id": "acct_5"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["node_id"] == "acct_5" and body["model_version"] == "1.0"
+    assert body["predicted_label"] in ("fraud", "legit", "review")
+    assert abs(sum(body["probabilities"]) - 1) < 1e-5
+
+
+def test_list_prediction_keeps_order_and_types(server):
+    response = predict(server, {"node_ids": ["acct_1", "acct_119", "acct_1"]})
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert [p["node_id"] for p in predictions] == ["acct_1", "acct_119", "acct_1"]
+    assert predictions[0] == predictions[2]
+
+
+def test_served_answers_equal_the_full_graph_forward(server, tmp_path):
+    archive = zipfile.ZipFile(server.model_store / "gnn.mar")
+    archive.extractall(tmp_path, [n for n in archive.namelist() if n.startswith("graph/")])
+    store = open_store(tmp_path / "graph")
+    model = build_model(json.loads(archive.read("model_config.json")))
+    model.load_state_dict(torch.load(io.BytesIO(archive.read("model.pt")), weights_only=True))
+    model.eval()
+    with torch.no_grad():
+        x = torch.from_numpy(np.array(store.features))
+        expected = torch.softmax(model(x, torch.from_numpy(store.edge_index())), dim=-1)
+    ids = store.external_ids(np.arange(store.num_nodes))
+    served = []
+    for start in range(0, len(ids), 16):
+        response = predict(server, {"node_ids": ids[start : start + 16]})
+        assert response.status_code == 200, response.text
+        served += [p["probabilities"] for p in response.json()["predictions"]]
+    assert float((torch.tensor(served) - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("payload", "raw", "status", "kind"),
+    [
+        (None, b"{not json", 400, "BadRequest"),
+        ({"node_id": 1.5}, None, 400, "BadRequest"),
+        ({"node_id": "acct_5", "node_ids": ["acct_5"]}, None, 400, "BadRequest"),
+        ({"node_ids": []}, None, 400, "BadRequest"),
+        ({"node_id": "nobody"}, None, 404, "NodeNotFound"),
+        ({"node_ids": ["acct_1"] * 17}, None, 413, "TooLarge"),
+    ],
+)
+def test_errors_are_json_with_their_status(server, payload, raw, status, kind):
+    response = predict(server, payload, raw=raw)
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert body["code"] == status and body["type"] == kind and body["message"]
+
+
+def test_concurrent_burst_with_bad_requests_in_the_batches(server):
+    good = [{"node_id": f"acct_{i}"} for i in range(40)]
+    bad = [{"node_id": "ghost"}, {"node_ids": []}, {"node_id": None}]
+    payloads = [p for i, g in enumerate(good) for p in ([g, bad[i % 3]] if i % 4 == 0 else [g])]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        responses = list(pool.map(lambda p: predict(server, p), payloads))
+    for payload, response in zip(payloads, responses, strict=True):
+        if payload in good:
+            assert response.status_code == 200, response.text
+            assert response.json()["node_id"] == payload["node_id"]
+        else:
+            assert response.status_code in (400, 404), response.text
+    # TorchServe did batch them: the handler logs each batch's size
+    log = (server.home / "logs" / "model_log.log").read_text()
+    sizes = [int(n) for n in re.findall(r"batch of (\d+) requests", log)]
+    assert max(sizes) > 1
+    alone = predict(server, {"node_id": "acct_3"}).json()
+    assert responses[payloads.index({"node_id": "acct_3"})].json() == alone
+
+
+def test_requests_without_the_right_token_are_refused(server):
+    """TorchServe 0.12 answers a missing or wrong token with 400 InvalidKeyException."""
+    refused = [
+        predict(server, {"node_id": "acct_5"}, token=False),
+        requests.post(
+            f"{server.inference_url}/predictions/gnn",
+            json={"node_id": "acct_5"},
+            headers={"Authorization": "Bearer wrong"},
+            timeout=30,
+        ),
+        requests.get(f"{server.management_url}/models", timeout=30),
+        requests.get(
+            f"{server.management_url}/models", headers=server.auth("inference"), timeout=30
+        ),
+    ]
+    for response in refused:
+        assert response.status_code == 400
+        assert response.json()["type"] == "InvalidKeyException"
+    listed = requests.get(
+        f"{server.management_url}/models", headers=server.auth("management"), timeout=30
+    )
+    assert listed.status_code == 200
+
+
+def test_management_api_describes_the_model(server):
+    response = requests.get(
+        f"{server.management_url}/models/gnn", headers=server.auth("management"), timeout=30
+    )
+    assert response.status_code == 200
+    (described,) = response.json()
+    assert described["modelName"] == "gnn" and described["modelVersion"] == "1.0"
+    assert described["batchSize"] == 8 and described["maxBatchDelay"] == 100
+    assert described["workers"] and described["workers"][0]["status"] == "READY"
+    custom = requests.get(
+        f"{server.management_url}/models/gnn?customized=true",
+        headers=server.auth("management"),
+        timeout=30,
+    )
+    assert custom.status_code == 200
+    metadata = custom.json()[0]["customizedMetadata"]  # TorchServe parses our JSON
+    assert metadata["graph"]["nodes"] == 120 and metadata["fanouts"] == [-1, -1]

@@ -1,0 +1,111 @@
+"""Small graphs, stores, engines and a MockContext for the handler's unit tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from ts.context import Context, RequestProcessor
+
+from graph_assets import GraphStore, open_store, read_graph_dir, write_store
+from handler.engine import NodeClassificationEngine
+from handler.settings import ServingSettings
+from model import build_model
+from model.config import ModelConfig
+
+NUM_NODES, FEATURES, CLASSES = 80, 6, 3
+
+
+def write_graph_csv(directory: Path, string_ids: bool, seed: int = 0) -> Path:
+    """A random graph with isolated nodes, hubs, named labels and int or string IDs."""
+    rng = np.random.default_rng(seed)
+    ids = [f"acct_{i}" if string_ids else i * 3 for i in range(NUM_NODES)]
+    nodes = pd.DataFrame(
+        rng.normal(size=(NUM_NODES, FEATURES)), columns=[f"f{i}" for i in range(FEATURES)]
+    )
+    nodes.insert(0, "id", ids)
+    nodes["label"] = [["fraud", "legit", "review"][i % CLASSES] for i in range(NUM_NODES)]
+    connected = NUM_NODES - 6  # the last six nodes have no edges
+    src = rng.integers(0, connected, 500)
+    dst = np.where(rng.random(500) < 0.3, 0, rng.integers(0, connected, 500))  # node 0: a hub
+    edges = pd.DataFrame({"src": [ids[s] for s in src], "dst": [ids[d] for d in dst]})
+    directory.mkdir(parents=True, exist_ok=True)
+    nodes.to_csv(directory / "nodes.csv", index=False)
+    edges.to_csv(directory / "edges.csv", index=False)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def int_store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    root = tmp_path_factory.mktemp("int_graph")
+    write_store(read_graph_dir(write_graph_csv(root / "input", string_ids=False)), root / "store")
+    return open_store(root / "store")
+
+
+@pytest.fixture(scope="session")
+def str_store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    root = tmp_path_factory.mktemp("str_graph")
+    write_store(read_graph_dir(write_graph_csv(root / "input", string_ids=True)), root / "store")
+    return open_store(root / "store")
+
+
+def random_model(
+    store: GraphStore, arch: str, num_layers: int = 2, seed: int = 0
+) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = ModelConfig.from_dict(
+        {
+            "arch": arch,
+            "in_dim": store.feature_dim,
+            "out_dim": store.num_classes,
+            "hidden_dim": 16,
+            "num_layers": num_layers,
+        }
+    )
+    return build_model(config).eval()
+
+
+def make_engine(
+    store: GraphStore, arch: str = "sage", model: torch.nn.Module | None = None, **settings: Any
+) -> NodeClassificationEngine:
+    settings.setdefault("fanouts", [-1, -1])
+    return NodeClassificationEngine(
+        store,
+        model if model is not None else random_model(store, arch, len(settings["fanouts"])),
+        ServingSettings.from_yaml_section(settings),
+        torch.device("cpu"),
+        model_version="1.0",
+    )
+
+
+class MockMetrics:
+    """Records what the handler reports instead of writing TorchServe's metric log lines."""
+
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, float]] = []
+
+    def add_time(self, name: str, value: float, *args: Any, **kwargs: Any) -> None:
+        self.recorded.append((name, value))
+
+    add_size = add_counter = add_percent = add_metric = add_time
+
+
+class MockContext(Context):
+    """What TorchServe hands a handler: properties, manifest, model YAML, per-batch headers."""
+
+    def __init__(self, model_dir: Path, model_yaml_config: dict[str, Any], batch_size: int) -> None:
+        super().__init__(
+            model_name="gnn",
+            model_dir=str(model_dir),
+            manifest={"model": {"modelName": "gnn", "modelVersion": "1.0"}},
+            batch_size=batch_size,
+            gpu=None,
+            mms_version="0.12.0",
+            metrics=MockMetrics(),
+            model_yaml_config=model_yaml_config,
+        )
+        self.request_processor = [RequestProcessor({}) for _ in range(batch_size)]

@@ -1,0 +1,88 @@
+"""GNNHandler through TorchServe's own calling convention, with a MockContext."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from graph_assets import StoreError
+from handler.gnn_handler import GNNHandler
+
+from .conftest import MockContext, random_model
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path, int_store) -> Path:
+    """An unpacked archive: graph/, model.pt, model_config.json."""
+    shutil.copytree(int_store.path, tmp_path / "graph")
+    model = random_model(int_store, "gcn")
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    config = {
+        "task": "node",
+        "arch": "gcn",
+        "in_dim": int_store.feature_dim,
+        "out_dim": int_store.num_classes,
+        "hidden_dim": 16,
+        "num_layers": 2,
+    }
+    (tmp_path / "model_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def started(model_dir: Path, batch_size: int, **gnn) -> tuple[GNNHandler, MockContext]:
+    context = MockContext(model_dir, {"batchSize": batch_size, "gnn": gnn}, batch_size)
+    handler = GNNHandler()
+    handler.initialize(context)
+    return handler, context
+
+
+def test_mixed_batch_gets_one_status_and_body_per_request(model_dir):
+    handler, context = started(model_dir, 4, fanouts=[-1, -1])
+    data = [
+        {"body": {"node_id": 0}},
+        {"body": bytearray(b"{oops")},
+        {"body": {"node_ids": [3, 1]}},
+        {"data": {"node_ids": [3, 6]}},
+    ]
+    output = handler.handle(data, context)
+    assert len(output) == 4
+    bodies = [json.loads(item) for item in output]
+    statuses = [context.get_response_status(i)[0] for i in range(4)]
+    assert statuses == [200, 400, 404, 200]
+    assert bodies[0]["node_id"] == 0 and bodies[0]["model_version"] == "1.0"
+    assert bodies[1]["type"] == "BadRequest" and bodies[2]["type"] == "NodeNotFound"
+    assert [p["node_id"] for p in bodies[3]["predictions"]] == [3, 6]
+    assert all(context.get_response_content_type(i) == "application/json" for i in range(4))
+
+
+def test_device_is_cpu_without_cuda(model_dir):
+    handler, _ = started(model_dir, 1)
+    assert handler.device == torch.device("cpu")
+
+
+def test_inconsistent_archive_fails_at_start(model_dir):
+    with pytest.raises(ValueError, match="one fanout per layer"):
+        started(model_dir, 1, fanouts=[5, 5, 5])
+    with pytest.raises(ValueError, match="unknown key"):
+        started(model_dir, 1, fanout=[5, 5])
+
+
+def test_corrupt_graph_fails_at_start(model_dir):
+    features = model_dir / "graph" / "features.npy"
+    data = bytearray(features.read_bytes())
+    data[-1] ^= 0xFF
+    features.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="corrupt"):
+        started(model_dir, 1)
+
+
+def test_describe_reports_graph_and_settings(model_dir):
+    handler, _context = started(model_dir, 1, fanouts=[7, 3])
+    described = json.loads(handler.describe_handle())
+    assert described["fanouts"] == [7, 3]
+    assert described["graph"]["nodes"] == 80
+    assert described["graph"]["class_names"] == ["fraud", "legit", "review"]

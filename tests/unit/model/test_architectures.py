@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_geometric.nn import models as pyg_models
+
+from model import ModelConfig, build_model
+from model.architectures import GAT, GCN, GIN, GraphSAGE, gcn_norm_with_degree
+
+ARCH_CLASSES = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
+
+
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize("arch", sorted(ARCH_CLASSES))
+def test_build_model_gives_logits_per_row(small_graph, arch, num_layers):
+    config = {"arch": arch, "in_dim": 6, "out_dim": 3, "hidden_dim": 8, "num_layers": num_layers}
+    model = build_model(config).eval()
+    assert isinstance(model, ARCH_CLASSES[arch])
+    assert isinstance(build_model(ModelConfig.from_dict(config)), ARCH_CLASSES[arch])
+    logits = model(small_graph.x, small_graph.edge_index)
+    assert logits.shape == (40, 3)
+    degree = torch.bincount(small_graph.edge_index[1], minlength=40)
+    assert torch.equal(model(small_graph.x, small_graph.edge_index, degree), logits)
+    assert len(model.gnn.convs) == num_layers
+
+
+def test_gcn_equals_pyg_gcn_on_the_whole_graph(small_graph):
+    """With degree=None our GCN is PyG's GCN (GCNConv normalize=True) with the same weights."""
+    torch.manual_seed(0)
+    model = build_model({"arch": "gcn", "in_dim": 6, "out_dim": 3, "num_layers": 3}).eval()
+    reference = pyg_models.GCN(6, 64, 3, 3).eval()
+    for p in model.parameters():
+        p.data.add_(0.1 * torch.randn_like(p))
+    reference.load_state_dict(model.gnn.state_dict())
+    expected = reference(small_graph.x, small_graph.edge_index)
+    got = model(small_graph.x, small_graph.edge_index)
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_gcn_weights_follow_given_degrees():
+    edge_index = torch.tensor([[1], [0]])
+    degree = torch.tensor([3, 8])
+    edges, weight = gcn_norm_with_degree(edge_index, 2, degree, torch.float32)
+    assert edges.tolist() == [[1, 0, 1], [0, 0, 1]]
+    assert torch.allclose(weight, torch.tensor([1 / 6, 1 / 4, 1 / 9]))
+
+
+def test_gcn_refuses_a_degree_of_the_wrong_length(small_graph):
+    model = build_model({"arch": "gcn", "in_dim": 6, "out_dim": 3})
+    with pytest.raises(ValueError, match=r"shape \(40,\), got shape \(39,\)"):
+        model(small_graph.x, small_graph.edge_index, torch.ones(39))
+
+
+def test_gat_concatenates_heads_on_hidden_layers():
+    model = build_model({"arch": "gat", "in_dim": 6, "out_dim": 3, "hidden_dim": 16, "heads": 4})
+    first, last = model.gnn.convs
+    assert (first.heads, first.out_channels, first.concat) == (4, 4, True)
+    assert last.concat is False
+
+
+def test_dropout_only_in_training(small_graph):
+    model = build_model({"arch": "sage", "in_dim": 6, "out_dim": 3, "dropout": 0.5})
+    model.train()
+    a = model(small_graph.x, small_graph.edge_index)
+    b = model(small_graph.x, small_graph.edge_index)
+    assert not torch.equal(a, b)
+    model.eval()
+    assert torch.equal(
+        model(small_graph.x, small_graph.edge_index), model(small_graph.x, small_graph.edge_index)
+    )
