@@ -17,6 +17,7 @@ import psutil
 import requests
 
 BIN = Path(sys.executable).parent
+SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.properties"
 
 
 def free_ports(count: int) -> list[int]:
@@ -68,17 +69,21 @@ class TorchServe:
         }
 
     def write_config(self, extra: str = "") -> Path:
+        """The repo's shipped config.properties with free ports and this test's model store."""
         self.inference_port, self.management_port, self.metrics_port = free_ports(3)
+        overrides = {
+            "inference_address": f"http://127.0.0.1:{self.inference_port}",
+            "management_address": f"http://127.0.0.1:{self.management_port}",
+            "metrics_address": f"http://127.0.0.1:{self.metrics_port}",
+            "model_store": str(self.model_store),
+        }
+        lines = []
+        for line in SHIPPED_CONFIG.read_text().splitlines():
+            key = line.split("=", 1)[0].strip()
+            lines.append(f"{key}={overrides.pop(key)}" if key in overrides else line)
+        lines += [f"{key}={value}" for key, value in overrides.items()]
         config = self.home / "config.properties"
-        config.write_text(
-            f"inference_address=http://127.0.0.1:{self.inference_port}\n"
-            f"management_address=http://127.0.0.1:{self.management_port}\n"
-            f"metrics_address=http://127.0.0.1:{self.metrics_port}\n"
-            "disable_token_authorization=false\n"
-            "enable_model_api=true\n"
-            "metrics_mode=prometheus\n"
-            f"model_store={self.model_store}\n" + extra
-        )
+        config.write_text("\n".join(lines) + "\n" + extra)
         return config
 
     def start(self, models: str, timeout: float = 240.0, extra_config: str = "") -> None:

@@ -144,3 +144,23 @@ def test_management_api_describes_the_model(server):
     assert custom.status_code == 200
     metadata = custom.json()[0]["customizedMetadata"]  # TorchServe parses our JSON
     assert metadata["graph"]["nodes"] == 120 and metadata["fanouts"] == [-1, -1]
+
+
+def test_shipped_config_registers_archives_only_from_the_model_store(server):
+    headers = server.auth("management")
+    url = f"{server.management_url}/models"
+    from_store = requests.post(
+        url, params={"url": "gnn.mar", "model_name": "gnn_copy"}, headers=headers, timeout=120
+    )
+    assert from_store.status_code == 200, from_store.text
+    outside = requests.post(
+        url,
+        params={"url": "http://127.0.0.1:9/gnn.mar", "model_name": "evil"},
+        headers=headers,
+        timeout=60,
+    )
+    assert outside.status_code == 404
+    assert "does not match any allowed URL" in outside.json()["message"]
+    assert "evil" not in requests.get(url, headers=headers, timeout=30).text
+    removed = requests.delete(f"{url}/gnn_copy", headers=headers, timeout=60)
+    assert removed.status_code == 200, removed.text

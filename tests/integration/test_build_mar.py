@@ -1,0 +1,230 @@
+"""build_mar.sh as a user runs it: options, errors, archive contents."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from .conftest import ROOT
+
+pytestmark = pytest.mark.integration
+SCRIPT = ROOT / "build_mar.sh"
+DESIGN_OPTIONS = [
+    "--graph",
+    "--task",
+    "--arch",
+    "--fanouts",
+    "--undirected",
+    "--weights",
+    "--name",
+    "--version",
+    "--export-path",
+    "--synthetic",
+    "--feature-dim",
+    "--num-classes",
+    "--batch-size",
+    "--max-batch-delay",
+    "--min-workers",
+    "--max-workers",
+    "--response-timeout",
+    "--startup-timeout",
+    "--device",
+]
+
+
+def run(*options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), *options],
+        capture_output=True,
+        text=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        timeout=600,
+        check=False,
+    )
+
+
+def test_help_documents_every_option():
+    result = run("--help")
+    assert result.returncode == 0
+    for option in DESIGN_OPTIONS:
+        assert option in result.stdout, option
+
+
+@pytest.mark.parametrize("task", ["link", "graph", "nonsense"])
+def test_other_tasks_are_refused_with_a_reason(tmp_path, task):
+    result = run("--task", task, "--export-path", str(tmp_path))
+    assert result.returncode == 2
+    assert "node classification only" in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_bad_graph_fails_naming_file_row_and_problem(tmp_path):
+    graph = tmp_path / "graph"
+    graph.mkdir()
+    (graph / "nodes.csv").write_text("id,f0,label\n1,0.5,a\n2,nan,b\n")
+    (graph / "edges.csv").write_text("src,dst\n1,2\n")
+    result = run("--graph", str(graph), "--export-path", str(tmp_path / "store"))
+    assert result.returncode != 0
+    assert "nodes.csv row 2" in result.stderr and "NaN" in result.stderr
+    assert not list((tmp_path / "store").glob("*.mar"))
+
+
+def test_unknown_option_is_refused(tmp_path):
+    result = run("--fanout", "5,5", "--export-path", str(tmp_path))
+    assert result.returncode == 2 and "unknown option '--fanout'" in result.stderr
+
+
+def archive_yaml(mar: Path) -> dict:
+    return yaml.safe_load(zipfile.ZipFile(mar).read("model-config.yaml"))
+
+
+@pytest.mark.parametrize("form", [["--fanouts", "-1,-1"], ["--fanouts=-1,-1"]])
+def test_synthetic_archive_with_both_fanout_spellings(tmp_path, form):
+    result = run(
+        "--synthetic",
+        "300",
+        "1500",
+        "--feature-dim",
+        "16",
+        "--num-classes",
+        "3",
+        "--arch",
+        "gin",
+        "--epochs",
+        "5",
+        "--version",
+        "2.0",
+        "--name",
+        "syn",
+        "--batch-size",
+        "4",
+        "--max-batch-delay",
+        "20",
+        "--min-workers",
+        "2",
+        "--max-workers",
+        "3",
+        "--response-timeout",
+        "30",
+        "--startup-timeout",
+        "90",
+        "--device",
+        "cpu",
+        "--export-path",
+        str(tmp_path),
+        *form,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "test accuracy" in result.stdout
+    mar = tmp_path / "syn_v2.0.mar"
+    config = archive_yaml(mar)
+    assert config["gnn"]["fanouts"] == [-1, -1]
+    expected = {
+        "batchSize": 4,
+        "maxBatchDelay": 20,
+        "minWorkers": 2,
+        "maxWorkers": 3,
+        "responseTimeout": 30,
+        "startupTimeout": 90,
+        "deviceType": "cpu",
+    }
+    assert {key: config[key] for key in expected} == expected
+    archive = zipfile.ZipFile(mar)
+    names = set(archive.namelist())
+    assert {
+        "model.pt",
+        "model_config.json",
+        "metrics.json",
+        "build_info.json",
+        "gnn_handler.py",
+        "graph/meta.json",
+        "graph/features.npy",
+        "handler/engine.py",
+        "model/architectures.py",
+        "graph_assets/store.py",
+    } <= names
+    manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
+    assert manifest["model"]["modelVersion"] == "2.0"
+    info = json.loads(archive.read("build_info.json"))
+    meta = json.loads(archive.read("graph/meta.json"))
+    assert info["version"] == "2.0" and info["graph"]["checksum"] == meta["checksum"]
+    assert info["model"]["arch"] == "gin" and "test_accuracy" in info["metrics"]
+    assert meta["num_nodes"] == 300 and meta["feature_dim"] == 16
+
+
+def test_given_weights_are_packaged_not_retrained(tmp_path):
+    first = run(
+        "--synthetic",
+        "200",
+        "1000",
+        "--feature-dim",
+        "8",
+        "--num-classes",
+        "3",
+        "--arch",
+        "gcn",
+        "--hidden-dim",
+        "16",
+        "--epochs",
+        "3",
+        "--export-path",
+        str(tmp_path),
+    )
+    assert first.returncode == 0, first.stderr
+    archive = zipfile.ZipFile(tmp_path / "gnn.mar")
+    weights_dir = tmp_path / "weights"
+    weights_dir.mkdir()
+    (weights_dir / "trained.pt").write_bytes(archive.read("model.pt"))
+    (weights_dir / "model_config.json").write_bytes(archive.read("model_config.json"))
+    second = run(
+        "--synthetic",
+        "200",
+        "1000",
+        "--feature-dim",
+        "8",
+        "--num-classes",
+        "3",
+        "--weights",
+        str(weights_dir / "trained.pt"),
+        "--name",
+        "packaged",
+        "--export-path",
+        str(tmp_path),
+    )
+    assert second.returncode == 0, second.stderr
+    assert "accuracy on the labelled nodes" in second.stdout
+    packaged = zipfile.ZipFile(tmp_path / "packaged.mar")
+    (tmp_path / "shipped.pt").write_bytes(packaged.read("model.pt"))
+    original = torch.load(weights_dir / "trained.pt", weights_only=True)
+    shipped = torch.load(tmp_path / "shipped.pt", weights_only=True)
+    assert original.keys() == shipped.keys()
+    assert all(torch.equal(original[k], shipped[k]) for k in original)
+    assert "labelled_accuracy" in json.loads(packaged.read("metrics.json"))
+
+
+def test_weights_that_do_not_fit_are_refused(tmp_path):
+    weights = tmp_path / "wrong.pt"
+    torch.save({"gnn.convs.0.lin.weight": torch.zeros(3, 3)}, weights)
+    result = run(
+        "--synthetic",
+        "100",
+        "400",
+        "--feature-dim",
+        "8",
+        "--num-classes",
+        "3",
+        "--weights",
+        str(weights),
+        "--export-path",
+        str(tmp_path / "out"),
+    )
+    assert result.returncode != 0
+    assert "do not match" in result.stderr
+    assert not list((tmp_path / "out").glob("*.mar"))

@@ -1,0 +1,89 @@
+"""Serving settings from the model-config YAML, and the YAML that build_mar.sh writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from handler.archive_config import main as write_archive_config
+from handler.settings import ServingSettings, default_fanouts, parse_fanouts
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [("-1,-1", (-1, -1)), ("25, 10", (25, 10)), ([5, -1, 3], (5, -1, 3)), ("7", (7,))],
+)
+def test_fanouts_parse(given, expected):
+    assert parse_fanouts(given) == expected
+
+
+@pytest.mark.parametrize("given", ["", [], "0,5", "-2", "a,b", [1.5], None, "5,,5"])
+def test_bad_fanouts_are_refused_with_the_value(given):
+    with pytest.raises(ValueError, match="fanout"):
+        parse_fanouts(given)
+
+
+def test_default_fanouts_follow_the_layer_count():
+    assert default_fanouts(1) == (25,)
+    assert default_fanouts(3) == (25, 10, 10)
+
+
+def test_defaults_and_overrides():
+    assert ServingSettings.from_yaml_section(None) == ServingSettings()
+    settings = ServingSettings.from_yaml_section({"fanouts": [3, 3], "max_ids_per_request": 5})
+    assert settings.fanouts == (3, 3) and settings.max_ids_per_request == 5
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"fanout": [1]}, "unknown key"),
+        ({"max_ids_per_request": 0}, "max_ids_per_request"),
+        ({"max_subgraph_nodes": True}, "max_subgraph_nodes"),
+        ({"verify_checksum": "yes"}, "verify_checksum"),
+        ({"task": "link"}, "task"),
+        ({"sampling_seed": "1"}, "sampling_seed"),
+    ],
+)
+def test_bad_settings_fail_the_worker_start(section, message):
+    with pytest.raises(ValueError, match=message):
+        ServingSettings.from_yaml_section(section)
+
+
+def test_archive_yaml_sets_every_torchserve_key_explicitly(tmp_path):
+    model_config = tmp_path / "model_config.json"
+    model_config.write_text(json.dumps({"num_layers": 2}))
+    out = tmp_path / "model-config.yaml"
+    assert write_archive_config(["--out", str(out), "--model-config", str(model_config)]) == 0
+    config = yaml.safe_load(out.read_text())
+    for key in (
+        "batchSize",
+        "maxBatchDelay",
+        "minWorkers",
+        "maxWorkers",
+        "responseTimeout",
+        "startupTimeout",
+        "deviceType",
+    ):
+        assert key in config
+    assert config["deviceType"] == "cpu"  # no CUDA on the test machines
+    assert ServingSettings.from_yaml_section(config["gnn"]).fanouts == (25, 10)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--fanouts=5,5,5"], "one fanout per layer"),
+        (["--min-workers", "3", "--max-workers", "2"], "minWorkers"),
+        (["--batch-size", "0"], "batchSize"),
+    ],
+)
+def test_archive_yaml_refuses_inconsistent_options(tmp_path, capsys, options, message):
+    model_config = tmp_path / "model_config.json"
+    model_config.write_text(json.dumps({"num_layers": 2}))
+    args = ["--out", str(tmp_path / "y.yaml"), "--model-config", str(model_config), *options]
+    assert write_archive_config(args) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "y.yaml").exists()
