@@ -15,7 +15,7 @@ import torch
 from ts.context import Context
 from ts.torch_handler.base_handler import BaseHandler
 
-from graph_assets import open_store
+from graph_assets import GraphStore, open_store
 from handler.engine import BatchResult, NodeClassificationEngine, PreparedBatch
 from handler.settings import ServingSettings
 from model.export import load_model
@@ -116,7 +116,7 @@ class GNNHandler(BaseHandler):
 
 
 def check_compatible(
-    in_dim: int, out_dim: int, num_layers: int, store: Any, settings: ServingSettings
+    in_dim: int, out_dim: int, num_layers: int, store: GraphStore, settings: ServingSettings
 ) -> None:
     """Refuses weights, graph and fanouts that do not fit together, naming the mismatch."""
     problems = []

@@ -21,6 +21,12 @@ start() {
     echo "TorchServe is already running (pid $(cat "$STATE/tmp/.model_server.pid")); 'make stop' first"
     exit 1
   fi
+  for port in 8080 8081 8082; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "port $port on 127.0.0.1 is in use (config.properties needs 8080-8082); stop what holds it" >&2
+      exit 1
+    fi
+  done
   mkdir -p "$STATE/tmp" "$STATE/logs"
   echo "==> starting TorchServe with $ROOT/config.properties (logs in $STATE/logs)"
   (cd "$STATE" && torchserve --start --ts-config "$ROOT/config.properties" \

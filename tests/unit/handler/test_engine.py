@@ -197,3 +197,17 @@ def test_form_encoded_body_gets_a_content_type_hint(int_store):
     engine = make_engine(int_store)
     (response,) = engine.handle([{'{"node_id": 3}': b""}])
     assert response.status == 400 and "Content-Type: application/json" in response.body["message"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_engine_answers_like_the_cpu_engine(int_store):
+    model = random_model(int_store, "gat")
+    on_cpu = make_engine(int_store, model=model, fanouts=[4, 3])
+    on_gpu = NodeClassificationEngine(
+        int_store, random_model(int_store, "gat"), on_cpu.settings, torch.device("cuda:0"), "1.0"
+    )
+    on_gpu.model.load_state_dict(model.state_dict())
+    payloads = [{"node_id": i} for i in range(0, 90, 3)]
+    assert_same_answers(
+        [r.body for r in served(on_gpu, payloads)], [r.body for r in served(on_cpu, payloads)]
+    )

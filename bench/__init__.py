@@ -1,0 +1,1 @@
+"""Benchmarks and reports; each module runs with ``python -m bench.<name>``."""
