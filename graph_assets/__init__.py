@@ -5,7 +5,8 @@ No torch here: the model and the handler import this package, never the other wa
 
 from graph_assets.errors import GraphInputError, StoreError
 from graph_assets.reader import RawGraph, read_graph_dir
-from graph_assets.store import FORMAT_VERSION, GraphStore, StoreMeta, open_store
+from graph_assets.shared import share_store
+from graph_assets.store import FORMAT_VERSION, GraphStore, StoreMeta, open_store, read_meta
 from graph_assets.synthetic import generate_synthetic, write_synthetic_csv
 from graph_assets.writer import StoreBuilder, write_store
 
@@ -20,6 +21,8 @@ __all__ = [
     "generate_synthetic",
     "open_store",
     "read_graph_dir",
+    "read_meta",
+    "share_store",
     "write_store",
     "write_synthetic_csv",
 ]

@@ -252,7 +252,7 @@ def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
     whole store once; turn it off only where the store was verified already.
     """
     path = Path(path)
-    meta = _read_meta(path)
+    meta = read_meta(path)
     for name in ARRAY_FILES:
         _check_size(path, name, meta["files"][name])
     if verify_checksum:
@@ -273,7 +273,8 @@ def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
     )
 
 
-def _read_meta(path: Path) -> StoreMeta:
+def read_meta(path: Path) -> StoreMeta:
+    """meta.json of the store at ``path``, checked for version and field types."""
     meta_path = path / META_FILE
     if not meta_path.is_file():
         raise StoreError(

@@ -8,20 +8,31 @@ from __future__ import annotations
 
 import json
 import logging
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from ts.context import Context
+from ts.metrics.dimension import Dimension
+from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
-from graph_assets import GraphStore, open_store
-from handler.engine import BatchResult, NodeClassificationEngine, PreparedBatch
+from graph_assets import GraphStore, open_store, share_store
+from handler.engine import (
+    BatchResult,
+    NodeClassificationEngine,
+    PreparedBatch,
+    Response,
+    StageTimes,
+)
 from handler.settings import ServingSettings
 from model.export import load_model
 
 logger = logging.getLogger(__name__)
 
+GRAPH_CACHE = "gnnserve-graph-cache"
+_GAUGE = MetricTypes.GAUGE
 _PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large"}
 
 
@@ -45,7 +56,11 @@ class GNNHandler(BaseHandler):
         model_dir = Path(properties["model_dir"])
         self.device = select_device(properties.get("gpu_id"))
         settings = ServingSettings.from_yaml_section((context.model_yaml_config or {}).get("gnn"))
-        store = open_store(model_dir / settings.graph_dir, verify_checksum=settings.verify_checksum)
+        graph_dir = model_dir / settings.graph_dir
+        if settings.share_graph:
+            cache = Path(settings.graph_cache_dir or Path(tempfile.gettempdir()) / GRAPH_CACHE)
+            graph_dir = share_store(graph_dir, cache)
+        store = open_store(graph_dir, verify_checksum=settings.verify_checksum)
         model, config = load_model(model_dir, map_location=self.device)
         check_compatible(config.in_dim, config.out_dim, config.num_layers, store, settings)
         version = str(context.manifest.get("model", {}).get("modelVersion", "1.0"))
@@ -82,11 +97,39 @@ class GNNHandler(BaseHandler):
     def postprocess(self, data: BatchResult) -> list[str]:
         """One JSON body per request, in order, each with its own HTTP status."""
         responses = self._engine().respond(data)
+        self._report(data.batch.times, responses)
         for index, response in enumerate(responses):
             phrase = _PHRASES.get(response.status, "Error")
             self.context.set_response_status(code=response.status, phrase=phrase, idx=index)
             self.context.set_response_content_type(index, "application/json")
         return [json.dumps(response.body) for response in responses]
+
+    def _report(self, times: StageTimes, responses: list[Response]) -> None:
+        """Per-batch custom metrics; TorchServe exposes them on its Prometheus endpoint."""
+        metrics = self.context.metrics
+        if metrics is None:
+            return
+        values = {
+            "GnnBatchSize": (times.batch_size, "Count"),
+            "GnnSeedNodes": (times.seed_nodes, "Count"),
+            "GnnSampledNodes": (times.sampled_nodes, "Count"),
+            "GnnSampledEdges": (times.sampled_edges, "Count"),
+            "GnnParseTime": (times.parse * 1000, "ms"),
+            "GnnSampleTime": (times.sample * 1000, "ms"),
+            "GnnGatherTime": (times.gather * 1000, "ms"),
+            "GnnForwardTime": (times.forward * 1000, "ms"),
+            "GnnFormatTime": (times.format * 1000, "ms"),
+        }
+        for name, (value, unit) in values.items():
+            metrics.add_metric(
+                name, round(value, 3), unit, dimensions=self._dimensions(), metric_type=_GAUGE
+            )
+        errors = sum(1 for response in responses if response.status >= 400)
+        metrics.add_metric("GnnErrorResponses", errors, "Count", dimensions=self._dimensions())
+
+    def _dimensions(self) -> list[Dimension]:
+        """A fresh list per call: TorchServe appends default dimensions to the one it is given."""
+        return [Dimension("ModelName", self.context.model_name), Dimension("Level", "Model")]
 
     def describe_handle(self) -> str:
         """Answers the management API's ``GET /models/{name}?customized=true``."""

@@ -30,6 +30,11 @@ class ServingSettings:
         verify_checksum: hash the graph files when a worker starts (slower start, refuses a
             corrupt graph).
         graph_dir: folder of the serialized graph inside the unpacked archive.
+        share_graph: map the graph from a cache shared by every archive version with the same
+            graph checksum (one copy in memory) instead of from this archive's unpacked copy.
+        graph_cache_dir: where that cache lives; empty = ``gnnserve-graph-cache`` in the
+            worker's temp dir (TorchServe's ``TEMP``), which is on the same filesystem as the
+            unpacked archives, so the cache is made of hard links, not copies.
     """
 
     task: str = "node"
@@ -40,6 +45,8 @@ class ServingSettings:
     max_subgraph_edges: int = 20_000_000
     verify_checksum: bool = True
     graph_dir: str = "graph"
+    share_graph: bool = True
+    graph_cache_dir: str = ""
 
     @classmethod
     def from_yaml_section(cls, section: dict[str, Any] | None) -> ServingSettings:
@@ -74,8 +81,9 @@ class ServingSettings:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if not isinstance(self.sampling_seed, int) or isinstance(self.sampling_seed, bool):
             raise ValueError(f"sampling_seed must be an integer; got {self.sampling_seed!r}")
-        if not isinstance(self.verify_checksum, bool):
-            raise ValueError(f"verify_checksum must be true or false; got {self.verify_checksum!r}")
+        for name in ("verify_checksum", "share_graph"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
 
 
 def parse_fanouts(value: object) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ def model_dir(tmp_path: Path, int_store) -> Path:
 
 
 def started(model_dir: Path, batch_size: int, **gnn) -> tuple[GNNHandler, MockContext]:
+    gnn.setdefault("graph_cache_dir", str(model_dir.parent / f"{model_dir.name}-cache"))
     context = MockContext(model_dir, {"batchSize": batch_size, "gnn": gnn}, batch_size)
     handler = GNNHandler()
     handler.initialize(context)
@@ -57,6 +58,11 @@ def test_mixed_batch_gets_one_status_and_body_per_request(model_dir):
     assert bodies[1]["type"] == "BadRequest" and bodies[2]["type"] == "NodeNotFound"
     assert [p["node_id"] for p in bodies[3]["predictions"]] == [3, 6]
     assert all(context.get_response_content_type(i) == "application/json" for i in range(4))
+    recorded = dict(context.metrics.recorded)
+    assert recorded["GnnBatchSize"] == 4 and recorded["GnnSeedNodes"] == 3
+    assert recorded["GnnErrorResponses"] == 2 and recorded["GnnSampledNodes"] >= 3
+    for stage in ("Parse", "Sample", "Gather", "Forward", "Format"):
+        assert recorded[f"Gnn{stage}Time"] >= 0
 
 
 def test_device_is_cpu_without_cuda(model_dir):
@@ -86,3 +92,21 @@ def test_describe_reports_graph_and_settings(model_dir):
     assert described["fanouts"] == [7, 3]
     assert described["graph"]["nodes"] == 80
     assert described["graph"]["class_names"] == ["fraud", "legit", "review"]
+
+
+def test_versions_with_the_same_graph_map_one_shared_copy(model_dir, tmp_path_factory):
+    second = tmp_path_factory.mktemp("version2")
+    shutil.copytree(model_dir, second, dirs_exist_ok=True)
+    cache = str(tmp_path_factory.mktemp("shared-cache"))
+    first_handler, _ = started(model_dir, 1, graph_cache_dir=cache)
+    second_handler, _ = started(second, 1, graph_cache_dir=cache)
+    first_store, second_store = first_handler.engine.store, second_handler.engine.store
+    assert first_store.path == second_store.path
+    assert str(first_store.path).startswith(cache)
+    features = first_store.path / "features.npy"
+    assert features.samefile(model_dir / "graph" / "features.npy")  # a hard link, not a copy
+
+
+def test_sharing_can_be_turned_off(model_dir):
+    handler, _ = started(model_dir, 1, share_graph=False)
+    assert handler.engine.store.path == model_dir / "graph"
