@@ -5,7 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install mar serve stop test lint typecheck unit integration bench clean
+.PHONY: install mar serve stop test lint typecheck unit integration bench bench-full demo-report clean \
+	audit \
+	status register set-default scale unregister resume
 
 install: $(VENV)/.installed
 
@@ -25,8 +27,28 @@ model_store/gnn.mar: $(VENV)/.installed build_mar.sh $(wildcard graph_assets/*.p
 serve: install model_store/gnn.mar
 	scripts/serve.sh start
 
+# Restart with the versions, default version and worker counts the server had when it stopped.
+resume: install
+	scripts/serve.sh resume
+
 stop:
 	scripts/serve.sh stop
+
+# Management shortcuts for the `make serve` server (token read from .serve/key_file.json):
+#   make register MAR=gnn_v2.0.mar   make set-default VERSION=2.0   make scale WORKERS=2
+#   make unregister VERSION=1.0      make status
+MODEL ?= gnn
+GNNCTL := $(BIN)/python scripts/gnnctl.py
+status:
+	$(GNNCTL) status $(MODEL)
+register:
+	$(GNNCTL) register $(MAR) --workers $(or $(WORKERS),1)
+set-default:
+	$(GNNCTL) set-default $(MODEL) $(VERSION)
+scale:
+	$(GNNCTL) scale $(MODEL) $(WORKERS) $(if $(VERSION),--version $(VERSION))
+unregister:
+	$(GNNCTL) unregister $(MODEL) $(VERSION)
 
 lint: install
 	$(BIN)/ruff check .
@@ -44,8 +66,28 @@ integration: install
 test: install lint typecheck
 	$(BIN)/pytest -q
 
+# Benchmarks (docs/benchmarks.md): every system and baseline measured in one run, then the
+# tables and plots regenerated from its results. `make bench` is the quick profile (< 10 min).
+$(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(BIN)/python -m bench.suite --profile quick
+	$(BIN)/python -m bench.report docs/bench-results/results-quick.json
+
+bench-full: $(VENV)/.bench-installed
+	$(BIN)/python -m bench.suite --profile full
+	$(BIN)/python -m bench.report docs/bench-results/results-full.json
+
+# Known vulnerabilities in the installed (pinned) dependencies; needs a vulnerability database
+# (PyPI's JSON API or OSV) on the network. --strict fails when a package could not be checked,
+# so an unreachable database never passes as "no findings". Triage: docs/security.md.
+audit: install
+	$(BIN)/pip-audit --strict --skip-editable --progress-spinner off --desc on
+
 # Demo-graph report: test accuracy per architecture and served-vs-full-graph exactness.
-bench: install
+demo-report: install
 	$(BIN)/python -m bench.demo_report
 
 clean:

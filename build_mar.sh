@@ -18,6 +18,8 @@ Graph
   --graph DIR             input graph: DIR/nodes.csv + DIR/edges.csv (or .parquet); format in
                           docs/graph-format.md. Default: graph_assets/demo
   --synthetic NODES EDGES generate a labelled synthetic graph instead (IDs 0..NODES-1)
+  --store DIR             package an existing graph store as it is (e.g. the output of
+                          `python -m graph_assets.compact`, which folds live updates in)
   --feature-dim N         features of a synthetic graph (default 128)
   --num-classes N         classes of a synthetic graph (default 8)
   --undirected            add the reverse of every edge
@@ -47,6 +49,17 @@ Serving (written to the archive's model-config YAML)
   --device auto|cpu|gpu   deviceType; auto = gpu when this machine has CUDA (default auto)
   --sampling-seed N       seed of the deterministic neighbour sampler (default 0)
   --max-ids N             node IDs accepted in one request (default 1024)
+  --max-subgraph-nodes N  a request whose sampled ego-graph has more nodes is refused with 413
+                          before any feature is gathered (default 2000000)
+  --max-subgraph-edges N  the same for edges (default 20000000)
+  --torch-threads N       intra-op threads per worker; 0 = one per core (default 1)
+  --compile               torch.compile the model when a worker starts (slower start)
+
+Live updates (docs/dynamic-graphs.md)
+  --enable-updates        accept {"op": "update"} requests carrying the update key (off by default)
+  --update-state-dir DIR  where the update log lives (default: gnnserve-state in TorchServe's TEMP)
+  --update-secret-file F  read the update secret from F at serve time (default: the environment
+                          variable GNNSERVE_UPDATE_SECRET of the server)
 
 Archive
   --name NAME             model name (default gnn)
@@ -59,7 +72,7 @@ HELP
 die() { echo "build_mar.sh: error: $*" >&2; exit 2; }
 step() { echo "==> $*"; }
 
-graph="$ROOT/graph_assets/demo"; synthetic=(); undirected=(); task=node; arch=sage
+graph="$ROOT/graph_assets/demo"; store=""; synthetic=(); undirected=(); task=node; arch=sage
 name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""
 model_args=(); train_args=(); synth_args=(); yaml_args=()
 
@@ -69,6 +82,7 @@ while [ $# -gt 0 ]; do
     -h|--help) usage; exit 0 ;;
     --*=*) opt="${1%%=*}"; val="${1#*=}"; shift; set -- "$opt" "$val" "$@"; continue ;;
     --graph) need "$@"; graph="$2"; shift 2 ;;
+    --store) need "$@"; store="$2"; shift 2 ;;
     --synthetic) [ $# -ge 3 ] || die "--synthetic needs NODES EDGES"
                  synthetic=("$2" "$3"); shift 3 ;;
     --feature-dim|--num-classes) need "$@"; synth_args+=("$1" "$2"); shift 2 ;;
@@ -79,8 +93,12 @@ while [ $# -gt 0 ]; do
     --epochs|--seed) need "$@"; train_args+=("$1" "$2"); shift 2 ;;
     --weights) need "$@"; weights="$2"; shift 2 ;;
     --fanouts|--batch-size|--max-batch-delay|--min-workers|--max-workers|--response-timeout|\
-    --startup-timeout|--device|--sampling-seed|--max-ids)
+    --startup-timeout|--device|--sampling-seed|--max-ids|--max-subgraph-nodes|\
+    --max-subgraph-edges|--torch-threads)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
+    --compile) yaml_args+=(--compile); shift ;;
+    --enable-updates) yaml_args+=(--enable-updates); shift ;;
+    --update-state-dir|--update-secret-file) need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --name) need "$@"; name="$2"; shift 2 ;;
     --version) need "$@"; version="$2"; shift 2 ;;
     --export-path) need "$@"; export_path="$2"; shift 2 ;;
@@ -93,7 +111,8 @@ done
 [[ "$version" =~ ^[0-9A-Za-z][0-9A-Za-z._-]*$ ]] || die "--version must look like 1.0 (got '$version')"
 [ -x "$PYTHON" ] || die "no Python environment at $PYTHON; run 'make install' first"
 [ -n "$weights" ] && { [ -f "$weights" ] || die "--weights $weights: no such file"; }
-if [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no such directory"; fi
+if [ -n "$store" ]; then [ -f "$store/meta.json" ] || die "--store $store: not a graph store (no meta.json)"
+elif [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no such directory"; fi
 mkdir -p "$export_path"
 export_path="$(cd "$export_path" && pwd)"
 [ "$version" = 1.0 ] && archive="$name.mar" || archive="${name}_v${version}.mar"
@@ -104,7 +123,11 @@ stage="$work/stage"
 mkdir -p "$stage" "$work/out"
 cd "$ROOT"
 
-if [ ${#synthetic[@]} -gt 0 ]; then
+if [ -n "$store" ]; then
+  step "1/4 checking the graph store $store"
+  cp -R "$store" "$stage/graph"
+  "$PYTHON" -c 'import sys; from pathlib import Path; from graph_assets import open_store; s = open_store(Path(sys.argv[1])); print(f"  {s.num_nodes} nodes, {s.num_edges} edges, checksum {s.checksum}")' "$stage/graph"
+elif [ ${#synthetic[@]} -gt 0 ]; then
   step "1/4 generating a synthetic graph: ${synthetic[0]} nodes, ${synthetic[1]} edges"
   "$PYTHON" -m graph_assets synthetic "${synthetic[@]}" --out "$stage/graph" "${synth_args[@]}"
 else

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from graph_assets.errors import StoreError
-from graph_assets.store import ARRAY_FILES, META_FILE, read_meta
+from graph_assets.store import ARRAY_FILES, META_FILE, open_store, read_meta
 
 
 def share_store(store_dir: Path, cache_root: Path) -> Path:
@@ -22,12 +22,15 @@ def share_store(store_dir: Path, cache_root: Path) -> Path:
 
     The cached copy is reused only when its meta.json equals ``store_dir``'s byte for byte;
     ``open_store`` (with its checksum verification) then proves the arrays match that meta.
+    A new entry is published only after ``store_dir`` itself opens with every check and checksum,
+    so a corrupt archive fails naming its own file and never leaves a corrupt entry behind for
+    the next version of the same graph to map.
     Safe when several workers start at once: the copy is built in a private directory and
     renamed into place, and a worker that loses the race uses the winner's.
     """
     store_dir = Path(store_dir)
-    meta_bytes = (store_dir / META_FILE).read_bytes()
     checksum = read_meta(store_dir)["checksum"]
+    meta_bytes = (store_dir / META_FILE).read_bytes()
     target = Path(cache_root) / checksum
     if target.is_dir():
         if (target / META_FILE).read_bytes() != meta_bytes:
@@ -36,6 +39,7 @@ def share_store(store_dir: Path, cache_root: Path) -> Path:
                 f"delete {target} so the next worker recreates it"
             )
         return target
+    open_store(store_dir, verify_checksum=True)
     Path(cache_root).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{checksum[:12]}-", dir=cache_root))
     try:

@@ -471,3 +471,8 @@ def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray])
                 f"labels must be -1 (unlabelled) or in [0, {num_classes}), found values from "
                 f"{block.min()} to {block.max()}",
             )
+
+
+def node_key(id_kind: IdKind, x: object) -> int | bytes | None:
+    """The canonical key of an external ID in a store of ``id_kind`` (None: cannot be an ID)."""
+    return _as_int_id(x) if id_kind == "int" else _as_str_id(x)

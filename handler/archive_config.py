@@ -70,7 +70,40 @@ def main(argv: list[str] | None = None) -> int:
         "--device", choices=("auto", "cpu", "gpu"), default="auto", help="deviceType"
     )
     parser.add_argument("--sampling-seed", type=int, default=0, help="seed of the sampler")
-    parser.add_argument("--max-ids", type=int, default=1024, help="node IDs per request")
+    defaults = ServingSettings()
+    parser.add_argument(
+        "--max-ids", type=int, default=defaults.max_ids_per_request, help="node IDs per request"
+    )
+    parser.add_argument(
+        "--max-subgraph-nodes",
+        type=int,
+        default=defaults.max_subgraph_nodes,
+        help="sampled ego-graph nodes per request; more is answered 413",
+    )
+    parser.add_argument(
+        "--max-subgraph-edges",
+        type=int,
+        default=defaults.max_subgraph_edges,
+        help="sampled ego-graph edges per request; more is answered 413",
+    )
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=defaults.torch_threads,
+        help="intra-op threads per worker (0 = one per core)",
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="torch.compile the model at worker start"
+    )
+    parser.add_argument(
+        "--enable-updates", action="store_true", help="accept live graph updates (needs a secret)"
+    )
+    parser.add_argument(
+        "--update-state-dir", default="", help="directory of the update log (outside the archive)"
+    )
+    parser.add_argument(
+        "--update-secret-file", default="", help="file holding the update secret at serve time"
+    )
     args = parser.parse_args(argv)
     num_layers = int(json.loads(args.model_config.read_text())["num_layers"])
     try:
@@ -81,7 +114,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{num_layers} layers; give one fanout per layer"
             )
         settings = ServingSettings(
-            fanouts=fanouts, sampling_seed=args.sampling_seed, max_ids_per_request=args.max_ids
+            fanouts=fanouts,
+            sampling_seed=args.sampling_seed,
+            max_ids_per_request=args.max_ids,
+            max_subgraph_nodes=args.max_subgraph_nodes,
+            max_subgraph_edges=args.max_subgraph_edges,
+            torch_threads=args.torch_threads,
+            compile=args.compile,
+            updates_enabled=args.enable_updates,
+            update_state_dir=args.update_state_dir,
+            update_secret_file=args.update_secret_file,
         )
         settings = ServingSettings.from_yaml_section(settings.to_yaml_section())
         device = detect_device_type() if args.device == "auto" else args.device

@@ -3,7 +3,8 @@
 ``prepare`` parses every request on its own and samples ONE ego-graph for the union of the
 batch's seeds; ``run`` does the forward pass; ``respond`` makes exactly one response per request.
 A batch whose union ego-graph is over the limits, or whose forward pass fails unexpectedly, is
-served request by request, so one request never fails its neighbours.
+served request by request, so one request never fails its neighbours. A CUDA error that leaves
+the device unusable ends the worker instead (:class:`DeviceFailure`), so TorchServe restarts it.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from graph_assets import GraphStore
+from graph_assets.overlay import GraphOverlay
 from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
-from handler.requests import NodeId, NodeRequest, parse_node_request
+from handler.kserve_v2 import v2_response
+from handler.live_graph import LiveGraph
+from handler.requests import NodeId, NodeRequest, parse_node_request, show
 from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
 from handler.settings import ServingSettings
 
@@ -28,6 +32,49 @@ logger = logging.getLogger(__name__)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_LISTED_MISSING = 20
+
+
+class DeviceFailure(SystemExit):
+    """The accelerator is unusable: this worker process must end so TorchServe starts a new one.
+
+    A CUDA error other than out-of-memory (an illegal address, a device-side assert, a launch
+    failure) is sticky: it poisons the CUDA context, and every later kernel in the process fails
+    too. Answering 500 forever is worse than losing the requests in flight, so the engine ends
+    the process. It is a ``SystemExit`` because TorchServe catches ``Exception`` around the
+    handler and would keep the broken worker alive; this passes through, the worker exits with
+    status 1, and TorchServe fails the batch in flight and restarts the worker.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(1)
+        self.error = error
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Host or device memory ran out: the request fails, the process stays usable."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error)
+
+
+def is_fatal_device_error(error: BaseException) -> bool:
+    """True for a CUDA error that leaves the device unusable (not an out-of-memory)."""
+    if is_out_of_memory(error):
+        return False
+    accelerator = getattr(torch, "AcceleratorError", None)
+    if accelerator is not None and isinstance(error, accelerator):
+        return True
+    return isinstance(error, RuntimeError) and "CUDA error" in str(error)
+
+
+def _failure(error: Exception, stage: str) -> InternalError:
+    """The 500 body of one failed request; out-of-memory says how to make the request smaller."""
+    if is_out_of_memory(error):
+        return InternalError(
+            f"the server ran out of memory during {stage} of this request; request fewer nodes "
+            "or lower the fanouts (the error is in the server log)"
+        )
+    return InternalError(f"the {stage} failed on this request; the error is in the server log")
 
 
 @dataclass(frozen=True)
@@ -104,8 +151,15 @@ class NodeClassificationEngine:
         settings: ServingSettings,
         device: torch.device,
         model_version: str,
+        model_name: str = "gnn",
+        live: LiveGraph | None = None,
     ) -> None:
         self.store = store
+        self.live = live
+        self.model_name = model_name
+        # One engine per worker process: it owns the process's intra-op thread count.
+        if settings.torch_threads > 0:
+            torch.set_num_threads(settings.torch_threads)
         self.model = model.to(device).eval()
         self.settings = settings
         self.device = device
@@ -126,12 +180,24 @@ class NodeClassificationEngine:
             graph_key=int(store.checksum[:15], 16),
             max_nodes=settings.max_subgraph_nodes,
             max_edges=settings.max_subgraph_edges,
+            overlay=live.overlay if live is not None else None,
         )
+        if settings.compile:
+            self.model = cast(torch.nn.Module, torch.compile(self.model, dynamic=True))
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Serves a few real batches, so that compilation happens at start, not mid-request."""
+        ids = self.store.external_ids(np.arange(min(self.store.num_nodes, 16)))
+        for count in (1, len(ids)):
+            self.handle([{"body": {"node_ids": ids[:count]}}])
 
     def prepare(self, items: Sequence[Any]) -> PreparedBatch:
         """Parses each request separately, then samples one subgraph for the batch's seeds."""
         times = StageTimes(batch_size=len(items))
         start = time.perf_counter()
+        if self.live is not None:
+            self.live.sync()  # updates acknowledged by any worker are visible from here on
         outcomes = [self._resolve(item) for item in items]
         times.parse = time.perf_counter() - start
         start = time.perf_counter()
@@ -141,6 +207,10 @@ class NodeClassificationEngine:
             try:
                 groups = [self._sample_group(outcomes, valid)]
             except SubgraphTooLarge:
+                groups = self._sample_one_by_one(outcomes, valid)
+            except Exception as error:
+                self._raise_if_fatal(error)
+                logger.exception("batch sampling failed; sampling its requests one by one")
                 groups = self._sample_one_by_one(outcomes, valid)
         times.sample = time.perf_counter() - start
         times.seed_nodes = sum(int(g.seeds.numel()) for g in groups)
@@ -157,7 +227,9 @@ class NodeClassificationEngine:
                 continue
             try:
                 self._run_group(group, result)
-            except Exception:
+            except Exception as error:
+                self._raise_if_fatal(error)
+                self._release_device_memory()
                 logger.exception("batch forward failed; retrying its requests one by one")
                 for retry in self._sample_one_by_one(batch.outcomes, group.positions):
                     self._run_isolated(retry, result)
@@ -198,12 +270,12 @@ class NodeClassificationEngine:
         ]
         nodes = np.full(len(node_ids), -1, dtype=np.int64)
         if any(in_range):
-            nodes[np.array(in_range)] = self.store.lookup(
+            nodes[np.array(in_range)] = self._current_graph().lookup(
                 [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
             )
         missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
         if missing:
-            listed = ", ".join(repr(node) for node in missing[:_MAX_LISTED_MISSING])
+            listed = ", ".join(show(node) for node in missing[:_MAX_LISTED_MISSING])
             more = len(missing) - _MAX_LISTED_MISSING
             suffix = f" and {more} more" if more > 0 else ""
             raise NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
@@ -212,7 +284,10 @@ class NodeClassificationEngine:
     def _sample_group(self, outcomes: list[Any], positions: list[int]) -> Group:
         nodes = np.concatenate([outcomes[i].nodes for i in positions])
         seeds = torch.from_numpy(np.unique(nodes))
-        return Group(positions=positions, seeds=seeds, subgraph=self.sampler.sample(seeds))
+        # Inference mode: no autograd bookkeeping on the sampler's many small tensor ops.
+        with torch.inference_mode():
+            subgraph = self.sampler.sample(seeds)
+        return Group(positions=positions, seeds=seeds, subgraph=subgraph)
 
     def _sample_one_by_one(self, outcomes: list[Any], positions: list[int]) -> list[Group]:
         groups = []
@@ -224,25 +299,43 @@ class NodeClassificationEngine:
                     f"{error}; request fewer nodes, or lower the fanouts or raise "
                     "max_subgraph_nodes/max_subgraph_edges in the model config"
                 )
+            except Exception as error:
+                self._raise_if_fatal(error)
+                logger.exception("request %d: sampling failed", position)
+                outcomes[position] = _failure(error, "sampling")
         return groups
 
     def _run_isolated(self, group: Group, result: BatchResult) -> None:
         try:
             self._run_group(group, result)
-        except Exception:
+        except Exception as error:
+            self._raise_if_fatal(error)
+            self._release_device_memory()
             position = group.positions[0]
             logger.exception("request %d: forward pass failed", position)
-            result.batch.outcomes[position] = InternalError(
-                "the model failed on this request; the error is in the server log"
+            result.batch.outcomes[position] = _failure(error, "model")
+
+    def _raise_if_fatal(self, error: Exception) -> None:
+        if is_fatal_device_error(error):
+            logger.critical(
+                "unrecoverable device error on %s (%s); ending this worker so that TorchServe "
+                "starts a fresh one",
+                self.device,
+                error,
             )
+            raise DeviceFailure(error) from error
+
+    def _release_device_memory(self) -> None:
+        """After a failed forward, hand cached CUDA blocks back so the retries have room."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _run_group(self, group: Group, result: BatchResult) -> None:
         times = result.batch.times
         start = time.perf_counter()
         sub = group.subgraph
-        rows = sub.node.cpu()
-        x = self.features[rows].to(self.device, non_blocking=True)
-        degree = self.in_degree[rows].to(self.device, non_blocking=True)
+        with torch.inference_mode():
+            x, degree = self._gather(sub.node)
         times.gather += time.perf_counter() - start
         start = time.perf_counter()
         with torch.inference_mode():
@@ -256,6 +349,26 @@ class NodeClassificationEngine:
             rows_of_request = [seed_row[int(node)] for node in resolved.nodes]
             result.probabilities[position] = probabilities[rows_of_request]
 
+    def _current_graph(self) -> GraphStore | GraphOverlay:
+        """The overlay once updates exist (it knows new and removed nodes), else the base."""
+        if self.live is not None and not self.live.overlay.is_empty:
+            return self.live.overlay
+        return self.store
+
+    def _gather(self, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feature rows and full-graph in-degrees of the subgraph's nodes, on the device."""
+        graph = self._current_graph()
+        if isinstance(graph, GraphOverlay):
+            rows_np = nodes.cpu().numpy()
+            x = torch.from_numpy(graph.feature_rows(rows_np))
+            degree = torch.from_numpy(graph.in_degree(rows_np))
+        else:
+            rows = nodes.to(self.features.device)
+            # index_select, not features[rows]: advanced indexing is ~4x slower on a memory map.
+            x = torch.index_select(self.features, 0, rows)
+            degree = torch.index_select(self.in_degree, 0, rows)
+        return x.to(self.device, non_blocking=True), degree.to(self.device, non_blocking=True)
+
     def _format(
         self, position: int, outcome: ResolvedRequest | ApiError, result: BatchResult
     ) -> Response:
@@ -267,15 +380,28 @@ class NodeClassificationEngine:
             error = InternalError("no prediction was computed for this request")
             logger.error("request %d: %s", position, error.message)
             return Response(status=error.status, body=error.body())
+        request = outcome.request
+        if request.protocol == "v2":
+            return Response(
+                status=200,
+                body=v2_response(
+                    request.request_id,
+                    self.model_name,
+                    self.model_version,
+                    list(request.node_ids),
+                    probabilities.tolist(),
+                ),
+            )
         predictions = [
             self._prediction(node_id, row)
             for node_id, row in zip(outcome.request.node_ids, probabilities.tolist(), strict=True)
         ]
         if outcome.request.single:
             return Response(status=200, body=predictions[0])
-        return Response(
-            status=200, body={"predictions": predictions, "model_version": self.model_version}
-        )
+        body: dict[str, Any] = {"predictions": predictions, "model_version": self.model_version}
+        if self.live is not None:
+            body["graph_version"] = self.live.version
+        return Response(status=200, body=body)
 
     def _prediction(self, node_id: NodeId, probabilities: list[float]) -> dict[str, Any]:
         predicted = max(range(len(probabilities)), key=probabilities.__getitem__)
@@ -285,4 +411,6 @@ class NodeClassificationEngine:
             answer["predicted_label"] = class_names[predicted]
         answer["probabilities"] = probabilities
         answer["model_version"] = self.model_version
+        if self.live is not None:
+            answer["graph_version"] = self.live.version
         return answer

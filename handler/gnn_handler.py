@@ -19,19 +19,34 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from graph_assets import GraphStore, open_store, share_store
-from handler.engine import (
-    BatchResult,
-    NodeClassificationEngine,
-    PreparedBatch,
-    Response,
-    StageTimes,
+from handler.engine import NodeClassificationEngine, Response, StageTimes
+from handler.graph_engine import GraphEngine
+from handler.link_engine import LinkEngine
+from handler.live_graph import (
+    UPDATE_KEY_HEADER,
+    LiveGraph,
+    UpdatePolicy,
+    answer_update,
+    read_secret,
+    update_body,
 )
 from handler.settings import ServingSettings
+from handler.tasks import (
+    RoutedBatch,
+    RoutedResult,
+    Router,
+    check_task,
+    describe,
+    graph_router,
+    link_router,
+    node_router,
+)
 from model.export import load_model
 
 logger = logging.getLogger(__name__)
 
 GRAPH_CACHE = "gnnserve-graph-cache"
+STATE_DIR = "gnnserve-state"
 _GAUGE = MetricTypes.GAUGE
 _PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large"}
 
@@ -48,27 +63,71 @@ class GNNHandler(BaseHandler):
 
     def __init__(self) -> None:
         super().__init__()
-        self.engine: NodeClassificationEngine | None = None
+        # The task's main engine, and the router that also sends embedding, cold-start and
+        # explanation requests to their engines (handler.tasks).
+        self.engine: NodeClassificationEngine | LinkEngine | GraphEngine | None = None
+        self.router: Router | None = None
 
     def initialize(self, context: Context) -> None:
-        """Loads everything once per worker; a bad archive fails here, not mid-request."""
+        """Loads everything once per worker; a bad archive fails here, not mid-request.
+
+        A refusal is logged as one line naming the file and the problem (TorchServe's traceback
+        follows it in model_log.log) and re-raised, so the worker never starts on a bad archive.
+        """
+        try:
+            self._initialize(context)
+        except Exception as error:
+            logger.error("gnn worker refuses to start: %s", error)
+            raise
+
+    def _initialize(self, context: Context) -> None:
         properties = context.system_properties
         model_dir = Path(properties["model_dir"])
         self.device = select_device(properties.get("gpu_id"))
         settings = ServingSettings.from_yaml_section((context.model_yaml_config or {}).get("gnn"))
+        if settings.task == "graph":  # no stored graph: each request carries its own
+            model, config = load_model(model_dir, map_location=self.device)
+            check_task(config, settings)
+            version = str(context.manifest.get("model", {}).get("modelVersion", "1.0"))
+            self.live, self.update_policy = None, UpdatePolicy(secret=None, max_operations=0)
+            self.engine, self.router = graph_router(
+                model, settings, self.device, model_dir, version
+            )
+            self.context = context
+            self.initialized = True
+            logger.info("gnn graph classifier %s ready on %s", version, self.device)
+            return
         graph_dir = model_dir / settings.graph_dir
         if settings.share_graph:
             cache = Path(settings.graph_cache_dir or Path(tempfile.gettempdir()) / GRAPH_CACHE)
             graph_dir = share_store(graph_dir, cache)
         store = open_store(graph_dir, verify_checksum=settings.verify_checksum)
         model, config = load_model(model_dir, map_location=self.device)
-        check_compatible(config.in_dim, config.out_dim, config.num_layers, store, settings)
+        check_task(config, settings)
         version = str(context.manifest.get("model", {}).get("modelVersion", "1.0"))
-        self.engine = NodeClassificationEngine(store, model, settings, self.device, version)
+        if settings.task == "link":
+            self.live, self.update_policy = None, UpdatePolicy(secret=None, max_operations=0)
+            self.engine, self.router = link_router(
+                store, model, config, settings, self.device, model_dir, version
+            )
+        else:
+            check_compatible(config.in_dim, config.out_dim, config.num_layers, store, settings)
+            self.live, self.update_policy = open_live_graph(store, settings)
+            self.engine = NodeClassificationEngine(
+                store,
+                model,
+                settings,
+                self.device,
+                version,
+                model_name=context.model_name,
+                live=self.live,
+            )
+            self.router = node_router(self.engine, version)
         self.context = context
         self.initialized = True
         logger.info(
-            "gnn model %s ready on %s: %d nodes, %d edges, graph %s, fanouts %s",
+            "gnn %s model %s ready on %s: %d nodes, %d edges, graph %s, fanouts %s",
+            settings.task,
             version,
             self.device,
             store.num_nodes,
@@ -77,13 +136,30 @@ class GNNHandler(BaseHandler):
             list(settings.fanouts),
         )
 
-    def preprocess(self, data: list[Any]) -> PreparedBatch:
-        """Validates each request alone, then samples one ego-graph for the batch's seeds."""
-        return self._engine().prepare(data)
+    def preprocess(self, data: list[Any]) -> RoutedBatch:
+        """Applies the batch's graph updates first (in order), then validates each prediction
+        request alone and samples one ego-graph for the batch's seeds."""
+        self._updates: dict[int, Response] = {}
+        predictions = []
+        for index, item in enumerate(data):
+            body = update_body(item)
+            if body is None:
+                predictions.append(item)
+                continue
+            key = _header(self.context, index, UPDATE_KEY_HEADER)
+            status, answer = answer_update(body, key, self.live, self.update_policy)
+            self._updates[index] = Response(status=status, body=answer)
+        # TorchServe marks each /explanations request with an "explain" header, per request.
+        explain = [
+            _header(self.context, index, "explain") == "True"
+            for index in range(len(data))
+            if index not in self._updates
+        ]
+        return self._router().prepare(predictions, explain=explain)
 
-    def inference(self, data: PreparedBatch, *args: Any, **kwargs: Any) -> BatchResult:
+    def inference(self, data: RoutedBatch, *args: Any, **kwargs: Any) -> RoutedResult:
         """One forward pass for the batch, under ``torch.inference_mode()`` (in the engine)."""
-        result = self._engine().run(data)
+        result = self._router().run(data)
         times = data.times
         logger.info(
             "batch of %d requests: %d seeds, %d sampled nodes, %d sampled edges",
@@ -94,9 +170,13 @@ class GNNHandler(BaseHandler):
         )
         return result
 
-    def postprocess(self, data: BatchResult) -> list[str]:
+    def postprocess(self, data: RoutedResult) -> list[str]:
         """One JSON body per request, in order, each with its own HTTP status."""
-        responses = self._engine().respond(data)
+        responses = self._router().respond(data)
+        if self._updates:
+            answered = iter(responses)
+            total = len(responses) + len(self._updates)
+            responses = [self._updates.get(i) or next(answered) for i in range(total)]
         self._report(data.batch.times, responses)
         for index, response in enumerate(responses):
             phrase = _PHRASES.get(response.status, "Error")
@@ -131,31 +211,46 @@ class GNNHandler(BaseHandler):
         """A fresh list per call: TorchServe appends default dimensions to the one it is given."""
         return [Dimension("ModelName", self.context.model_name), Dimension("Level", "Model")]
 
+    def explain_handle(self, data_preprocess: RoutedBatch, raw_data: list[Any]) -> list[str]:
+        """TorchServe's ``/explanations`` path (``BaseHandler.handle`` takes it when the batch's
+        first request is an explanation). ``preprocess`` already routed every request by its
+        own header, so a batch mixing explanations and predictions is answered the same way
+        whichever comes first."""
+        return self.postprocess(self.inference(data_preprocess))
+
     def describe_handle(self) -> str:
         """Answers the management API's ``GET /models/{name}?customized=true``."""
-        engine = self._engine()
-        store = engine.store
-        return json.dumps(
-            {
-                "task": engine.settings.task,
-                "model_version": engine.model_version,
-                "device": str(engine.device),
-                "fanouts": list(engine.settings.fanouts),
-                "graph": {
-                    "nodes": store.num_nodes,
-                    "edges": store.num_edges,
-                    "feature_dim": store.feature_dim,
-                    "num_classes": store.num_classes,
-                    "class_names": store.class_names,
-                    "checksum": store.checksum,
-                },
-            }
-        )
+        return json.dumps(describe(self._engine()))
 
-    def _engine(self) -> NodeClassificationEngine:
+    def _engine(self) -> NodeClassificationEngine | LinkEngine | GraphEngine:
         if self.engine is None:
             raise RuntimeError("the handler was not initialized")
         return self.engine
+
+    def _router(self) -> Router:
+        if self.router is None:
+            raise RuntimeError("the handler was not initialized")
+        return self.router
+
+
+def open_live_graph(
+    store: GraphStore, settings: ServingSettings
+) -> tuple[LiveGraph | None, UpdatePolicy]:
+    """The update log and policy when the archive takes updates; (None, disabled) otherwise."""
+    if not settings.updates_enabled:
+        return None, UpdatePolicy(secret=None, max_operations=settings.max_update_operations)
+    secret = read_secret(settings.update_secret_env, settings.update_secret_file)
+    state = Path(settings.update_state_dir or Path(tempfile.gettempdir()) / STATE_DIR)
+    live = LiveGraph(store, state / store.checksum / "updates.log")
+    return live, UpdatePolicy(secret=secret, max_operations=settings.max_update_operations)
+
+
+def _header(context: Context, index: int, name: str) -> str | None:
+    """A request header, whatever case the client used for its name."""
+    for key, value in (context.get_all_request_header(index) or {}).items():
+        if key.lower() == name:
+            return str(value)
+    return None
 
 
 def check_compatible(
@@ -164,9 +259,15 @@ def check_compatible(
     """Refuses weights, graph and fanouts that do not fit together, naming the mismatch."""
     problems = []
     if in_dim != store.feature_dim:
-        problems.append(f"the model expects {in_dim} features, the graph has {store.feature_dim}")
+        problems.append(
+            f"the model expects {in_dim} features (model_config.json in_dim), the graph has "
+            f"{store.feature_dim} (graph/meta.json feature_dim)"
+        )
     if out_dim != store.num_classes:
-        problems.append(f"the model predicts {out_dim} classes, the graph has {store.num_classes}")
+        problems.append(
+            f"the model predicts {out_dim} classes (model_config.json out_dim), the graph has "
+            f"{store.num_classes} (graph/meta.json num_classes)"
+        )
     if len(settings.fanouts) != num_layers:
         problems.append(
             f"the model has {num_layers} layers but fanouts {list(settings.fanouts)} name "

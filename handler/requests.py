@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import reprlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
 from handler.errors import BadRequest, TooLarge
+from handler.kserve_v2 import is_v2_body, parse_v2_node_ids
 
 NodeId = int | str
 
@@ -20,10 +22,14 @@ class NodeRequest:
     Attributes:
         node_ids: the requested IDs exactly as the client sent them (type preserved).
         single: True for ``{"node_id": x}`` (one object answered), False for ``{"node_ids": [..]}``.
+        protocol: ``json`` (our contract) or ``v2`` (a KServe v2 body, answered in kind).
+        request_id: the v2 request's ``id``, echoed in its response.
     """
 
     node_ids: tuple[NodeId, ...]
     single: bool
+    protocol: Literal["json", "v2"] = "json"
+    request_id: str | None = None
 
 
 class _NodeBody(BaseModel):
@@ -31,6 +37,17 @@ class _NodeBody(BaseModel):
 
     node_id: StrictInt | StrictStr | None = None
     node_ids: list[StrictInt | StrictStr] | None = None
+
+
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 60
+_SHOW.maxlevel = 2
+
+
+def show(value: Any) -> str:
+    """A short repr of a client's value for an error message: bounded in length and depth, so a
+    huge or deeply nested value neither floods the message nor overflows the stack."""
+    return _SHOW.repr(value)
 
 
 def _reject_constant(name: str) -> None:
@@ -50,6 +67,10 @@ def decode_body(raw: Any) -> Any:
         except ValueError as exc:
             raise BadRequest(
                 f'the body is not valid JSON ({exc}); send e.g. {{"node_id": 42}}'
+            ) from None
+        except RecursionError:
+            raise BadRequest(
+                'the body nests too deeply to parse; send a flat object like {"node_id": 42}'
             ) from None
     return raw
 
@@ -79,9 +100,8 @@ def _describe(error: ValidationError) -> str:
             parts[where] = f"{where}: unknown field (allowed: node_id, node_ids)"
         elif detail["type"] in ("int_type", "string_type"):
             value = detail["input"]
-            parts[where] = (
-                f"{where}: expected an integer or a string, got {type(value).__name__} {value!r}"
-            )
+            got = f"{type(value).__name__} {show(value)}"
+            parts[where] = f"{where}: expected an integer or a string, got {got}"
         else:
             parts.setdefault(where, f"{where}: {detail['msg']}")
     messages = list(parts.values())
@@ -96,6 +116,9 @@ def parse_node_request(item: Any, max_ids: int) -> NodeRequest:
         raise BadRequest(
             f'the body must be a JSON object like {{"node_id": 42}}; got {type(body).__name__}'
         )
+    if is_v2_body(body):
+        node_ids, request_id = parse_v2_node_ids(body, max_ids)
+        return NodeRequest(tuple(node_ids), single=False, protocol="v2", request_id=request_id)
     raw_ids = body.get("node_ids")
     if isinstance(raw_ids, list) and len(raw_ids) > max_ids:
         raise TooLarge(

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from graph_assets.overlay import GraphOverlay
 from handler.settings import parse_fanouts
 
 # splitmix64 constants, as signed int64 so that torch's wrapping int64 arithmetic applies.
@@ -101,6 +102,7 @@ class NeighbourSampler:
             new samples.
         max_nodes, max_edges: a sample that would exceed either raises :class:`SubgraphTooLarge`
             before it is built.
+        overlay: live updates on top of the base arrays (changed in-edges, new nodes).
     """
 
     def __init__(
@@ -112,12 +114,14 @@ class NeighbourSampler:
         graph_key: int,
         max_nodes: int,
         max_edges: int,
+        overlay: GraphOverlay | None = None,
     ) -> None:
         self.indptr = indptr
         self.indices = indices
         self.fanouts = parse_fanouts(list(fanouts))
         self.max_nodes = max_nodes
         self.max_edges = max_edges
+        self.overlay = overlay
         base = torch.tensor([seed & _LOW_63, graph_key & _LOW_63], dtype=torch.int64)
         self._base_key = int(_mix(_mix(base[0:1]) ^ base[1:2]).item())
 
@@ -161,18 +165,77 @@ class NeighbourSampler:
     def _sample_hop(
         self, frontier: torch.Tensor, hop: int, fanout: int, nodes_so_far: int, edges_so_far: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (frontier row of each sampled edge, its source node)."""
-        starts = self.indptr[frontier].to(torch.int64)
-        counts = self.indptr[frontier + 1].to(torch.int64) - starts
+        """Returns (frontier row of each sampled edge, its source node).
+
+        Nodes whose in-edges changed since the base graph was built read them from the overlay;
+        the others from the base CSC arrays.
+        """
+        overlay = self.overlay
+        if overlay is None or overlay.is_empty:
+            return self._sample_csc(
+                self.indptr,
+                self.indices,
+                frontier,
+                frontier,
+                hop,
+                fanout,
+                nodes_so_far,
+                edges_so_far,
+            )
+        device = frontier.device
+        dirty = torch.from_numpy(overlay.dirty_mask(frontier.cpu().numpy())).to(device)
+        clean_rows = torch.nonzero(~dirty).flatten()
+        dirty_rows = torch.nonzero(dirty).flatten()
+        rows, neighbours = self._sample_csc(
+            self.indptr,
+            self.indices,
+            frontier[clean_rows],
+            frontier[clean_rows],
+            hop,
+            fanout,
+            nodes_so_far,
+            edges_so_far,
+        )
+        changed = overlay.in_edges(frontier[dirty_rows].cpu().numpy())
+        more_rows, more_neighbours = self._sample_csc(
+            torch.from_numpy(changed.indptr).to(device),
+            torch.from_numpy(changed.indices).to(device),
+            torch.arange(dirty_rows.numel(), device=device),
+            frontier[dirty_rows],
+            hop,
+            fanout,
+            nodes_so_far,
+            edges_so_far + neighbours.numel(),
+        )
+        return (
+            torch.cat([clean_rows[rows], dirty_rows[more_rows]]),
+            torch.cat([neighbours, more_neighbours]),
+        )
+
+    def _sample_csc(
+        self,
+        indptr: torch.Tensor,
+        indices: torch.Tensor,
+        position: torch.Tensor,
+        nodes: torch.Tensor,
+        hop: int,
+        fanout: int,
+        nodes_so_far: int,
+        edges_so_far: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Samples the in-edges of ``nodes``, found at ``position`` in (``indptr``, ``indices``);
+        the random draws depend on ``nodes`` (global IDs), not on where their lists live."""
+        starts = indptr[position].to(torch.int64)
+        counts = indptr[position + 1].to(torch.int64) - starts
         take = counts if fanout == ALL_NEIGHBOURS else torch.clamp(counts, max=fanout)
         new_edges = int(take.sum())
         # Each new edge brings at most one new row: check before gathering anything.
         self._check_limits(nodes_so_far, edges_so_far + new_edges)
         rows = torch.repeat_interleave(
-            torch.arange(frontier.numel(), device=frontier.device), take, output_size=new_edges
+            torch.arange(nodes.numel(), device=nodes.device), take, output_size=new_edges
         )
-        position = starts[rows] + self._choose(frontier, hop, counts, take, rows)
-        return rows, self.indices[position].to(torch.int64)
+        chosen = starts[rows] + self._choose(nodes, hop, counts, take, rows)
+        return rows, indices[chosen].to(torch.int64)
 
     def _choose(
         self,
@@ -202,15 +265,24 @@ class NeighbourSampler:
         """Floyd's algorithm: ``fanout`` distinct offsets in ``[0, count)`` per node, O(fanout²).
 
         The random draws are hashes of (node, hop, step, seed, graph), so they are repeatable.
+        All ``fanout`` draws are hashed at once, as an ``[n, fanout]`` matrix; only the collision
+        fix-up is sequential over steps (a few tensor ops per step, not a whole hash: per-op
+        overhead dominates at these sizes).
         """
+        device = nodes.device
         key = _mix(nodes ^ self._base_key)
-        chosen = torch.empty((nodes.numel(), fanout), dtype=torch.int64, device=nodes.device)
-        for step in range(fanout):
-            limit = counts - fanout + step  # draw uniformly from [0, limit]
-            draw = _mix(key + _as_int64((hop * 4096 + step + 1) * _GOLDEN))
-            candidate = (draw & _LOW_63) % (limit + 1)
-            if step:
-                seen = (chosen[:, :step] == candidate[:, None]).any(dim=1)
-                candidate = torch.where(seen, limit, candidate)
-            chosen[:, step] = candidate
+        salts = torch.tensor(
+            [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)],
+            dtype=torch.int64,
+            device=device,
+        )
+        draws = _mix(key[:, None] + salts)
+        # Step s draws uniformly from [0, limit_s], limit_s = count - fanout + s.
+        limits = counts[:, None] + torch.arange(-fanout, 0, device=device)
+        chosen = (draws & _LOW_63) % (limits + 1)
+        # Floyd keeps step s's draw unless an earlier step chose it, then takes limit_s.
+        for step in range(1, fanout):
+            candidate = chosen[:, step]
+            seen = (chosen[:, :step] == candidate[:, None]).any(dim=1)
+            chosen[:, step] = torch.where(seen, limits[:, step], candidate)
         return chosen

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 DEFAULT_FANOUTS = (25, 10)
+TASKS = ("node", "link", "graph")
 
 
 def default_fanouts(num_layers: int) -> tuple[int, ...]:
@@ -21,7 +22,8 @@ class ServingSettings:
     """What the handler needs besides the weights and the graph.
 
     Attributes:
-        task: the archive's task; ``node`` for node classification.
+        task: the archive's task: ``node`` (node classification), ``link`` (link prediction)
+            or ``graph`` (graph classification; the sampling keys do not apply).
         fanouts: neighbours sampled per hop (``-1`` = all); one hop per model layer.
         sampling_seed: seed of the deterministic sampler.
         max_ids_per_request: more IDs in one request is answered 413.
@@ -35,6 +37,25 @@ class ServingSettings:
         graph_cache_dir: where that cache lives; empty = ``gnnserve-graph-cache`` in the
             worker's temp dir (TorchServe's ``TEMP``), which is on the same filesystem as the
             unpacked archives, so the cache is made of hard links, not copies.
+        torch_threads: intra-op threads of each worker's torch (``torch.set_num_threads``);
+            default 1, since batches are small and a worker shares the cores with the other
+            workers and TorchServe's frontend; 0 leaves torch's default (one per core).
+        updates_enabled: accept live graph updates (``{"op": "update", ...}``); off by default.
+        update_state_dir: where the update log lives, outside the unpacked archive (which
+            TorchServe deletes on unregister); empty = ``gnnserve-state`` in the worker's temp dir.
+        update_secret_file, update_secret_env: where the update secret comes from (a file, else
+            that environment variable); the inference token alone cannot change the graph.
+        max_update_operations: more operations in one update request is answered 413.
+        compile: wrap the model in ``torch.compile`` (dynamic shapes) and compile it at worker
+            start; costs tens of seconds of start per worker and, on CPU, a C++ compiler.
+        max_top_k: link archives: the largest ``top_k`` a request may ask for (more is 413).
+        max_graph_nodes, max_graph_edges: graph archives: an inline graph with more nodes or
+            edges is answered 413.
+        explain_steps: Integrated Gradients steps of an explanation (forward and backward
+            passes of the ego-graph); fewer when the time budget would not cover them.
+        explain_time_budget_ms: the time one explanation may take; its step count is cut to
+            what fits, measured on the request's own ego-graph.
+        explain_top_k: how many nodes, edges and features an explanation lists.
     """
 
     task: str = "node"
@@ -47,6 +68,19 @@ class ServingSettings:
     graph_dir: str = "graph"
     share_graph: bool = True
     graph_cache_dir: str = ""
+    torch_threads: int = 1
+    compile: bool = False
+    updates_enabled: bool = False
+    update_state_dir: str = ""
+    update_secret_file: str = ""
+    update_secret_env: str = "GNNSERVE_UPDATE_SECRET"
+    max_update_operations: int = 1000
+    max_top_k: int = 1000
+    max_graph_nodes: int = 10_000
+    max_graph_edges: int = 100_000
+    explain_steps: int = 32
+    explain_time_budget_ms: int = 2000
+    explain_top_k: int = 10
 
     @classmethod
     def from_yaml_section(cls, section: dict[str, Any] | None) -> ServingSettings:
@@ -71,17 +105,31 @@ class ServingSettings:
         return data
 
     def _check(self) -> None:
-        if self.task != "node":
-            raise ValueError(
-                f"task must be 'node' (link and graph arrive later); got {self.task!r}"
-            )
-        for name in ("max_ids_per_request", "max_subgraph_nodes", "max_subgraph_edges"):
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}; got {self.task!r}")
+        for name in (
+            "max_ids_per_request",
+            "max_subgraph_nodes",
+            "max_subgraph_edges",
+            "max_top_k",
+            "max_graph_nodes",
+            "max_graph_edges",
+            "explain_steps",
+            "explain_time_budget_ms",
+            "explain_top_k",
+            "max_update_operations",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value!r}")
         if not isinstance(self.sampling_seed, int) or isinstance(self.sampling_seed, bool):
             raise ValueError(f"sampling_seed must be an integer; got {self.sampling_seed!r}")
-        for name in ("verify_checksum", "share_graph"):
+        threads = self.torch_threads
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+            raise ValueError(
+                f"torch_threads must be an integer >= 0 (0 = one per core); got {threads!r}"
+            )
+        for name in ("verify_checksum", "share_graph", "compile", "updates_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
 

@@ -1,5 +1,8 @@
 """``python -m model train --store STORE --arch sage --out DIR``: train on a graph store, export.
 
+``python -m model link ...`` and ``python -m model graph ...`` do the same for link prediction
+and graph classification (``model.tasks_cli``).
+
 ``python -m model package --store STORE --weights FILE --out DIR`` packages weights trained
 elsewhere instead: the architecture comes from FILE's sibling ``model_config.json`` when there is
 one, else from the flags; the weights are checked against it and scored on the labelled nodes.
@@ -27,6 +30,7 @@ from graph_assets.store import GraphStore, open_store
 from model.architectures import build_model
 from model.config import Arch, ModelConfig
 from model.export import CONFIG_FILE, check_state_dict, export_model, write_model_files
+from model.tasks_cli import add_task_commands, run_task_command
 from model.train import train_node_classifier
 
 _MODEL_FLAGS = {
@@ -58,6 +62,7 @@ def _parser() -> argparse.ArgumentParser:
         "package", help="check pre-trained weights against a graph store and export them"
     )
     package.add_argument("--weights", required=True, help="a state_dict saved with torch.save")
+    add_task_commands(commands)
     for command in (train, package):
         _add_model_flags(command, model_defaults)
     for name, (kind, text) in _TRAIN_FLAGS.items():
@@ -172,6 +177,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message on bad input)."""
     args = vars(_parser().parse_args(argv))
     try:
+        if args["command"] in ("link", "graph"):
+            print(run_task_command(args))
+            return 0
         store = open_store(Path(args["store"]))
         command = _train if args["command"] == "train" else _package
         summary = command(args, store)

@@ -22,7 +22,7 @@ from torch_geometric.nn import models as pyg_models
 from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-from model.config import Arch, ModelConfig
+from model.config import Arch, ModelConfig, Task
 
 
 class NodeClassifier(torch.nn.Module):
@@ -145,14 +145,31 @@ def gcn_norm_with_degree(
     return torch.cat([edge_index, torch.stack([loops, loops])], dim=1), weight
 
 
-def build_model(config: ModelConfig | Mapping[str, Any]) -> NodeClassifier:
+def build_model(config: ModelConfig | Mapping[str, Any]) -> torch.nn.Module:
     """Builds the untrained module for a config or its ``model_config.json`` dict.
 
-    Load weights with ``load_state_dict`` (or ``model.export.load_model``) and call ``eval()``
-    before serving: dropout is active in training mode.
+    ``task`` picks the module: a :class:`NodeClassifier` (``node``), a
+    ``model.link.LinkPredictor`` (``link``) or a ``model.graph_level.GraphClassifier``
+    (``graph``). Load weights with ``load_state_dict`` (or ``model.export.load_model``) and call
+    ``eval()`` before serving: dropout is active in training mode.
     """
     if not isinstance(config, ModelConfig):
         config = ModelConfig.from_dict(config)
+    # The link and graph modules build their encoders with this module, so they import it,
+    # and it imports them only here, when one is asked for.
+    if config.task is Task.LINK:
+        from model.link import LinkPredictor
+
+        return LinkPredictor(config)
+    if config.task is Task.GRAPH:
+        from model.graph_level import GraphClassifier
+
+        return GraphClassifier(config)
+    return build_node_classifier(config)
+
+
+def build_node_classifier(config: ModelConfig) -> NodeClassifier:
+    """The node-level GNN of ``config`` (whatever its task): ``out_dim`` outputs per node."""
     dims = (config.in_dim, config.hidden_dim, config.out_dim, config.num_layers, config.dropout)
     if config.arch is Arch.GCN:
         return GCN(*dims)

@@ -28,9 +28,11 @@ def _parse_enum(cls: type[_E], name: str, value: object) -> _E:
 
 
 class Task(str, Enum):
-    """What the model predicts; only node classification is built by this package."""
+    """What the model predicts: a class per node, a score per node pair, a class per graph."""
 
     NODE = "node"
+    LINK = "link"
+    GRAPH = "graph"
 
     @classmethod
     def parse(cls, value: str | Task) -> Task:
@@ -52,20 +54,51 @@ class Arch(str, Enum):
         return _parse_enum(cls, "arch", value)
 
 
+class Decoder(str, Enum):
+    """How a link predictor scores a pair from the two node embeddings."""
+
+    DOT = "dot"
+    MLP = "mlp"
+
+    @classmethod
+    def parse(cls, value: str | Decoder) -> Decoder:
+        return _parse_enum(cls, "decoder", value)
+
+
+class Pooling(str, Enum):
+    """How a graph classifier reduces its node representations to one vector per graph."""
+
+    SUM = "sum"
+    MEAN = "mean"
+    MAX = "max"
+
+    @classmethod
+    def parse(cls, value: str | Pooling) -> Pooling:
+        return _parse_enum(cls, "pooling", value)
+
+
+# Keys that only one task reads; ``to_dict`` writes them only for that task.
+_TASK_KEYS = {"decoder": Task.LINK, "pooling": Task.GRAPH}
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """Everything ``build_model`` needs to rebuild the module that a ``model.pt`` belongs to.
 
     Attributes:
-        task: what is predicted; ``node`` (default).
+        task: what is predicted; ``node`` (default), ``link`` or ``graph``.
         arch: ``gcn``, ``sage``, ``gat`` or ``gin``; default ``sage``.
         in_dim: node feature width (the graph store's ``feature_dim``).
         hidden_dim: width of hidden layers, default 64; for GAT the total over heads, so it
             must be divisible by ``heads``.
-        out_dim: number of classes (>= 2).
+        out_dim: number of classes (>= 2) for ``node`` and ``graph``; for ``link`` the width of
+            the node embeddings the decoder scores.
         num_layers: message-passing layers = hops of the ego-graph the server samples; default 2.
         heads: GAT attention heads, default 4 (ignored by the other architectures).
         dropout: training-time dropout probability in ``[0, 1)``, default 0.5.
+        decoder: ``link`` only: ``dot`` (default; score = <z_src, z_dst>) or ``mlp`` (an MLP on
+            z_src * z_dst). Both are symmetric in the pair.
+        pooling: ``graph`` only: ``sum`` (default, as in the GIN paper), ``mean`` or ``max``.
     """
 
     task: Task = Task.NODE
@@ -76,10 +109,14 @@ class ModelConfig:
     num_layers: int = 2
     heads: int = 4
     dropout: float = 0.5
+    decoder: Decoder = Decoder.DOT
+    pooling: Pooling = Pooling.SUM
 
     def __post_init__(self) -> None:
         self.task = Task.parse(self.task)
         self.arch = Arch.parse(self.arch)
+        self.decoder = Decoder.parse(self.decoder)
+        self.pooling = Pooling.parse(self.pooling)
         self.in_dim = _check_int("in_dim", self.in_dim, minimum=1)
         self.out_dim = _check_int("out_dim", self.out_dim, minimum=2)
         self.hidden_dim = _check_int("hidden_dim", self.hidden_dim, minimum=1)
@@ -105,8 +142,12 @@ class ModelConfig:
     def to_dict(self) -> dict[str, Any]:
         """The JSON form written as ``model_config.json``: plain strings and numbers."""
         data = asdict(self)
-        data["task"] = self.task.value
-        data["arch"] = self.arch.value
+        for key, value in data.items():
+            if isinstance(value, Enum):
+                data[key] = value.value
+        for key, task in _TASK_KEYS.items():
+            if self.task is not task:
+                del data[key]
         return data
 
     @classmethod

@@ -73,7 +73,21 @@ def load_model(
         config = ModelConfig.from_dict(json.loads(config_path.read_text()))
     except (ValueError, TypeError) as error:
         raise ValueError(f"{config_path}: {error}") from error
-    state_dict = torch.load(weights_path, map_location=map_location, weights_only=True)
+    try:
+        state_dict = torch.load(weights_path, map_location=map_location, weights_only=True)
+    except Exception as error:  # torch raises RuntimeError, KeyError, UnpicklingError, ...
+        if type(error).__name__ == "UnpicklingError":  # (no pickle import on the load path)
+            raise ValueError(
+                f"{weights_path}: holds objects other than tensors, which weights_only=True "
+                "refuses to load (never load it with weights_only=False: that runs code from "
+                "the file); save the model's state_dict() and package that"
+            ) from error
+        detail = (str(error).strip().splitlines() or [repr(error)])[0][:200]
+        raise ValueError(
+            f"{weights_path}: cannot read it as a torch.save file ({detail}); it is truncated "
+            "or not a state_dict; re-export it with `python -m model train` or "
+            "`python -m model package`"
+        ) from error
     if not isinstance(state_dict, Mapping):
         raise ValueError(
             f"{weights_path} must hold a state_dict (a dict of tensors), "

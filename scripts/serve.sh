@@ -16,6 +16,7 @@ inference_key() {
     "$STATE/key_file.json" "$1"
 }
 
+# start [resume]: with the repo's config and the demo archive, or from the last snapshot.
 start() {
   if [ -f "$STATE/tmp/.model_server.pid" ] && kill -0 "$(cat "$STATE/tmp/.model_server.pid")" 2>/dev/null; then
     echo "TorchServe is already running (pid $(cat "$STATE/tmp/.model_server.pid")); 'make stop' first"
@@ -28,9 +29,15 @@ start() {
     fi
   done
   mkdir -p "$STATE/tmp" "$STATE/logs"
-  echo "==> starting TorchServe with $ROOT/config.properties (logs in $STATE/logs)"
-  (cd "$STATE" && torchserve --start --ts-config "$ROOT/config.properties" \
-     --model-store "$ROOT/model_store" --models "$MODEL=$ARCHIVE" >"$STATE/logs/start.out" 2>&1)
+  if [ "${1:-}" = resume ]; then
+    ls "$STATE"/logs/config/*.cfg >/dev/null 2>&1 || { echo "no snapshot in $STATE/logs/config; use 'make serve'" >&2; exit 1; }
+    echo "==> resuming TorchServe from its last snapshot in $STATE/logs/config"
+    (cd "$STATE" && torchserve --start --model-store "$ROOT/model_store" >"$STATE/logs/start.out" 2>&1)
+  else
+    echo "==> starting TorchServe with $ROOT/config.properties (logs in $STATE/logs)"
+    (cd "$STATE" && torchserve --start --ts-config "$ROOT/config.properties" \
+       --model-store "$ROOT/model_store" --models "$MODEL=$ARCHIVE" >"$STATE/logs/start.out" 2>&1)
+  fi
   for _ in $(seq 1 120); do
     if [ -f "$STATE/key_file.json" ] && curl -sf -H "Authorization: Bearer $(inference_key management)" \
         "http://127.0.0.1:8081/models/$MODEL" 2>/dev/null | grep -q '"status": "READY"'; then
@@ -64,6 +71,7 @@ stop() {
 
 case "${1:-}" in
   start) start ;;
+  resume) start resume ;;
   stop) stop ;;
-  *) echo "usage: $0 start|stop" >&2; exit 2 ;;
+  *) echo "usage: $0 start|resume|stop" >&2; exit 2 ;;
 esac

@@ -41,6 +41,8 @@ class TorchServe:
     management_port: int = 0
     metrics_port: int = 0
     pid: int | None = None
+    # Set by restart() only: the ports to keep instead of picking free ones.
+    fixed_ports: tuple[int, int, int] | None = None
 
     @property
     def inference_url(self) -> str:
@@ -70,8 +72,12 @@ class TorchServe:
 
     def write_config(self, extra: str = "") -> Path:
         """The repo's shipped config.properties with free ports and this test's model store."""
-        self.inference_port, self.management_port, self.metrics_port = free_ports(3)
+        ports = self.fixed_ports or tuple(free_ports(3))
+        self.inference_port, self.management_port, self.metrics_port = ports
+        grpc_inference, grpc_management = free_ports(2)  # TorchServe always opens gRPC too
         overrides = {
+            "grpc_inference_port": str(grpc_inference),
+            "grpc_management_port": str(grpc_management),
             "inference_address": f"http://127.0.0.1:{self.inference_port}",
             "management_address": f"http://127.0.0.1:{self.management_port}",
             "metrics_address": f"http://127.0.0.1:{self.metrics_port}",
@@ -91,7 +97,19 @@ class TorchServe:
             (self.home / sub).mkdir(parents=True, exist_ok=True)
         config = self.write_config(extra_config)
         command = [str(BIN / "torchserve"), "--start", "--ts-config", str(config)]
-        command += ["--model-store", str(self.model_store), "--models", models]
+        self._launch(
+            [*command, "--model-store", str(self.model_store), "--models", models], timeout
+        )
+
+    def start_from_snapshot(self, timeout: float = 240.0) -> None:
+        """Restarts with no config file: TorchServe then loads its last snapshot (same ports)."""
+        self.pid = None
+        (self.home / "key_file.json").unlink(missing_ok=True)
+        self._launch(
+            [str(BIN / "torchserve"), "--start", "--model-store", str(self.model_store)], timeout
+        )
+
+    def _launch(self, command: list[str], timeout: float) -> None:
         # The daemonized frontend inherits stdout: a file, not a pipe, or run() never returns.
         with open(self.home / "logs" / "start.out", "ab") as out:
             subprocess.run(
@@ -159,3 +177,16 @@ class TorchServe:
                 process.kill()
         psutil.wait_procs(alive, timeout=10)
         self.pid = None
+
+    def restart(self, models: str, timeout: float = 240.0, extra_config: str = "") -> None:
+        """stop(), then start() on the same ports, as an operator's restart does.
+
+        The new server writes new keys: clients must re-read ``keys()``.
+        """
+        ports = (self.inference_port, self.management_port, self.metrics_port)
+        self.stop()
+        self.fixed_ports = ports
+        try:
+            self.start(models, timeout=timeout, extra_config=extra_config)
+        finally:
+            self.fixed_ports = None

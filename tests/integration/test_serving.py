@@ -164,3 +164,30 @@ def test_shipped_config_registers_archives_only_from_the_model_store(server):
     assert "evil" not in requests.get(url, headers=headers, timeout=30).text
     removed = requests.delete(f"{url}/gnn_copy", headers=headers, timeout=60)
     assert removed.status_code == 200, removed.text
+
+
+def v2_body(node: str, request_id: str) -> dict:
+    return {
+        "id": request_id,
+        "inputs": [{"name": "node_ids", "shape": [1], "datatype": "BYTES", "data": [node]}],
+    }
+
+
+@pytest.mark.parametrize("path", ["/predictions/gnn", "/v2/models/gnn/infer"])
+def test_kserve_v2_bodies_are_served_natively_and_batched(server, path):
+    url = server.inference_url + path
+    headers = server.auth("inference")
+    bodies = [v2_body(f"acct_{i}", f"req-{i}") for i in range(24)]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        responses = list(
+            pool.map(lambda b: requests.post(url, json=b, headers=headers, timeout=60), bodies)
+        )
+    for i, response in enumerate(responses):
+        assert response.status_code == 200, response.text
+        answer = response.json()
+        assert answer["id"] == f"req-{i}" and answer["model_name"] == "gnn"
+        outputs = {o["name"]: o for o in answer["outputs"]}
+        assert outputs["node_id"]["data"] == [f"acct_{i}"]
+        plain = predict(server, {"node_id": f"acct_{i}"}).json()
+        assert outputs["predicted_class"]["data"] == [plain["predicted_class"]]
+        assert np.allclose(outputs["probabilities"]["data"], plain["probabilities"], atol=1e-6)

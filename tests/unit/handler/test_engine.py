@@ -211,3 +211,35 @@ def test_cuda_engine_answers_like_the_cpu_engine(int_store):
     assert_same_answers(
         [r.body for r in served(on_gpu, payloads)], [r.body for r in served(on_cpu, payloads)]
     )
+
+
+def test_engine_sets_the_workers_torch_threads(int_store):
+    before = torch.get_num_threads()
+    try:
+        make_engine(int_store, torch_threads=1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        make_engine(int_store, torch_threads=0)  # 0 leaves torch's own setting alone
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("arch", ["gcn", "sage", "gat", "gin"])
+def test_cuda_full_fanouts_equal_full_graph_forward(int_store, arch):
+    """Exactness on a GPU worker: sampled on the GPU, features gathered from the host."""
+    model = random_model(int_store, arch)
+    expected = full_graph_probabilities(int_store, model)
+    engine = NodeClassificationEngine(
+        int_store,
+        random_model(int_store, arch),
+        make_engine(int_store, model=model).settings,
+        torch.device("cuda:0"),
+        "1.0",
+    )
+    engine.model.load_state_dict(model.state_dict())
+    ids = int_store.external_ids(np.arange(int_store.num_nodes))
+    responses = served(engine, [{"node_id": i} for i in ids])
+    served_probabilities = torch.tensor([r.body["probabilities"] for r in responses])
+    assert (served_probabilities - expected).abs().max() <= 1e-5

@@ -110,3 +110,49 @@ def test_versions_with_the_same_graph_map_one_shared_copy(model_dir, tmp_path_fa
 def test_sharing_can_be_turned_off(model_dir):
     handler, _ = started(model_dir, 1, share_graph=False)
     assert handler.engine.store.path == model_dir / "graph"
+
+
+def test_updates_in_a_batch_are_applied_first_and_need_the_key(model_dir, tmp_path, monkeypatch):
+    from ts.context import RequestProcessor
+
+    secret = "update-secret-0123456789"
+    monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", secret)
+    handler, context = started(
+        model_dir, 4, updates_enabled=True, update_state_dir=str(tmp_path / "state")
+    )
+    context.request_processor = [
+        RequestProcessor({"X-Gnnserve-Update-Key": secret}),
+        RequestProcessor({}),
+        RequestProcessor({}),
+        RequestProcessor({"x-gnnserve-update-key": "wrong"}),
+    ]
+    new_node = {"type": "add_node", "id": 900, "x": [0.1] * 6}
+    data = [
+        {
+            "body": {
+                "op": "update",
+                "operations": [new_node, {"type": "add_edge", "src": 900, "dst": 0}],
+            }
+        },
+        {"body": {"node_id": 900}},
+        {"body": {"op": "update", "operations": [{"type": "remove_node", "id": 0}]}},
+        {"body": {"op": "update", "operations": [{"type": "remove_node", "id": 0}]}},
+    ]
+    bodies = [json.loads(item) for item in handler.handle(data, context)]
+    statuses = [context.get_response_status(i)[0] for i in range(4)]
+    assert statuses == [200, 200, 403, 403]
+    assert bodies[0]["status"] == "applied" and bodies[0]["graph_version"].endswith("+1")
+    assert bodies[1]["node_id"] == 900 and bodies[1]["graph_version"].endswith("+1")
+    assert (tmp_path / "state").is_dir()
+
+
+def test_updates_are_refused_when_disabled(model_dir):
+    handler, context = started(model_dir, 1)
+    (body,) = handler.handle([{"body": {"op": "update", "operations": [{}]}}], context)
+    assert context.get_response_status(0)[0] == 403 and "disabled" in json.loads(body)["message"]
+
+
+def test_enabling_updates_without_a_secret_fails_at_start(model_dir, monkeypatch):
+    monkeypatch.delenv("GNNSERVE_UPDATE_SECRET", raising=False)
+    with pytest.raises(ValueError, match="update secret"):
+        started(model_dir, 1, updates_enabled=True)

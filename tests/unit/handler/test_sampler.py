@@ -185,3 +185,27 @@ def test_cuda_sample_equals_cpu_sample():
             on_gpu.node.cpu(), on_gpu.edge_index.cpu(), on_gpu.num_seeds, on_gpu.level_sizes
         )
     )
+
+
+def test_floyd_matches_the_sequential_algorithm():
+    """The batched fix-up of colliding draws gives exactly sequential Floyd's choice."""
+    from handler.sampler import _GOLDEN, _LOW_63, _as_int64, _mix
+
+    indptr, indices = random_csc(50, 200, seed=5)
+    sampler = make_sampler(indptr, indices, [7, 7])
+    nodes = torch.arange(400)
+    counts = 8 + nodes % 5  # barely more than the fanout: collisions on most rows
+    fanout = 7
+    for hop in (0, 1):
+        chosen = sampler._floyd(nodes, hop, counts, fanout)
+        keys = _mix(nodes ^ sampler._base_key)
+        for row in range(nodes.numel()):
+            picked: list[int] = []
+            for step in range(fanout):
+                limit = int(counts[row]) - fanout + step
+                salt = _as_int64((hop * 4096 + step + 1) * _GOLDEN)
+                draw = int(_mix(keys[row : row + 1] + salt)[0]) & _LOW_63
+                candidate = draw % (limit + 1)
+                picked.append(limit if candidate in picked else candidate)
+            assert chosen[row].tolist() == picked
+            assert len(set(picked)) == fanout and max(picked) < int(counts[row])

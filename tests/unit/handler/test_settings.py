@@ -43,8 +43,12 @@ def test_defaults_and_overrides():
         ({"max_ids_per_request": 0}, "max_ids_per_request"),
         ({"max_subgraph_nodes": True}, "max_subgraph_nodes"),
         ({"verify_checksum": "yes"}, "verify_checksum"),
-        ({"task": "link"}, "task"),
+        ({"task": "edge"}, "task"),
+        ({"max_top_k": 0}, "max_top_k"),
+        ({"explain_time_budget_ms": -5}, "explain_time_budget_ms"),
         ({"sampling_seed": "1"}, "sampling_seed"),
+        ({"torch_threads": -1}, "torch_threads"),
+        ({"torch_threads": 1.5}, "torch_threads"),
     ],
 )
 def test_bad_settings_fail_the_worker_start(section, message):
@@ -87,3 +91,13 @@ def test_archive_yaml_refuses_inconsistent_options(tmp_path, capsys, options, me
     assert write_archive_config(args) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "y.yaml").exists()
+
+
+def test_torch_threads_default_one_and_written_by_the_archive_yaml(tmp_path):
+    assert ServingSettings().torch_threads == 1
+    model_config = tmp_path / "model_config.json"
+    model_config.write_text(json.dumps({"num_layers": 2}))
+    out = tmp_path / "model-config.yaml"
+    args = ["--out", str(out), "--model-config", str(model_config), "--torch-threads", "0"]
+    assert write_archive_config(args) == 0
+    assert yaml.safe_load(out.read_text())["gnn"]["torch_threads"] == 0

@@ -1,0 +1,210 @@
+"""Graphs, weights and archives for the benchmarks, built once and cached under the work dir.
+
+Graphs are synthetic (``python -m graph_assets synthetic``, seed 0, 128 features, 8 classes),
+so the store that the FastAPI baselines load and the one ``build_mar.sh --synthetic`` packs are
+the same graph (the suite checks their checksums). The model is GraphSAGE with random weights:
+what is measured is the serving path, not accuracy.
+
+``build_mar.sh`` runs once per graph; the variants (batching, fanouts, workers, threads) are
+that archive unpacked into a folder of hard links with its own model-config YAML, which
+TorchServe loads like a ``.mar`` without unpacking it again. Archives are cached per digest of
+the code they pack, so a change to the handler rebuilds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import yaml
+
+from model import build_model
+from model.config import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FEATURES, CLASSES = 128, 8
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """A synthetic graph: ``edges`` drawn over ``nodes`` (average in-degree edges/nodes)."""
+
+    name: str
+    nodes: int
+    edges: int
+
+    @property
+    def feature_bytes(self) -> int:
+        return self.nodes * FEATURES * 4
+
+
+GRAPHS = {
+    spec.name: spec
+    for spec in (
+        GraphSpec("100K", 10_000, 100_000),
+        GraphSpec("1M", 100_000, 1_000_000),
+        GraphSpec("10M", 1_000_000, 10_000_000),
+        # The memory benchmark's graph: 2.2M x 128 float32 = 1.13 GB of features.
+        GraphSpec("mem", 2_200_000, 10_000_000),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ArchiveSpec:
+    """One GNN archive: its graph, fanouts and TorchServe batching."""
+
+    graph: str
+    fanouts: tuple[int, ...] = (10, 10)
+    batch_size: int = 16
+    max_batch_delay_ms: int = 5
+    torch_threads: int = 1
+    compile: bool = False
+
+    @property
+    def name(self) -> str:
+        fanouts = "x".join(str(f) for f in self.fanouts)
+        name = f"gnn_{self.graph}_f{fanouts}_b{self.batch_size}_d{self.max_batch_delay_ms}"
+        if self.torch_threads != 1:
+            name += f"_t{self.torch_threads}"
+        return name + "_compiled" if self.compile else name
+
+
+def _run(command: list[str], log: Path) -> None:
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"  $ {' '.join(command)}", flush=True)
+    with log.open("ab") as out:
+        subprocess.run(command, cwd=ROOT, check=True, stdout=out, stderr=out, timeout=1800)
+
+
+def code_digest() -> str:
+    """Digest of the code an archive packs: archives built from other code are not reused."""
+    digest = hashlib.sha256()
+    files = [
+        file
+        for package in ("graph_assets", "model", "handler")
+        for file in sorted((ROOT / package).glob("*.py"))
+    ]
+    for file in [*files, ROOT / "bench" / "echo_handler.py", ROOT / "build_mar.sh"]:
+        digest.update(file.name.encode() + file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+class Artifacts:
+    """Builds what the suite needs under ``work`` on first use."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.archives = work / "archives" / code_digest()
+        self.logs = work / "logs"
+
+    def store(self, graph: str) -> Path:
+        """The graph store of ``graph`` (generated once)."""
+        spec = GRAPHS[graph]
+        path = self.work / "graphs" / graph
+        if not (path / "meta.json").is_file():
+            _run(
+                [
+                    *(str(BIN / "python"), "-m", "graph_assets", "synthetic"),
+                    *(str(spec.nodes), str(spec.edges), "--out", str(path)),
+                ],
+                self.logs / "build.log",
+            )
+        return path
+
+    def checksum(self, graph: str) -> str:
+        return str(json.loads((self.store(graph) / "meta.json").read_text())["checksum"])
+
+    def model_dir(self) -> Path:
+        """Random GraphSAGE weights (seed 0) for 128 features and 8 classes."""
+        path = self.work / "model"
+        if not (path / "model.pt").is_file():
+            path.mkdir(parents=True, exist_ok=True)
+            config = ModelConfig(in_dim=FEATURES, out_dim=CLASSES)
+            torch.manual_seed(0)
+            torch.save(build_model(config).state_dict(), path / "model.pt")
+            (path / "model_config.json").write_text(json.dumps(config.to_dict()))
+        return path
+
+    def base_archive(self, graph: str) -> Path:
+        """``build_mar.sh --synthetic`` for ``graph`` with the random weights, unpacked."""
+        folder = self.archives / f"base_{graph}"
+        if not (folder / "MAR-INF" / "MANIFEST.json").is_file():
+            spec = GRAPHS[graph]
+            _run(
+                [
+                    *(str(ROOT / "build_mar.sh"), "--synthetic"),
+                    *(str(spec.nodes), str(spec.edges)),
+                    *("--weights", str(self.model_dir() / "model.pt"), "--name", f"base_{graph}"),
+                    *("--device", "cpu", "--export-path", str(self.archives)),
+                ],
+                self.logs / "build.log",
+            )
+            mar = self.archives / f"base_{graph}.mar"
+            shutil.rmtree(folder, ignore_errors=True)
+            with zipfile.ZipFile(mar) as archive:
+                archive.extractall(folder)
+            mar.unlink()
+        return folder
+
+    def gnn_archive(self, spec: ArchiveSpec, workers: int = 1) -> Path:
+        """The folder archive ``spec.name``: the graph's base archive with its own YAML."""
+        folder = self.archives / spec.name
+        if not folder.is_dir():
+            base = self.base_archive(spec.graph)
+            staging = self.archives / f".{spec.name}.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.copytree(base, staging, copy_function=os.link)
+            config_file = staging / "model-config.yaml"
+            config = yaml.safe_load(config_file.read_text())
+            config.update(
+                batchSize=spec.batch_size,
+                maxBatchDelay=spec.max_batch_delay_ms,
+                minWorkers=workers,
+                maxWorkers=workers,
+            )
+            config["gnn"].update(
+                fanouts=list(spec.fanouts), torch_threads=spec.torch_threads, compile=spec.compile
+            )
+            config_file.unlink()  # a hard link to the base's file: replace, never write through
+            config_file.write_text(yaml.safe_dump(config, sort_keys=False))
+            staging.rename(folder)
+        return folder
+
+    def echo_archive(self, batch_size: int, max_batch_delay_ms: int) -> Path:
+        """The echo archive with the given batching, one worker."""
+        name = f"echo_b{batch_size}_d{max_batch_delay_ms}"
+        mar = self.archives / f"{name}.mar"
+        if not mar.is_file():
+            self.archives.mkdir(parents=True, exist_ok=True)
+            config = self.archives / f"{name}.yaml"
+            config.write_text(
+                yaml.safe_dump(
+                    {
+                        "batchSize": batch_size,
+                        "maxBatchDelay": max_batch_delay_ms,
+                        "minWorkers": 1,
+                        "maxWorkers": 1,
+                        "responseTimeout": 60,
+                        "deviceType": "cpu",
+                    }
+                )
+            )
+            _run(
+                [
+                    *(str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0"),
+                    *("--handler", str(ROOT / "bench" / "echo_handler.py")),
+                    *("--config-file", str(config), "--export-path", str(self.archives), "--force"),
+                ],
+                self.logs / "build.log",
+            )
+        return mar

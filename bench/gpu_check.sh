@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# GPU check: the exactness tests and the in-process stage benchmark on CUDA, printed as a table.
+#
+#   bench/gpu_check.sh            # on a machine with an NVIDIA GPU; under 5 minutes
+#
+# Python: .venv if its torch sees CUDA; otherwise a venv (.venv-gpu) made with
+# --system-site-packages over a python3 whose torch sees CUDA (e.g. a CUDA image's), so the
+# CUDA build of torch (and torch-geometric, if there) is reused, never replaced. What else the
+# project needs is installed into that venv from pyproject.toml's pins: from PyPI, or offline
+# from a folder of wheels given as WHEELS=DIR. The benchmark runs in two modes, with the graph
+# structure on the GPU in both: features in GPU memory, and features in pinned host memory;
+# the served setting (features memory-mapped on the host) and the CPU are printed beside them.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+step() { echo "==> $*"; }
+die() { echo "gpu_check.sh: error: $*" >&2; exit 1; }
+has_cuda() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; }
+
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gnnserve-gpu.XXXXXX")"
+trap 'rm -rf "$WORK"' EXIT
+
+step "1/4 finding a Python whose torch sees CUDA"
+if [ -x .venv/bin/python ] && has_cuda .venv/bin/python; then
+  PY=.venv/bin/python
+else
+  base="${GPU_PYTHON:-python3}"
+  has_cuda "$base" || die "neither .venv/bin/python nor $base has a CUDA build of torch that sees a GPU; install torch's CUDA build (README, 'GPU machines') or set GPU_PYTHON"
+  [ -x .venv-gpu/bin/python ] || "$base" -m venv --system-site-packages .venv-gpu
+  PY=.venv-gpu/bin/python
+fi
+"$PY" -c 'import torch; print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))'
+
+step "2/4 installing what the project needs besides torch (pins from pyproject.toml)"
+missing="$("$PY" - <<'EOF'
+import importlib.util
+import re
+import tomllib
+
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+test_tools = ("pytest==", "hypothesis==")
+wanted = project["dependencies"] + [
+    r for r in project["optional-dependencies"]["dev"] if r.startswith(test_tools)
+]
+modules = {"torch-geometric": "torch_geometric", "torchserve": "ts", "pyyaml": "yaml",
+           "torch-model-archiver": "model_archiver", "types-PyYAML": None,
+           "types-requests": None, "pandas-stubs": None}
+for requirement in wanted:
+    name = re.split(r"[=<>!~ ]", requirement, maxsplit=1)[0]
+    module = modules.get(name, name.replace("-", "_"))
+    if name == "torch" or module is None:
+        continue
+    if importlib.util.find_spec(module) is None:
+        print(requirement)
+EOF
+)"
+if [ -n "$missing" ]; then
+  torch_pin="torch==$("$PY" -c 'import torch; print(torch.__version__)')"
+  echo "$torch_pin" >"$WORK/constraints.txt"
+  source_args=()
+  [ -n "${WHEELS:-}" ] && source_args=(--no-index --find-links "$WHEELS")
+  # shellcheck disable=SC2086
+  "$PY" -m pip install --quiet "${source_args[@]}" -c "$WORK/constraints.txt" $missing
+fi
+"$PY" -m pip install --quiet --no-deps --no-build-isolation -e . 2>/dev/null || true
+
+step "3/4 exactness on CUDA (served vs full-graph forward, GPU vs CPU sampler and engine)"
+"$PY" -m pytest -q -p no:cacheprovider -rs \
+  tests/unit/handler/test_engine.py tests/unit/handler/test_sampler.py \
+  -k "cuda or full_graph or floyd" 2>&1 | tee "$WORK/pytest.log"
+if grep -q "SKIPPED.*CUDA" "$WORK/pytest.log"; then
+  die "CUDA tests were skipped: torch does not see the GPU from pytest"
+fi
+
+step "4/4 in-process stage benchmark, 10M-edge graph, SAGE [10,10]"
+"$PY" - "$WORK" <<'EOF'
+import sys
+from pathlib import Path
+
+from bench.artifacts import Artifacts
+from bench.microbench import benchmark
+
+artifacts = Artifacts(Path(sys.argv[1]))
+store, model = artifacts.store("10M"), artifacts.model_dir()
+modes = [("cpu", "host", 1), ("cuda", "host", 4), ("cuda", "pinned", 4), ("cuda", "gpu", 4)]
+rows = []
+for device, features, threads in modes:
+    rows += benchmark(store, model, "10M", (10, 10), threads, batch_sizes=(1, 8, 32, 64, 256),
+                      batches=100, device=device, features=features)
+print()
+print("| device | features | batch | sample ms | gather ms | forward ms | s+g+f ms | s+g+f p90 "
+      "| whole batch ms | sampled nodes |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    print(f"| {r.device} | {r.features} | {r.batch_size} | {r.sample:.3f} | {r.gather:.3f} | "
+          f"{r.forward:.3f} | {r.sample_gather_forward:.3f} | {r.sample_gather_forward_p90:.3f} "
+          f"| {r.total:.3f} | {r.sampled_nodes:.0f} |")
+EOF

@@ -1,0 +1,330 @@
+"""Live updates on top of a memory-mapped base graph, without copying the base.
+
+The overlay holds only what changed: new nodes (internal indices ``N``, ``N+1``, ... after the
+base's ``N``), replaced feature rows, removed nodes, and an explicit in-neighbour list for every
+node whose in-edges changed ("dirty" nodes). A sampler reads a clean node's in-edges from the
+base CSC arrays and a dirty node's from the overlay, so serving cost stays proportional to the
+sampled subgraph. Every request's operations are applied all-or-nothing: a bad operation
+undoes the ones before it and raises :class:`UpdateRejected` naming the offending item.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from graph_assets.store import GraphStore, node_key
+
+OPERATION_TYPES = ("add_node", "add_edge", "remove_edge", "set_features", "remove_node")
+
+
+class UpdateRejected(ValueError):
+    """An update request that cannot be applied; ``status`` is its HTTP status."""
+
+    def __init__(self, status: int, index: int, message: str) -> None:
+        super().__init__(f"operation {index}: {message}")
+        self.status = status
+        self.index = index
+
+
+@dataclass(frozen=True)
+class InEdges:
+    """In-neighbour lists of some nodes as a small CSC: node ``i``'s are
+    ``indices[indptr[i]:indptr[i+1]]``."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+
+
+class GraphOverlay:
+    """The updates applied so far to one base graph, with the lookups serving needs."""
+
+    def __init__(self, base: GraphStore, max_new_nodes: int = 10_000_000) -> None:
+        self.base = base
+        self.max_new_nodes = max_new_nodes
+        self.seq = 0
+        self.new_ids: list[int | str] = []
+        self.new_labels: list[int] = []
+        self._new_index: dict[int | bytes, int] = {}
+        self.removed: set[int] = set()
+        self.features: dict[int, np.ndarray] = {}
+        self.in_lists: dict[int, np.ndarray] = {}
+        self._added_out: dict[int, set[int]] = {}
+        self._base_out: tuple[np.ndarray, np.ndarray] | None = None
+        self._dirty_sorted: np.ndarray | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        """Internal index space: base nodes plus every node ever added (removed ones included)."""
+        return self.base.num_nodes + len(self.new_ids)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.seq == 0
+
+    def apply(
+        self, operations: Sequence[Any], seq: int, commit: Callable[[], None] | None = None
+    ) -> None:
+        """Applies one request's operations, all or none; ``seq`` becomes the graph version.
+
+        ``commit`` runs once every operation is known to be valid (e.g. the durable append to
+        the update log); if it raises, the operations are undone too.
+        """
+        undo: list[Callable[[], None]] = []
+        try:
+            for index, operation in enumerate(operations):
+                self._apply_one(index, operation, undo)
+            if commit is not None:
+                commit()
+        except BaseException:
+            for step in reversed(undo):
+                step()
+            self._dirty_sorted = None
+            raise
+        self.seq = seq
+        self._dirty_sorted = None
+
+    def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
+        """Internal indices of external IDs as of now; -1 for unknown or removed nodes."""
+        nodes = self.base.lookup(ids)
+        if self.new_ids:
+            for position, node_id in enumerate(ids):
+                if nodes[position] < 0:
+                    key = node_key(self.base.id_kind, node_id)
+                    nodes[position] = self._new_index.get(key, -1) if key is not None else -1
+        if self.removed:
+            nodes[np.isin(nodes, np.fromiter(self.removed, dtype=np.int64))] = -1
+        return nodes
+
+    def in_list(self, node: int) -> np.ndarray:
+        """The current in-neighbours of ``node`` (int64, ascending)."""
+        if node in self.in_lists:
+            return self.in_lists[node]
+        if node < self.base.num_nodes:
+            start, end = int(self.base.indptr[node]), int(self.base.indptr[node + 1])
+            return np.asarray(self.base.indices[start:end], dtype=np.int64)
+        return np.empty(0, dtype=np.int64)
+
+    def dirty_mask(self, nodes: np.ndarray) -> np.ndarray:
+        """Which of ``nodes`` must read their in-edges from the overlay."""
+        if self._dirty_sorted is None:
+            self._dirty_sorted = np.array(sorted(self.in_lists), dtype=np.int64)
+        new = nodes >= self.base.num_nodes
+        if not self._dirty_sorted.size:
+            return new
+        return new | np.isin(nodes, self._dirty_sorted, assume_unique=False)
+
+    def in_edges(self, nodes: np.ndarray) -> InEdges:
+        """In-neighbour lists of (dirty) ``nodes`` as a small CSC."""
+        lists = [self.in_list(int(node)) for node in nodes]
+        counts = np.array([len(items) for items in lists], dtype=np.int64)
+        indptr = np.zeros(len(lists) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        indices = np.concatenate(lists) if lists else np.empty(0, dtype=np.int64)
+        return InEdges(indptr=indptr, indices=indices.astype(np.int64))
+
+    def in_degree(self, nodes: np.ndarray) -> np.ndarray:
+        """Current in-degrees of ``nodes`` (base degrees unless the node is dirty or new)."""
+        clean = nodes < self.base.num_nodes
+        degree = np.zeros(len(nodes), dtype=np.int64)
+        degree[clean] = self.base.in_degree[nodes[clean]]
+        dirty = np.flatnonzero(self.dirty_mask(nodes))
+        for position in dirty:
+            degree[position] = len(self.in_list(int(nodes[position])))
+        return degree
+
+    def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """Current feature rows of ``nodes`` (float32 ``[len(nodes), F]``)."""
+        base_rows = np.minimum(nodes, self.base.num_nodes - 1)
+        rows = np.array(self.base.features[base_rows], dtype=np.float32)
+        if self.features:
+            for position, node in enumerate(nodes.tolist()):
+                replaced = self.features.get(node)
+                if replaced is not None:
+                    rows[position] = replaced
+        return rows
+
+    def external_id(self, node: int) -> int | str:
+        if node >= self.base.num_nodes:
+            return self.new_ids[node - self.base.num_nodes]
+        return self.base.external_ids(np.array([node]))[0]
+
+    # -- applying operations -------------------------------------------------------------
+
+    def _apply_one(self, index: int, operation: Any, undo: list[Callable[[], None]]) -> None:
+        if not isinstance(operation, dict) or operation.get("type") not in OPERATION_TYPES:
+            raise UpdateRejected(
+                400, index, f"each operation is an object whose type is one of {OPERATION_TYPES}"
+            )
+        kind = operation["type"]
+        if kind == "add_node":
+            self._add_node(index, operation, undo)
+        elif kind == "set_features":
+            node = self._existing(index, operation, "id")
+            self._set_row(node, self._vector(index, operation), undo)
+        elif kind == "remove_node":
+            self._remove_node(self._existing(index, operation, "id"), undo)
+        else:
+            src = self._existing(index, operation, "src")
+            dst = self._existing(index, operation, "dst")
+            if src == dst:
+                raise UpdateRejected(400, index, "self-loops are not stored (src equals dst)")
+            present = bool(np.isin(src, self.in_list(dst)))
+            if kind == "add_edge":
+                if present:
+                    raise UpdateRejected(
+                        409,
+                        index,
+                        f"edge {operation['src']!r} -> {operation['dst']!r} already exists",
+                    )
+                self._set_in_list(dst, np.sort(np.append(self.in_list(dst), src)), undo)
+                self._link_out(src, dst, add=True, undo=undo)
+            else:
+                if not present:
+                    raise UpdateRejected(
+                        404,
+                        index,
+                        f"edge {operation['src']!r} -> {operation['dst']!r} does not exist",
+                    )
+                current = self.in_list(dst)
+                self._set_in_list(dst, current[current != src], undo)
+                self._link_out(src, dst, add=False, undo=undo)
+
+    def _add_node(
+        self, index: int, operation: dict[str, Any], undo: list[Callable[[], None]]
+    ) -> None:
+        node_id = operation.get("id")
+        if isinstance(node_id, bool) or not isinstance(node_id, int | str):
+            raise UpdateRejected(
+                400, index, f"add_node needs an integer or string id, got {node_id!r}"
+            )
+        key = node_key(self.base.id_kind, node_id)
+        if key is None or (isinstance(node_id, str) and not node_id):
+            raise UpdateRejected(400, index, f"{node_id!r} cannot be a node ID of this graph")
+        existing = self.base.lookup([node_id])[0]
+        if existing >= 0 or key in self._new_index:
+            node = int(existing) if existing >= 0 else self._new_index[key]
+            state = "was removed (IDs are not reused)" if node in self.removed else "already exists"
+            raise UpdateRejected(409, index, f"node {node_id!r} {state}")
+        if len(self.new_ids) >= self.max_new_nodes:
+            raise UpdateRejected(413, index, f"the overlay holds {self.max_new_nodes} new nodes")
+        vector = self._vector(index, operation)
+        label = self._label(index, operation.get("label"))
+        node = self.num_nodes
+        self.new_ids.append(key.decode("utf-8") if isinstance(key, bytes) else key)
+        self.new_labels.append(label)
+        self._new_index[key] = node
+        self.features[node] = vector
+
+        def forget() -> None:
+            self.new_ids.pop()
+            self.new_labels.pop()
+            del self._new_index[key]
+            self.features.pop(node, None)
+            self.in_lists.pop(node, None)
+
+        undo.append(forget)
+
+    def _remove_node(self, node: int, undo: list[Callable[[], None]]) -> None:
+        for target in self._out_neighbours(node):
+            current = self.in_list(int(target))
+            if np.isin(node, current):
+                self._set_in_list(int(target), current[current != node], undo)
+        for source in self.in_list(node).tolist():
+            self._link_out(source, node, add=False, undo=undo)
+        self._set_in_list(node, np.empty(0, dtype=np.int64), undo)
+        self.removed.add(node)
+        undo.append(lambda: self.removed.discard(node))
+
+    def _out_neighbours(self, node: int) -> np.ndarray:
+        """Current out-neighbours of ``node``: base ones (via a reverse index) plus added ones."""
+        found = set(self._added_out.get(node, ()))
+        if node < self.base.num_nodes:
+            order, indptr = self._reverse_index()
+            positions = order[indptr[node] : indptr[node + 1]]
+            targets = np.searchsorted(self.base.indptr, positions, side="right") - 1
+            found.update(targets.tolist())
+        return np.array(sorted(found), dtype=np.int64)
+
+    def _reverse_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """CSR of the base graph, built once on the first node removal (O(E log E))."""
+        if self._base_out is None:
+            indices = np.asarray(self.base.indices, dtype=np.int64)
+            order = np.argsort(indices, kind="stable")
+            indptr = np.zeros(self.base.num_nodes + 1, dtype=np.int64)
+            np.cumsum(np.bincount(indices, minlength=self.base.num_nodes), out=indptr[1:])
+            self._base_out = (order, indptr)
+        return self._base_out
+
+    def _link_out(self, src: int, dst: int, add: bool, undo: list[Callable[[], None]]) -> None:
+        targets = self._added_out.setdefault(src, set())
+        if add and dst not in targets:
+            targets.add(dst)
+            undo.append(lambda: targets.discard(dst))
+        elif not add and dst in targets:
+            targets.discard(dst)
+            undo.append(lambda: targets.add(dst))
+
+    def _set_in_list(self, node: int, values: np.ndarray, undo: list[Callable[[], None]]) -> None:
+        had = node in self.in_lists
+        previous = self.in_lists.get(node)
+        self.in_lists[node] = values.astype(np.int64)
+
+        def restore() -> None:
+            if had and previous is not None:
+                self.in_lists[node] = previous
+            else:
+                self.in_lists.pop(node, None)
+
+        undo.append(restore)
+
+    def _set_row(self, node: int, vector: np.ndarray, undo: list[Callable[[], None]]) -> None:
+        previous = self.features.get(node)
+        self.features[node] = vector
+
+        def restore() -> None:
+            if previous is None:
+                self.features.pop(node, None)
+            else:
+                self.features[node] = previous
+
+        undo.append(restore)
+
+    def _existing(self, index: int, operation: dict[str, Any], field: str) -> int:
+        node_id = operation.get(field)
+        if isinstance(node_id, bool) or not isinstance(node_id, int | str):
+            raise UpdateRejected(400, index, f"{field} must be an integer or string node ID")
+        node = int(self.lookup([node_id])[0])
+        if node < 0:
+            raise UpdateRejected(404, index, f"node {node_id!r} ({field}) is not in the graph")
+        return node
+
+    def _vector(self, index: int, operation: dict[str, Any]) -> np.ndarray:
+        values = operation.get("x")
+        width = self.base.feature_dim
+        if not isinstance(values, list) or len(values) != width:
+            got = len(values) if isinstance(values, list) else type(values).__name__
+            raise UpdateRejected(400, index, f"x must be a list of {width} numbers, got {got}")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            raise UpdateRejected(400, index, "x must hold numbers only")
+        if not all(math.isfinite(v) for v in values):
+            raise UpdateRejected(400, index, "x holds NaN or infinity; send finite numbers")
+        return np.array(values, dtype=np.float32)
+
+    def _label(self, index: int, label: Any) -> int:
+        if label is None:
+            return -1
+        names = self.base.class_names
+        if isinstance(label, str) and names and label in names:
+            return names.index(label)
+        if (
+            isinstance(label, int)
+            and not isinstance(label, bool)
+            and 0 <= label < max(self.base.num_classes, 1)
+        ):
+            return label
+        raise UpdateRejected(400, index, f"label {label!r} is not a class of this graph")

@@ -1,0 +1,335 @@
+"""What the link, embedding, cold-start, graph and explanation engines share.
+
+- :class:`EgoGraphs`: the stored graph as a model sees it (ID lookup, the deterministic sampler,
+  feature and degree gathering). Node archives reuse their node engine's sampler, so an
+  embedding request sees exactly the ego-graph a prediction request sees.
+- :class:`BatchEngine`: the batch pipeline of ``handler.engine`` (parse each request alone,
+  group the valid ones, run each group once, one response per request) with its fault rules: a
+  group over the subgraph limits or whose run fails is split into single requests, so only
+  the request that causes a failure gets its error; a fatal device error ends the worker.
+  Subclasses supply parsing, grouping, the computation and the response body.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import torch
+
+from graph_assets import GraphStore
+from handler.engine import (
+    DeviceFailure,
+    NodeClassificationEngine,
+    Response,
+    StageTimes,
+    is_fatal_device_error,
+    is_out_of_memory,
+)
+from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
+from handler.requests import NodeId, show
+from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
+from handler.settings import ServingSettings
+
+logger = logging.getLogger(__name__)
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_LISTED_MISSING = 20
+
+R = TypeVar("R")
+
+
+def readonly_tensor(array: np.ndarray) -> torch.Tensor:
+    """Wraps a read-only memory map without copying; nothing ever writes through it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def plain_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module itself when it was wrapped by ``torch.compile`` (hooks and autograd paths
+    such as embeddings and explanations run on the eager module)."""
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, torch.nn.Module) else model
+
+
+@dataclass
+class EgoGraphs:
+    """A stored graph, its sampler and the model that reads the sampled ego-graphs."""
+
+    store: GraphStore
+    model: torch.nn.Module
+    sampler: NeighbourSampler
+    features: torch.Tensor
+    in_degree: torch.Tensor
+    device: torch.device
+    settings: ServingSettings
+
+    @classmethod
+    def create(
+        cls,
+        store: GraphStore,
+        model: torch.nn.Module,
+        settings: ServingSettings,
+        device: torch.device,
+    ) -> EgoGraphs:
+        """The same sampler a node engine builds (same seed, graph key and limits)."""
+        indptr, indices = readonly_tensor(store.indptr), readonly_tensor(store.indices)
+        if device.type != "cpu":
+            indptr, indices = indptr.to(device), indices.to(device)
+        sampler = NeighbourSampler(
+            indptr,
+            indices,
+            fanouts=settings.fanouts,
+            seed=settings.sampling_seed,
+            graph_key=int(store.checksum[:15], 16),
+            max_nodes=settings.max_subgraph_nodes,
+            max_edges=settings.max_subgraph_edges,
+        )
+        return cls(
+            store=store,
+            model=model.to(device).eval(),
+            sampler=sampler,
+            features=readonly_tensor(store.features),
+            in_degree=readonly_tensor(store.in_degree),
+            device=device,
+            settings=settings,
+        )
+
+    @classmethod
+    def of_engine(cls, engine: NodeClassificationEngine) -> EgoGraphs:
+        """Shares a node engine's graph, sampler and model (one copy, identical samples)."""
+        return cls(
+            store=engine.store,
+            model=engine.model,
+            sampler=engine.sampler,
+            features=engine.features,
+            in_degree=engine.in_degree,
+            device=engine.device,
+            settings=engine.settings,
+        )
+
+    def lookup(self, node_ids: Sequence[NodeId]) -> np.ndarray:
+        """Internal indices of ``node_ids``; NodeNotFound lists the IDs the graph lacks."""
+        in_range = [
+            not isinstance(node, int) or _INT64_MIN <= node <= _INT64_MAX for node in node_ids
+        ]
+        nodes = np.full(len(node_ids), -1, dtype=np.int64)
+        if any(in_range):
+            nodes[np.array(in_range)] = self.store.lookup(
+                [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
+            )
+        missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
+        if missing:
+            listed = ", ".join(show(node) for node in missing[:_MAX_LISTED_MISSING])
+            more = len(missing) - _MAX_LISTED_MISSING
+            suffix = f" and {more} more" if more > 0 else ""
+            raise NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
+        return nodes
+
+    def sample(self, nodes: np.ndarray) -> tuple[torch.Tensor, SampledSubgraph]:
+        """``(seeds, ego-graph)``: the unique ``nodes`` in ascending order are its seed rows."""
+        seeds = torch.from_numpy(np.unique(nodes))
+        return seeds, self.sampler.sample(seeds)
+
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and full-graph in-degrees of global node indices ``rows``, on the device."""
+        rows = rows.to(self.features.device)
+        x = torch.index_select(self.features, 0, rows).to(self.device, non_blocking=True)
+        degree = torch.index_select(self.in_degree, 0, rows).to(self.device, non_blocking=True)
+        return x, degree
+
+
+def seed_rows(seeds: torch.Tensor, nodes: np.ndarray) -> list[int]:
+    """Row of each of ``nodes`` among the sorted unique ``seeds``."""
+    return np.searchsorted(seeds.numpy(), nodes).tolist()
+
+
+def failure(error: Exception, stage: str) -> InternalError:
+    """The 500 body of one failed request; out-of-memory says how to make it smaller."""
+    if is_out_of_memory(error):
+        return InternalError(
+            f"the server ran out of memory during {stage} of this request; make the request "
+            "smaller or lower the fanouts (the error is in the server log)"
+        )
+    return InternalError(f"the {stage} failed on this request; the error is in the server log")
+
+
+def too_large(error: SubgraphTooLarge) -> TooLarge:
+    return TooLarge(
+        f"{error}; request fewer nodes, or lower the fanouts or raise "
+        "max_subgraph_nodes/max_subgraph_edges in the model config"
+    )
+
+
+@dataclass
+class Group:
+    """Requests computed together, and what was prepared for them (an ego-graph, a batch)."""
+
+    positions: list[int]
+    payload: Any
+
+
+@dataclass
+class Batch(Generic[R]):
+    """One TorchServe batch in flight: per-request outcome, groups, results, stage times."""
+
+    outcomes: list[R | ApiError]
+    groups: list[Group] = field(default_factory=list)
+    results: dict[int, Any] = field(default_factory=dict)
+    times: StageTimes = field(default_factory=StageTimes)
+
+    @property
+    def batch(self) -> Batch[R]:
+        """Itself: ``run`` hands back the batch it was given, as the node engine's result
+        (which refers to its batch as ``.batch``)."""
+        return self
+
+
+class BatchEngine(ABC, Generic[R]):
+    """prepare -> run -> respond over parsed requests of type ``R`` (see the module docstring)."""
+
+    device: torch.device
+
+    @abstractmethod
+    def parse(self, item: Any) -> R:
+        """One raw TorchServe request -> a validated request; raises ApiError."""
+
+    def plan(self, positions: list[int], outcomes: list[R | ApiError]) -> list[list[int]]:
+        """How the valid requests are grouped; by default all in one group."""
+        return [positions]
+
+    @abstractmethod
+    def make_group(self, positions: list[int], outcomes: list[R | ApiError]) -> Any:
+        """Prepares a group (samples its ego-graph); may raise SubgraphTooLarge or ApiError."""
+
+    @abstractmethod
+    def run_group(self, group: Group, batch: Batch[R]) -> None:
+        """Computes the group; stores each request's result in ``batch.results[position]``."""
+
+    @abstractmethod
+    def body(self, request: R, result: Any) -> dict[str, Any]:
+        """The JSON body of a successful request."""
+
+    def prepare(self, items: Sequence[Any]) -> Batch[R]:
+        batch: Batch[R] = Batch(outcomes=[], times=StageTimes(batch_size=len(items)))
+        start = time.perf_counter()
+        batch.outcomes = [self._parse(item) for item in items]
+        batch.times.parse = time.perf_counter() - start
+        start = time.perf_counter()
+        valid = [i for i, o in enumerate(batch.outcomes) if not isinstance(o, ApiError)]
+        for positions in self.plan(valid, batch.outcomes) if valid else []:
+            batch.groups += self._make_groups(positions, batch.outcomes)
+        batch.times.sample = time.perf_counter() - start
+        return batch
+
+    def run(self, batch: Batch[R]) -> Batch[R]:
+        for group in batch.groups:
+            self._run(group, batch)
+        return batch
+
+    def respond(self, batch: Batch[R]) -> list[Response]:
+        start = time.perf_counter()
+        responses = [self._respond(i, outcome, batch) for i, outcome in enumerate(batch.outcomes)]
+        batch.times.format = time.perf_counter() - start
+        return responses
+
+    def handle(self, items: Sequence[Any]) -> list[Response]:
+        """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks)."""
+        return self.respond(self.run(self.prepare(items)))
+
+    def _parse(self, item: Any) -> R | ApiError:
+        try:
+            return self.parse(item)
+        except ApiError as error:
+            return error
+        except Exception:
+            logger.exception("unexpected error while parsing a request")
+            return InternalError("the request could not be parsed; the error is in the server log")
+
+    def _make_groups(self, positions: list[int], outcomes: list[R | ApiError]) -> list[Group]:
+        if len(positions) > 1:
+            try:
+                return [Group(positions, self.make_group(positions, outcomes))]
+            except SubgraphTooLarge:
+                pass  # some request alone is too large: find it
+            except Exception as error:
+                self._raise_if_fatal(error)
+                logger.exception("preparing a group failed; preparing its requests one by one")
+        groups = []
+        for position in positions:
+            try:
+                groups.append(Group([position], self.make_group([position], outcomes)))
+            except SubgraphTooLarge as error:
+                outcomes[position] = too_large(error)
+            except ApiError as error:
+                outcomes[position] = error
+            except Exception as error:
+                self._raise_if_fatal(error)
+                logger.exception("request %d: preparing it failed", position)
+                outcomes[position] = failure(error, "sampling")
+        return groups
+
+    def _run(self, group: Group, batch: Batch[R]) -> None:
+        try:
+            self.run_group(group, batch)
+            return
+        except ApiError as error:
+            if len(group.positions) == 1:
+                batch.outcomes[group.positions[0]] = error
+                return
+        except Exception as error:
+            self._raise_if_fatal(error)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if len(group.positions) == 1:
+                logger.exception("request %d: the computation failed", group.positions[0])
+                batch.outcomes[group.positions[0]] = failure(error, "model")
+                return
+            logger.exception("a batched computation failed; retrying its requests one by one")
+        for retry in self._make_groups_one_by_one(group.positions, batch.outcomes):
+            self._run(retry, batch)
+
+    def _make_groups_one_by_one(
+        self, positions: list[int], outcomes: list[R | ApiError]
+    ) -> list[Group]:
+        groups = []
+        for position in positions:
+            groups += self._make_groups([position], outcomes)
+        return groups
+
+    def _raise_if_fatal(self, error: Exception) -> None:
+        if is_fatal_device_error(error):
+            logger.critical(
+                "unrecoverable device error on %s (%s); ending this worker so that TorchServe "
+                "starts a fresh one",
+                self.device,
+                error,
+            )
+            raise DeviceFailure(error) from error
+
+    def _respond(self, position: int, outcome: R | ApiError, batch: Batch[R]) -> Response:
+        if isinstance(outcome, ApiError):
+            logger.info("request %d: %s %s", position, outcome.status, outcome.type_name)
+            return Response(status=outcome.status, body=outcome.body())
+        if position not in batch.results:
+            error = InternalError("no answer was computed for this request")
+            logger.error("request %d: %s", position, error.message)
+            return Response(status=error.status, body=error.body())
+        return Response(status=200, body=self.body(outcome, batch.results[position]))
+
+
+def timed(times: StageTimes, stage: str) -> Callable[[], None]:
+    """Starts a clock; calling the result adds the elapsed seconds to ``times.<stage>``."""
+    start = time.perf_counter()
+
+    def stop() -> None:
+        setattr(times, stage, getattr(times, stage) + time.perf_counter() - start)
+
+    return stop

@@ -1,0 +1,168 @@
+"""Link prediction requests: pair scores from ego-graphs, top-k from the archive's embeddings.
+
+- ``{"src": a, "dst": b}`` and ``{"pairs": [[a, b], ...]}``: the batch's pairs share one
+  sampled ego-graph of all their endpoints (as node requests do); each node's embedding comes
+  from it and the decoder scores the pair. With fanout ``-1`` at every hop this equals the
+  full-graph forward.
+- ``{"src": a, "top_k": k, "exclude_neighbors": true}``: an exact search: ``a``'s embedding is
+  scored against every node's embedding in ``link/embeddings.npy`` (one full-graph forward at
+  build time, so exactly as fresh as the archive's graph; ``model.link_assets``), ``a`` itself
+  and, unless ``exclude_neighbors`` is false, its in- and out-neighbours are left out, and the
+  ``k`` best are returned with their scores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from handler.ego import Batch, BatchEngine, EgoGraphs, Group, readonly_tensor, seed_rows, timed
+from handler.errors import ApiError
+from handler.task_requests import PairRequest, TopKRequest, parse_link_request
+from model.link import LinkPredictor
+from model.link_assets import LinkAssets
+
+
+@dataclass(frozen=True)
+class ResolvedLink:
+    """A parsed link request; ``nodes`` is ``[P, 2]`` for pairs, ``[1]`` for top-k."""
+
+    request: PairRequest | TopKRequest
+    nodes: np.ndarray
+
+
+class LinkEngine(BatchEngine[ResolvedLink]):
+    """Answers the three link request forms of a link prediction archive."""
+
+    def __init__(self, ego: EgoGraphs, assets: LinkAssets, model_version: str) -> None:
+        if not isinstance(ego.model, LinkPredictor):
+            raise TypeError(f"a link archive needs a LinkPredictor, got {type(ego.model).__name__}")
+        self.ego = ego
+        self.predictor: LinkPredictor = ego.model
+        self.assets = assets
+        self.device = ego.device
+        self.model_version = model_version
+        self.table = readonly_tensor(assets.embeddings)
+        if self.device.type != "cpu":
+            self.table = self.table.to(self.device)
+
+    @property
+    def store(self) -> Any:
+        return self.ego.store
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.ego.model
+
+    @property
+    def settings(self) -> Any:
+        return self.ego.settings
+
+    def parse(self, item: Any) -> ResolvedLink:
+        settings = self.ego.settings
+        request = parse_link_request(item, settings.max_ids_per_request, settings.max_top_k)
+        if isinstance(request, TopKRequest):
+            return ResolvedLink(request, self.ego.lookup([request.src]))
+        ids = [node for pair in request.pairs for node in pair]
+        return ResolvedLink(request, self.ego.lookup(ids).reshape(-1, 2))
+
+    def plan(
+        self, positions: list[int], outcomes: list[ResolvedLink | ApiError]
+    ) -> list[list[int]]:
+        """Pairs share one ego-graph; each top-k search is its own group."""
+        pairs = [p for p in positions if isinstance(_link(outcomes[p]).request, PairRequest)]
+        return ([pairs] if pairs else []) + [[p] for p in positions if p not in pairs]
+
+    def make_group(self, positions: list[int], outcomes: list[ResolvedLink | ApiError]) -> Any:
+        if isinstance(_link(outcomes[positions[0]]).request, TopKRequest):
+            return None
+        return self.ego.sample(
+            np.concatenate([_link(outcomes[p]).nodes.ravel() for p in positions])
+        )
+
+    def run_group(self, group: Group, batch: Batch[ResolvedLink]) -> None:
+        if group.payload is None:
+            resolved = _link(batch.outcomes[group.positions[0]])
+            assert isinstance(resolved.request, TopKRequest)
+            stop = timed(batch.times, "forward")
+            batch.results[group.positions[0]] = self.top_k(
+                int(resolved.nodes[0]), resolved.request.k, resolved.request.exclude_neighbors
+            )
+            stop()
+            return
+        seeds, sub = group.payload
+        stop = timed(batch.times, "gather")
+        x, degree = self.ego.gather(sub.node)
+        stop()
+        batch.times.seed_nodes += sub.num_seeds
+        batch.times.sampled_nodes += sub.num_nodes
+        batch.times.sampled_edges += sub.num_edges
+        stop = timed(batch.times, "forward")
+        with torch.inference_mode():
+            z = self.predictor(x, sub.edge_index, degree=degree)[: sub.num_seeds]
+            for position in group.positions:
+                nodes = _link(batch.outcomes[position]).nodes
+                src, dst = seed_rows(seeds, nodes[:, 0]), seed_rows(seeds, nodes[:, 1])
+                scores = torch.sigmoid(self.predictor.score(z[src], z[dst]).float())
+                batch.results[position] = scores.cpu().tolist()
+        stop()
+
+    def top_k(self, node: int, k: int, exclude_neighbors: bool) -> list[tuple[int, float]]:
+        """The ``k`` best ``(node index, score)`` for ``node`` over the whole graph."""
+        with torch.inference_mode():
+            z_src = self.table[node].to(self.device)
+            logits = self.predictor.score_against(z_src, self.table).float()
+            excluded = [np.array([node])]
+            if exclude_neighbors:
+                store, assets = self.ego.store, self.assets
+                excluded.append(store.indices[store.indptr[node] : store.indptr[node + 1]])
+                out = assets.out_indices[assets.out_indptr[node] : assets.out_indptr[node + 1]]
+                excluded.append(out)
+            drop = torch.from_numpy(np.concatenate(excluded).astype(np.int64)).to(logits.device)
+            allowed = torch.ones_like(logits, dtype=torch.bool)
+            allowed[drop] = False
+            logits = logits.masked_fill(~allowed, float("-inf"))
+            count = min(k, int(allowed.sum()))
+            best = torch.topk(logits, count)
+            scores = torch.sigmoid(best.values).cpu().tolist()
+            return list(zip(best.indices.cpu().tolist(), scores, strict=True))
+
+    def body(self, request: ResolvedLink, result: Any) -> dict[str, Any]:
+        inner = request.request
+        if isinstance(inner, TopKRequest):
+            ids = self.ego.store.external_ids(
+                np.array([index for index, _ in result], dtype=np.int64)
+            )
+            return {
+                "src": inner.src,
+                "recommendations": [
+                    {"dst": node_id, "score": score}
+                    for node_id, (_, score) in zip(ids, result, strict=True)
+                ],
+                "exclude_neighbors": inner.exclude_neighbors,
+                "model_version": self.model_version,
+            }
+        predictions = [
+            {"src": src, "dst": dst, "score": score}
+            for (src, dst), score in zip(inner.pairs, result, strict=True)
+        ]
+        if inner.single:
+            return {**predictions[0], "model_version": self.model_version}
+        return {"predictions": predictions, "model_version": self.model_version}
+
+    def describe(self) -> dict[str, Any]:
+        """The link part of the management API's description."""
+        return {
+            "decoder": type(self.predictor.decoder).__name__,
+            "embedding_dim": int(self.table.shape[1]),
+            "embeddings_built_at": self.assets.built_at,
+            "max_top_k": self.ego.settings.max_top_k,
+        }
+
+
+def _link(outcome: ResolvedLink | ApiError) -> ResolvedLink:
+    assert isinstance(outcome, ResolvedLink)
+    return outcome

@@ -1,0 +1,249 @@
+"""Embeddings and cold-start nodes for node classification archives.
+
+``{"node_id": a, "return_embedding": true}`` (or ``node_ids``) is answered like a prediction,
+from the same ego-graph (the node engine's sampler), plus the node's embedding
+(``model.embedding``). ``{"new_node": {"x": [...], "neighbors": [...]}}`` scores a node that is
+not in the graph as the full-graph forward would on a copy of the graph with that node and its
+edges added; the stored graph is never changed.
+
+Cold start, exactly: call the new node ``v``. ``direction`` ``in`` adds ``u -> v``, ``out`` adds
+``v -> u`` and ``both`` (default) adds both, for every listed neighbour ``u``. The ego-graph is
+then sampled on that augmented graph: ``v``'s in-neighbours are its senders (all of them, not
+sampled), every existing node ``u`` that receives from ``v`` gets ``v`` as an extra in-neighbour
+(its stored in-neighbours are sampled as usual), and ``v`` may reappear at deeper hops. GCN's
+normalisation uses the augmented in-degrees: ``deg(v)`` = number of senders, and each receiver's
+stored in-degree + 1. With fanout ``-1`` at every hop the answer equals the full-graph forward
+on the augmented graph (``tests/unit/handler/test_node_extras.py`` checks it for every
+architecture and direction).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from handler.ego import Batch, BatchEngine, EgoGraphs, Group, plain_module, seed_rows, timed
+from handler.errors import ApiError
+from handler.sampler import NeighbourSampler, SubgraphTooLarge
+from handler.task_requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
+from model.embedding import forward_with_embedding
+
+NEW_NODE = -1  # the row label of the new node in a cold-start ego-graph
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A parsed request with its existing node IDs mapped to internal indices."""
+
+    request: EmbeddingRequest | NewNodeRequest
+    nodes: np.ndarray
+
+
+@dataclass(frozen=True)
+class ColdStartSubgraph:
+    """The ego-graph of a new node on the augmented graph.
+
+    Attributes:
+        node: global index of each row, ``NEW_NODE`` for the new node's rows; row 0 is the
+            new node as the seed.
+        edge_index: ``[2, E]`` local rows, message direction.
+        degree: in-degree of each row's node in the augmented graph.
+    """
+
+    node: torch.Tensor
+    edge_index: torch.Tensor
+    degree: torch.Tensor
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.node.numel())
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_index.shape[1])
+
+
+def one_hop_samplers(ego: EgoGraphs) -> list[NeighbourSampler]:
+    """One single-hop sampler per configured fanout, on the node engine's arrays."""
+    base = ego.sampler
+    return [
+        NeighbourSampler(
+            base.indptr,
+            base.indices,
+            fanouts=[fanout],
+            seed=ego.settings.sampling_seed,
+            graph_key=int(ego.store.checksum[:15], 16),
+            max_nodes=ego.settings.max_subgraph_nodes,
+            max_edges=ego.settings.max_subgraph_edges,
+        )
+        for fanout in ego.settings.fanouts
+    ]
+
+
+def sample_with_new_node(
+    samplers: list[NeighbourSampler],
+    in_degree: torch.Tensor,
+    senders: torch.Tensor,
+    receivers: torch.Tensor,
+    max_nodes: int,
+    max_edges: int,
+) -> ColdStartSubgraph:
+    """Samples the new node's ego-graph (module docstring); ``senders`` send to it,
+    ``receivers`` receive from it (global indices, unique)."""
+    device = samplers[0].indptr.device
+    senders, receivers = senders.to(device), receivers.to(device)
+    levels = [torch.tensor([NEW_NODE], device=device)]
+    src_parts, dst_parts = [], []
+    offset, total_nodes, total_edges = 0, 1, 0
+    for sampler in samplers:
+        frontier = levels[-1]
+        is_new = frontier == NEW_NODE
+        existing = torch.nonzero(~is_new).flatten()
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        rows, neighbours = [empty], [empty]
+        if existing.numel():
+            sub = sampler.sample(frontier[existing])
+            rows.append(existing[sub.edge_index[1]])
+            neighbours.append(sub.node[sub.edge_index[0]])
+            receiving = existing[torch.isin(frontier[existing], receivers)]
+            rows.append(receiving)
+            neighbours.append(torch.full_like(receiving, NEW_NODE))
+        for row in torch.nonzero(is_new).flatten().tolist():
+            rows.append(torch.full_like(senders, row))
+            neighbours.append(senders)
+        hop_rows, hop_neighbours = torch.cat(rows), torch.cat(neighbours)
+        next_level, inverse = torch.unique(hop_neighbours, return_inverse=True)
+        next_offset = offset + int(frontier.numel())
+        src_parts.append(next_offset + inverse)
+        dst_parts.append(offset + hop_rows)
+        total_nodes += int(next_level.numel())
+        total_edges += int(hop_neighbours.numel())
+        if total_nodes > max_nodes or total_edges > max_edges:
+            raise SubgraphTooLarge(total_nodes, total_edges, max_nodes, max_edges)
+        levels.append(next_level)
+        offset = next_offset
+    node = torch.cat(levels)
+    existing_rows = node != NEW_NODE
+    degree = torch.full((node.numel(),), float(senders.numel()), device=device)
+    stored = in_degree[node[existing_rows].cpu()].to(device, torch.float32)
+    degree[existing_rows] = stored + torch.isin(node[existing_rows], receivers).float()
+    return ColdStartSubgraph(
+        node=node,
+        edge_index=torch.stack([torch.cat(src_parts), torch.cat(dst_parts)]),
+        degree=degree,
+    )
+
+
+class NodeExtrasEngine(BatchEngine[Resolved]):
+    """Answers embedding and cold-start requests of a node classification archive."""
+
+    def __init__(self, ego: EgoGraphs, model_version: str) -> None:
+        self.ego = ego
+        self.device = ego.device
+        self.model_version = model_version
+        self.samplers = one_hop_samplers(ego)
+
+    def parse(self, item: Any) -> Resolved:
+        settings = self.ego.settings
+        request = parse_node_extra(item, self.ego.store.feature_dim, settings.max_ids_per_request)
+        ids = request.node_ids if isinstance(request, EmbeddingRequest) else request.neighbors
+        return Resolved(request, self.ego.lookup(list(ids)))
+
+    def plan(self, positions: list[int], outcomes: list[Resolved | ApiError]) -> list[list[int]]:
+        """Embedding requests share one ego-graph; each new node gets its own."""
+        known = [p for p in positions if isinstance(_request(outcomes[p]), EmbeddingRequest)]
+        new = [[p] for p in positions if p not in known]
+        return ([known] if known else []) + new
+
+    def make_group(self, positions: list[int], outcomes: list[Resolved | ApiError]) -> Any:
+        first = outcomes[positions[0]]
+        assert isinstance(first, Resolved)
+        if isinstance(first.request, EmbeddingRequest):
+            nodes = np.concatenate([_resolved(outcomes[p]).nodes for p in positions])
+            return self.ego.sample(nodes)
+        request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
+        none = neighbours[:0]
+        settings = self.ego.settings
+        return sample_with_new_node(
+            self.samplers,
+            self.ego.in_degree,
+            senders=neighbours if request.direction in ("in", "both") else none,
+            receivers=neighbours if request.direction in ("out", "both") else none,
+            max_nodes=settings.max_subgraph_nodes,
+            max_edges=settings.max_subgraph_edges,
+        )
+
+    def run_group(self, group: Group, batch: Batch[Resolved]) -> None:
+        times, model = batch.times, plain_module(self.ego.model)
+        stop = timed(times, "gather")
+        if isinstance(group.payload, ColdStartSubgraph):
+            sub = group.payload
+            request = _resolved(batch.outcomes[group.positions[0]]).request
+            assert isinstance(request, NewNodeRequest)
+            existing = sub.node != NEW_NODE
+            stored_rows, _ = self.ego.gather(sub.node[existing])
+            x = torch.from_numpy(request.x).to(self.device).repeat(sub.num_nodes, 1)
+            x[existing.to(self.device)] = stored_rows
+            degree, edge_index, num_seeds = sub.degree.to(self.device), sub.edge_index, 1
+        else:
+            seeds, sub = group.payload
+            x, degree = self.ego.gather(sub.node)
+            edge_index, num_seeds = sub.edge_index, sub.num_seeds
+        stop()
+        times.sampled_nodes += sub.num_nodes
+        times.sampled_edges += sub.num_edges
+        times.seed_nodes += num_seeds
+        stop = timed(times, "forward")
+        with torch.inference_mode():
+            logits, embedding = forward_with_embedding(model, x, edge_index.to(self.device), degree)
+            probabilities = torch.softmax(logits[:num_seeds].float(), dim=-1).cpu()
+            embedding = embedding[:num_seeds].float().cpu()
+        stop()
+        for position in group.positions:
+            rows = (
+                [0]
+                if isinstance(group.payload, ColdStartSubgraph)
+                else seed_rows(seeds, _resolved(batch.outcomes[position]).nodes)
+            )
+            batch.results[position] = (probabilities[rows], embedding[rows])
+
+    def body(self, request: Resolved, result: Any) -> dict[str, Any]:
+        probabilities, embedding = result
+        inner = request.request
+        with_embedding = inner.return_embedding
+        if isinstance(inner, NewNodeRequest):
+            answer = self._prediction(probabilities[0].tolist(), embedding[0], with_embedding)
+            return {"new_node": {"neighbors": len(inner.neighbors)}, **answer}
+        predictions = [
+            {"node_id": node_id, **self._prediction(row.tolist(), vector, with_embedding)}
+            for node_id, row, vector in zip(inner.node_ids, probabilities, embedding, strict=True)
+        ]
+        if inner.single:
+            return predictions[0]
+        return {"predictions": predictions, "model_version": self.model_version}
+
+    def _prediction(
+        self, probabilities: list[float], embedding: torch.Tensor, with_embedding: bool
+    ) -> dict[str, Any]:
+        predicted = max(range(len(probabilities)), key=probabilities.__getitem__)
+        answer: dict[str, Any] = {"predicted_class": predicted}
+        class_names = self.ego.store.class_names
+        if class_names:
+            answer["predicted_label"] = class_names[predicted]
+        answer["probabilities"] = probabilities
+        if with_embedding:
+            answer["embedding"] = embedding.tolist()
+        answer["model_version"] = self.model_version
+        return answer
+
+
+def _resolved(outcome: Resolved | ApiError) -> Resolved:
+    assert isinstance(outcome, Resolved)
+    return outcome
+
+
+def _request(outcome: Resolved | ApiError) -> EmbeddingRequest | NewNodeRequest:
+    return _resolved(outcome).request

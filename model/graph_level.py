@@ -1,0 +1,197 @@
+"""Graph classification: a node-level GNN, global pooling, and an MLP head.
+
+``GraphClassifier.forward(x, edge_index, batch=None)`` gives per-graph logits; ``batch`` maps
+each node row to its graph (PyG's ``Batch.batch``), None meaning one graph. A graph's answer
+depends only on its own nodes and edges, so graphs batched together (a disjoint union, as
+``torch_geometric.data.Batch`` builds it) get the answers they get alone.
+
+The graph embedding (``forward_with_embedding``) is the pooled vector the head reads: ReLU of
+the GNN's last layer (``hidden_dim`` wide), pooled over the graph's nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.data import Batch, Data
+from torch_geometric.loader import DataLoader
+from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
+from torch_geometric.nn.models import MLP
+from tqdm import tqdm
+
+from model.architectures import NodeClassifier, build_model, build_node_classifier
+from model.config import ModelConfig, Pooling, Task
+
+# A graph archive's class names (``{"class_names": [...]}``, null when labels were indices).
+CLASSES_FILE = "classes.json"
+_POOL = {Pooling.SUM: global_add_pool, Pooling.MEAN: global_mean_pool, Pooling.MAX: global_max_pool}
+
+
+class GraphClassifier(torch.nn.Module):
+    """Encoder (``encoder.gnn.*``), pooling, head (``head.*``: hidden -> hidden -> classes)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.task is not Task.GRAPH:
+            raise ValueError(f"GraphClassifier needs a config with task 'graph', got {config.task}")
+        self.encoder: NodeClassifier = build_node_classifier(
+            dataclasses.replace(config, task=Task.NODE, out_dim=config.hidden_dim)
+        )
+        self.pool = _POOL[config.pooling]
+        self.head = MLP(
+            [config.hidden_dim, config.hidden_dim, config.out_dim],
+            dropout=config.dropout,
+            norm=None,
+        )
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+        """Logits ``[num_graphs, out_dim]``."""
+        return self.forward_with_embedding(x, edge_index, batch)[0]
+
+    def forward_with_embedding(
+        self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """``(logits, graph embeddings [num_graphs, hidden_dim])`` of one pass."""
+        if batch is None:
+            batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        nodes = F.relu(self.encoder(x, edge_index))
+        embedding = self.pool(nodes, batch)
+        return self.head(embedding), embedding
+
+
+def as_data(
+    x: np.ndarray | Tensor, edge_index: np.ndarray | Tensor, label: int | None = None
+) -> Data:
+    """One graph as PyG ``Data`` (float32 features, int64 edges)."""
+    data = Data(
+        x=torch.tensor(np.asarray(x), dtype=torch.float32),
+        edge_index=torch.tensor(np.asarray(edge_index), dtype=torch.long),
+    )
+    if label is not None:
+        data.y = torch.tensor([label])
+    return data
+
+
+@dataclass
+class GraphTrainResult:
+    """Weights of the best epoch (by validation accuracy) and the metrics for metrics.json."""
+
+    state_dict: dict[str, Tensor]
+    metrics: dict[str, Any]
+
+
+def split_graphs(labels: Tensor, fractions: Sequence[float], seed: int) -> list[Tensor]:
+    """Seeded random train/val/test indices of the labelled graphs (each part non-empty)."""
+    labelled = torch.nonzero(labels >= 0).flatten()
+    labelled = labelled[
+        torch.randperm(labelled.numel(), generator=torch.Generator().manual_seed(seed))
+    ]
+    n = labelled.numel()
+    cut1, cut2 = round(fractions[0] * n), round((fractions[0] + fractions[1]) * n)
+    if not 0 < cut1 < cut2 < n:
+        raise ValueError(
+            f"{n} labelled graphs are too few to split {tuple(fractions)} into non-empty train, "
+            "val and test sets"
+        )
+    return [labelled[:cut1], labelled[cut1:cut2], labelled[cut2:]]
+
+
+def accuracy(model: torch.nn.Module, graphs: Sequence[Data], batch_size: int = 256) -> float:
+    """Share of ``graphs`` whose predicted class equals ``y``."""
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for batch in DataLoader(list(graphs), batch_size=batch_size):
+            correct += int(
+                (model(batch.x, batch.edge_index, batch.batch).argmax(-1) == batch.y).sum()
+            )
+    return correct / max(1, len(graphs))
+
+
+def train_graph_classifier(
+    graphs: Sequence[Data],
+    config: ModelConfig,
+    *,
+    epochs: int = 100,
+    patience: int = 20,
+    lr: float = 0.005,
+    batch_size: int = 64,
+    seed: int = 0,
+    split: Sequence[float] = (0.8, 0.1, 0.1),
+    progress: bool = True,
+) -> GraphTrainResult:
+    """Mini-batch training (Adam, cross-entropy) with early stopping on validation accuracy.
+
+    Graphs with ``y < 0`` are not used. The split and the batches are drawn with ``seed``; on
+    the CPU the same inputs give the same weights.
+    """
+    if epochs < 1 or patience < 1:
+        raise ValueError(f"epochs and patience must be >= 1, got {epochs} and {patience}")
+    labels = torch.tensor([int(g.y) for g in graphs])
+    classes = torch.unique(labels[labels >= 0])
+    if classes.numel() < 2:
+        raise ValueError(
+            f"training needs labelled graphs of at least 2 classes, got {classes.tolist()}"
+        )
+    if int(labels.max()) >= config.out_dim:
+        raise ValueError(
+            f"labels go up to {int(labels.max())} but the model has {config.out_dim} classes"
+        )
+    train, val, test = (
+        [graphs[i] for i in part.tolist()] for part in split_graphs(labels, split, seed)
+    )
+    start = time.perf_counter()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = build_model(config)
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        generator = torch.Generator().manual_seed(seed)
+        loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator)
+        best_val, best_epoch, best_state = -1.0, 0, {}
+        bar = tqdm(
+            range(1, epochs + 1), desc=f"train {config.arch.value} graph", disable=not progress
+        )
+        for epoch in bar:
+            model.train()
+            total = 0.0
+            for batch in loader:
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch), batch.y)
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach()) * batch.num_graphs
+            val_acc = accuracy(model, val)
+            if val_acc > best_val:
+                best_val, best_epoch = val_acc, epoch
+                best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            bar.set_postfix(loss=f"{total / len(train):.4f}", val_acc=f"{val_acc:.3f}")
+            if epoch - best_epoch >= patience:
+                break
+        bar.close()
+    seconds = time.perf_counter() - start
+    model.load_state_dict(best_state)
+    metrics = {
+        "arch": config.arch.value,
+        "pooling": config.pooling.value,
+        "test_accuracy": accuracy(model, test),
+        "val_accuracy": best_val,
+        "train_accuracy": accuracy(model, train),
+        "graphs": {"train": len(train), "val": len(val), "test": len(test)},
+        "epochs_run": epoch,
+        "best_epoch": best_epoch,
+        "seconds": seconds,
+    }
+    return GraphTrainResult(state_dict=best_state, metrics=metrics)
+
+
+def batch_of(graphs: Sequence[Data]) -> Batch:
+    """PyG's disjoint union of ``graphs`` (one forward pass for all of them)."""
+    return Batch.from_data_list(list(graphs))

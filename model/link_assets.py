@@ -1,0 +1,146 @@
+"""What a link archive carries besides the graph: candidate embeddings and out-neighbour lists.
+
+``link/`` in the archive holds ``.npy`` arrays that load memory-mapped without pickle:
+
+- ``embeddings.npy``, float32 ``[N, D]``: every node's embedding, from one full-graph forward
+  pass at build time;
+- ``out_indptr.npy`` (int32/int64 ``[N+1]``) and ``out_indices.npy`` (int32/int64 ``[E]``): CSR,
+  the out-neighbours of ``v`` are ``out_indices[out_indptr[v]:out_indptr[v+1]]``, ascending;
+- ``meta.json``: format version, graph checksum, sizes, build time, dtype/shape/sha256 per file.
+
+The embeddings are exactly as fresh as the archive: computed from the archive's graph when it
+was built (``built_at``), and a worker refuses them if the graph's checksum differs. Top-k
+requests search them; a changed graph needs a new archive.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph_assets.store import GraphStore, index_dtype, sha256_file
+from model.link import LinkPredictor
+
+LINK_DIR = "link"
+FORMAT_VERSION = 1
+META_FILE = "meta.json"
+ARRAY_FILES = ("embeddings.npy", "out_indices.npy", "out_indptr.npy")
+
+
+@dataclass(frozen=True, eq=False)
+class LinkAssets:
+    """Opened link assets (read-only memory maps); see the module docstring."""
+
+    path: Path
+    meta: dict[str, Any]
+    embeddings: np.ndarray
+    out_indptr: np.ndarray
+    out_indices: np.ndarray
+
+    @property
+    def built_at(self) -> str:
+        return str(self.meta["built_at"])
+
+
+def out_csr(store: GraphStore) -> tuple[np.ndarray, np.ndarray]:
+    """The store's edges grouped by source: ``(out_indptr, out_indices)``."""
+    n = store.num_nodes
+    sources = np.asarray(store.indices, dtype=np.int64)
+    destinations = np.repeat(np.arange(n, dtype=np.int64), np.diff(store.indptr))
+    order = np.argsort(sources, kind="stable")  # CSC order keeps destinations ascending
+    counts = np.bincount(sources, minlength=n)
+    indptr = np.zeros(n + 1, dtype=index_dtype(store.num_edges))
+    np.cumsum(counts, out=indptr[1:])
+    return indptr, destinations[order].astype(index_dtype(n))
+
+
+def full_graph_embeddings(model: LinkPredictor, store: GraphStore) -> np.ndarray:
+    """Every node's embedding from one forward pass over the whole stored graph."""
+    x = torch.from_numpy(np.array(store.features, dtype=np.float32))
+    edge_index = torch.from_numpy(store.edge_index())
+    model.eval()
+    with torch.no_grad():
+        return model(x, edge_index).float().numpy()
+
+
+def write_link_assets(model: LinkPredictor, store: GraphStore, out_dir: Path) -> dict[str, Any]:
+    """Writes ``out_dir`` (the archive's ``link/``); returns its meta.json content."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    embeddings = full_graph_embeddings(model, store)
+    indptr, indices = out_csr(store)
+    arrays = {"embeddings.npy": embeddings, "out_indptr.npy": indptr, "out_indices.npy": indices}
+    files = {}
+    for name, array in arrays.items():
+        np.save(out / name, np.ascontiguousarray(array), allow_pickle=False)
+        files[name] = {
+            "dtype": array.dtype.str,
+            "shape": list(array.shape),
+            "sha256": sha256_file(out / name),
+        }
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "graph_checksum": store.checksum,
+        "num_nodes": store.num_nodes,
+        "num_edges": store.num_edges,
+        "embedding_dim": int(embeddings.shape[1]),
+        "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "files": files,
+    }
+    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def open_link_assets(path: Path, store: GraphStore, verify_checksum: bool = True) -> LinkAssets:
+    """Opens and checks ``path`` against the graph it was built from; ValueError if off."""
+    path = Path(path)
+    meta_path = path / META_FILE
+    if not meta_path.is_file():
+        raise ValueError(
+            f"{meta_path} is missing: a link archive carries {LINK_DIR}/ with the candidate "
+            "embeddings; rebuild it with ./build_mar.sh --task link"
+        )
+    meta = json.loads(meta_path.read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{meta_path}: format_version {meta.get('format_version')!r}, this gnnserve reads "
+            f"{FORMAT_VERSION}; rebuild the archive"
+        )
+    if meta.get("graph_checksum") != store.checksum:
+        raise ValueError(
+            f"{meta_path}: the embeddings were computed from graph {meta.get('graph_checksum')}, "
+            f"the archive's graph is {store.checksum}; rebuild the archive so they match"
+        )
+    arrays = {}
+    for name in ARRAY_FILES:
+        entry = meta["files"][name]
+        file = path / name
+        if verify_checksum and sha256_file(file) != entry["sha256"]:
+            raise ValueError(f"{file}: sha256 differs from {meta_path}; the file is corrupt")
+        array = np.load(file, mmap_mode="r", allow_pickle=False)
+        if array.dtype.str != entry["dtype"] or list(array.shape) != entry["shape"]:
+            raise ValueError(
+                f"{file} holds {array.dtype.str} {list(array.shape)}, {meta_path} says "
+                f"{entry['dtype']} {entry['shape']}"
+            )
+        arrays[name] = array
+    n = store.num_nodes
+    if arrays["embeddings.npy"].shape[0] != n or arrays["out_indptr.npy"].shape != (n + 1,):
+        raise ValueError(f"{path}: the arrays are not sized for the graph's {n} nodes")
+    if arrays["out_indices.npy"].shape != (store.num_edges,):
+        raise ValueError(
+            f"{path}: out_indices.npy does not hold the graph's {store.num_edges} edges"
+        )
+    return LinkAssets(
+        path=path,
+        meta=meta,
+        embeddings=arrays["embeddings.npy"],
+        out_indptr=arrays["out_indptr.npy"],
+        out_indices=arrays["out_indices.npy"],
+    )

@@ -1,0 +1,319 @@
+"""Operating a real TorchServe: versions, default switch, scaling, metrics, logs, shared graph.
+
+Every management call goes through scripts/gnnctl.py, the CLI operators use, while a client
+loop keeps sending predictions; the loops count every failed request.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from .conftest import ROOT, build_archive, write_small_graph
+from .server import TorchServe
+
+pytestmark = pytest.mark.integration
+SECRET = "acct_secret_marker_7f3a"
+
+
+@pytest.fixture(scope="module")
+def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gnn.mar (1.0, sage) and gnn_v2.0.mar (2.0, gcn) built from one graph."""
+    root = tmp_path_factory.mktemp("versions")
+    graph = write_small_graph(root / "graph")
+    store = root / "model_store"
+    common = [
+        "--epochs",
+        "10",
+        "--batch-size",
+        "4",
+        "--max-batch-delay",
+        "20",
+        "--max-workers",
+        "4",
+    ]
+    build_archive(store, graph, "--arch", "sage", *common)
+    build_archive(store, graph, "--arch", "gcn", "--version", "2.0", *common)
+    return store
+
+
+@pytest.fixture(scope="module")
+def ops_server(tmp_path_factory, versions_store) -> Iterator[TorchServe]:
+    serve = TorchServe(home=tmp_path_factory.mktemp("ops"), model_store=versions_store)
+    try:
+        serve.start("gnn=gnn.mar")
+        yield serve
+    finally:
+        serve.stop()
+
+
+def gnnctl(server: TorchServe, *args: str) -> dict | list:
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gnnctl.py"),
+            "--management",
+            server.management_url,
+            "--key-file",
+            str(server.home / "key_file.json"),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+class ClientLoop:
+    """Sends predictions until stopped; records every status and the versions answering."""
+
+    def __init__(self, server: TorchServe, path: str = "/predictions/gnn") -> None:
+        self.url = server.inference_url + path
+        self.headers = server.auth("inference")
+        self.statuses: Counter[int] = Counter()
+        self.versions: list[str] = []
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(4)]
+
+    def _run(self, worker: int) -> None:
+        session = requests.Session()
+        sent = 0
+        while not self._stop.is_set() and sent < 5000:
+            node = f"acct_{(worker * 31 + sent) % 120}"
+            sent += 1
+            try:
+                response = session.post(
+                    self.url, json={"node_id": node}, headers=self.headers, timeout=60
+                )
+            except requests.RequestException as error:
+                self.failures.append(repr(error))
+                continue
+            self.statuses[response.status_code] += 1
+            if response.status_code == 200:
+                self.versions.append(response.json()["model_version"])
+            else:
+                self.failures.append(response.text[:200])
+
+    def __enter__(self) -> ClientLoop:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
+
+
+def test_register_second_version_beside_the_first(ops_server):
+    registered = gnnctl(ops_server, "register", "gnn_v2.0.mar")
+    assert "registered" in json.dumps(registered).lower() or "2.0" in json.dumps(registered)
+    described = gnnctl(ops_server, "status", "gnn")
+    assert sorted(entry["modelVersion"] for entry in described) == ["1.0", "2.0"]
+    for version in ("1.0", "2.0"):
+        response = requests.post(
+            f"{ops_server.inference_url}/predictions/gnn/{version}",
+            json={"node_id": "acct_1"},
+            headers=ops_server.auth("inference"),
+            timeout=60,
+        )
+        assert response.status_code == 200 and response.json()["model_version"] == version
+
+
+def test_registering_an_existing_version_again_is_refused(ops_server):
+    response = requests.post(
+        f"{ops_server.management_url}/models",
+        params={"url": "gnn_v2.0.mar"},
+        headers=ops_server.auth("management"),
+        timeout=60,
+    )
+    assert response.status_code == 409
+    assert "already registered" in response.json()["message"]
+
+
+def test_set_default_switches_traffic_with_no_failed_request(ops_server):
+    with ClientLoop(ops_server) as loop:
+        while sum(loop.statuses.values()) < 40:
+            threading.Event().wait(0.05)
+        gnnctl(ops_server, "set-default", "gnn", "2.0")
+        before = len(loop.versions)
+        while len(loop.versions) < before + 60:
+            threading.Event().wait(0.05)
+    assert loop.failures == [] and set(loop.statuses) == {200}
+    assert loop.versions[-1] == "2.0" and "1.0" in loop.versions
+    # once switched, it stays switched
+    switched = loop.versions.index("2.0")
+    assert set(loop.versions[switched + 8 :]) == {"2.0"}
+
+
+def wait_for_more_answers(loop: ClientLoop, count: int) -> None:
+    served = sum(loop.statuses.values())
+    while sum(loop.statuses.values()) < served + count:
+        threading.Event().wait(0.05)
+
+
+def default_workers(server: TorchServe) -> int:
+    described = gnnctl(server, "status", "gnn")
+    return len(next(e for e in described if e["modelVersion"] == "2.0")["workers"])
+
+
+def test_scaling_up_under_load_fails_no_request(ops_server):
+    with ClientLoop(ops_server) as loop:
+        wait_for_more_answers(loop, 20)
+        gnnctl(ops_server, "scale", "gnn", "3")
+        assert default_workers(ops_server) == 3
+        wait_for_more_answers(loop, 40)
+    print(f"scale 1 -> 3: {dict(loop.statuses)}")
+    assert loop.failures == [] and set(loop.statuses) == {200}
+
+
+def test_scaling_down_under_load_loses_at_most_the_removed_workers_batches(ops_server):
+    """TorchServe 0.12 stops a scaled-down worker without draining it (WorkerThread answers its
+    in-flight batch "Worker died."): that batch is all that may fail; docs/operations.md."""
+    batch_size = 4
+    with ClientLoop(ops_server) as loop:
+        wait_for_more_answers(loop, 20)
+        gnnctl(ops_server, "scale", "gnn", "1")
+        assert default_workers(ops_server) == 1
+        wait_for_more_answers(loop, 40)
+    print(f"scale 3 -> 1: {dict(loop.statuses)}, failures {loop.failures}")
+    assert set(loop.statuses) <= {200, 500}
+    assert all('"Worker died."' in failure for failure in loop.failures)
+    assert len(loop.failures) <= 2 * batch_size
+
+
+def worker_processes(server: TorchServe) -> list[psutil.Process]:
+    frontend = psutil.Process(server.pid)
+    return [
+        child
+        for child in frontend.children(recursive=True)
+        if "model_service_worker" in " ".join(child.cmdline())
+    ]
+
+
+def test_versions_with_one_graph_map_the_same_files(ops_server):
+    mapped = set()
+    for worker in worker_processes(ops_server):
+        maps = Path(f"/proc/{worker.pid}/maps").read_text()
+        mapped |= {line.split()[-1] for line in maps.splitlines() if line.endswith("features.npy")}
+    assert len(worker_processes(ops_server)) >= 2
+    assert len(mapped) == 1, mapped  # both versions' workers map one cached copy
+    assert "gnnserve-graph-cache" in next(iter(mapped))
+
+
+def test_handler_metrics_reach_prometheus(ops_server):
+    metrics = requests.get(f"http://127.0.0.1:{ops_server.metrics_port}/metrics", timeout=30).text
+    names = [
+        "GnnBatchSize",
+        "GnnSeedNodes",
+        "GnnSampledNodes",
+        "GnnSampledEdges",
+        "GnnParseTime",
+        "GnnSampleTime",
+        "GnnGatherTime",
+        "GnnForwardTime",
+        "GnnFormatTime",
+        "GnnErrorResponses",
+    ]
+    for name in names:
+        values = re.findall(rf"^{name}\{{[^}}]*\}} ([0-9.eE+-]+)$", metrics, re.MULTILINE)
+        assert values, f"{name} missing from /metrics"
+    sampled = re.findall(r"^GnnSampledNodes\{[^}]*\} ([0-9.eE+-]+)$", metrics, re.MULTILINE)
+    assert max(float(v) for v in sampled) >= 1
+
+
+def test_errors_are_logged_with_index_and_reason_but_not_the_body(ops_server):
+    response = requests.post(
+        f"{ops_server.inference_url}/predictions/gnn",
+        json={"node_id": SECRET},
+        headers=ops_server.auth("inference"),
+        timeout=60,
+    )
+    assert response.status_code == 404
+    bad = requests.post(
+        f"{ops_server.inference_url}/predictions/gnn",
+        data=b'{"node_id": "' + SECRET.encode() + b'", broken',
+        headers={**ops_server.auth("inference"), "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert bad.status_code == 400
+    log = (ops_server.home / "logs" / "model_log.log").read_text()
+    assert re.search(r"request \d+: 404 NodeNotFound", log)
+    assert re.search(r"request \d+: 400 BadRequest", log)
+    assert SECRET not in log
+
+
+def test_token_refresh_issues_a_working_inference_key(ops_server):
+    old_key = ops_server.keys()["inference"]
+    gnnctl(ops_server, "token", "inference")
+    new_key = ops_server.keys()["inference"]
+    assert new_key != old_key
+    response = requests.post(
+        f"{ops_server.inference_url}/predictions/gnn",
+        json={"node_id": "acct_1"},
+        headers={"Authorization": f"Bearer {new_key}"},
+        timeout=60,
+    )
+    assert response.status_code == 200
+
+
+def test_retiring_the_old_version(ops_server):
+    gnnctl(ops_server, "unregister", "gnn", "1.0")
+    gone = requests.post(
+        f"{ops_server.inference_url}/predictions/gnn/1.0",
+        json={"node_id": "acct_1"},
+        headers=ops_server.auth("inference"),
+        timeout=60,
+    )
+    assert gone.status_code == 404
+    assert [e["modelVersion"] for e in gnnctl(ops_server, "status", "gnn")] == ["2.0"]
+
+
+def test_snapshot_restores_versions_default_and_workers(tmp_path, versions_store):
+    server = TorchServe(home=tmp_path / "snap", model_store=versions_store)
+    try:
+        server.start("gnn=gnn.mar")
+        gnnctl(server, "register", "gnn_v2.0.mar")
+        gnnctl(server, "set-default", "gnn", "2.0")
+        gnnctl(server, "scale", "gnn", "2")
+        before = gnnctl(server, "status", "gnn")
+        answer = requests.post(
+            f"{server.inference_url}/predictions/gnn",
+            json={"node_id": "acct_7"},
+            headers=server.auth("inference"),
+            timeout=60,
+        ).json()
+        server.stop()
+        assert list((server.home / "logs" / "config").glob("*-shutdown.cfg"))
+        server.start_from_snapshot()
+        after = gnnctl(server, "status", "gnn")
+        summary = {(e["modelVersion"], len(e["workers"])) for e in after}
+        assert summary == {(e["modelVersion"], len(e["workers"])) for e in before}
+        assert summary == {("1.0", 1), ("2.0", 2)}
+        default = requests.get(
+            f"{server.management_url}/models/gnn", headers=server.auth("management"), timeout=30
+        ).json()
+        assert default[0]["modelVersion"] == "2.0"
+        again = requests.post(
+            f"{server.inference_url}/predictions/gnn",
+            json={"node_id": "acct_7"},
+            headers=server.auth("inference"),
+            timeout=60,
+        ).json()
+        assert again == answer
+    finally:
+        server.stop()

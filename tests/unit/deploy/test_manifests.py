@@ -1,0 +1,506 @@
+"""The deploy/ manifests, checked without a cluster.
+
+Every Kubernetes object is validated against the official Kubernetes JSON schemas that the
+kubernetes-validate package ships (strict: unknown fields are errors), with the network closed
+to prove it. The KServe InferenceService, a CRD outside those schemas, is validated against a
+compact schema of the fields we use. The rest are the promises deploy/README.md makes: probes,
+ports, tokens, resources, writable paths, scaling.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "kubernetes"
+OVERLAY = DEPLOY / "kubernetes-gateway-auth"
+KSERVE = DEPLOY / "kserve"
+# Manifests that are applied by hand, not through kustomization.yaml.
+STANDALONE = ("model-store-loader.yaml",)
+# The oldest Kubernetes release we support and the newest one the schema package knows.
+K8S_VERSIONS = ("1.30", ".".join(kubernetes_validate.latest_version().split(".")[:2]))
+
+
+def load_docs(path: Path) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def kustomization(directory: Path) -> dict[str, Any]:
+    return yaml.safe_load((directory / "kustomization.yaml").read_text())
+
+
+def generated_config_maps(directory: Path) -> list[dict[str, Any]]:
+    """The ConfigMaps kustomize generates (before it appends the content hash to the name)."""
+    maps = []
+    for generator in kustomization(directory).get("configMapGenerator", []):
+        metadata: dict[str, Any] = {"name": generator["name"]}
+        labels = generator.get("options", {}).get("labels")
+        if labels:
+            metadata["labels"] = labels
+        data = {name: (directory / name).read_text() for name in generator["files"]}
+        maps.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
+    return maps
+
+
+def base_objects() -> list[dict[str, Any]]:
+    docs = [doc for name in kustomization(K8S)["resources"] for doc in load_docs(K8S / name)]
+    return docs + generated_config_maps(K8S)
+
+
+def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = [doc for doc in docs if doc["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def apply_json_patch(doc: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one JSON-patch operation the overlay uses: `add` at the end of a list."""
+    patched = copy.deepcopy(doc)
+    for operation in operations:
+        assert operation["op"] == "add" and operation["path"].endswith("/-"), operation
+        target: Any = patched
+        for part in operation["path"].strip("/").split("/")[:-1]:
+            target = target[int(part)] if isinstance(target, list) else target[part]
+        assert isinstance(target, list), f"{operation['path']} does not end at a list"
+        target.append(operation["value"])
+    return patched
+
+
+def overlay_deployment() -> dict[str, Any]:
+    (patch,) = kustomization(OVERLAY)["patches"]
+    deployment = only(base_objects(), "Deployment")
+    assert patch["target"]["kind"] == "Deployment"
+    assert patch["target"]["name"] == deployment["metadata"]["name"]
+    return apply_json_patch(deployment, yaml.safe_load(patch["patch"]))
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Java properties as we write them: `key=value` lines, `#` comments."""
+    properties = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith(("#", "!")):
+            key, _, value = line.partition("=")
+            properties[key.strip()] = value.strip()
+    return properties
+
+
+def host_port(address: str) -> tuple[str, int]:
+    match = re.fullmatch(r"https?://([^:/]+):(\d+)", address)
+    assert match, f"not an http(s)://host:port address: {address!r}"
+    return match.group(1), int(match.group(2))
+
+
+def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]
+
+
+def server_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = pod_spec(deployment)["containers"]
+    return container
+
+
+def container_port(container: dict[str, Any], port: int | str) -> int:
+    """A probe's or Service's port, by number or by the container port's name."""
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in container["ports"] if p["name"] == port]
+    return number
+
+
+def mount_of(deployment: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The (volumeMount, volume) that holds `path` inside the server container."""
+    mounts = [
+        mount
+        for mount in server_container(deployment)["volumeMounts"]
+        if path == mount["mountPath"] or path.startswith(mount["mountPath"].rstrip("/") + "/")
+    ]
+    assert mounts, f"{path} is on no volume (the root filesystem is read-only)"
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))
+    (volume,) = [v for v in pod_spec(deployment)["volumes"] if v["name"] == mount["name"]]
+    return mount, volume
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any connection attempt fails the test: the schemas must come from the package."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("schema validation tried to use the network")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def all_kubernetes_objects() -> list[tuple[str, dict[str, Any]]]:
+    objects = [(f"base:{doc['kind']}", doc) for doc in base_objects()]
+    objects += [
+        (f"{name}:{doc['kind']}", doc) for name in STANDALONE for doc in load_docs(K8S / name)
+    ]
+    objects.append(("gateway-auth:Deployment", overlay_deployment()))
+    for name in kustomization(OVERLAY)["resources"]:
+        if name.endswith(".yaml"):
+            objects += [(f"gateway-auth:{doc['kind']}", doc) for doc in load_docs(OVERLAY / name)]
+    return objects
+
+
+# --- schemas -------------------------------------------------------------------------------
+
+
+def test_kustomization_lists_every_manifest_and_generator_file():
+    listed = set(kustomization(K8S)["resources"])
+    on_disk = {path.name for path in K8S.glob("*.yaml")} - {"kustomization.yaml", *STANDALONE}
+    assert listed == on_disk
+    for generator in kustomization(K8S)["configMapGenerator"]:
+        for name in generator["files"]:
+            assert (K8S / name).is_file(), name
+    assert kustomization(OVERLAY)["resources"][0] == "../kubernetes"
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize(
+    ("label", "manifest"), all_kubernetes_objects(), ids=[n for n, _ in all_kubernetes_objects()]
+)
+def test_manifest_matches_the_kubernetes_schema(label, manifest, version, no_network):
+    kubernetes_validate.validate(manifest, version, strict=True)
+
+
+def test_the_schema_check_catches_broken_manifests(no_network):
+    deployment = only(base_objects(), "Deployment")
+    wrong_type = copy.deepcopy(deployment)
+    server_container(wrong_type)["ports"][0]["containerPort"] = "8080"
+    misspelt = copy.deepcopy(deployment)
+    server_container(misspelt)["readinesProbe"] = server_container(misspelt).pop("readinessProbe")
+    for broken in (wrong_type, misspelt):
+        with pytest.raises(kubernetes_validate.ValidationError):
+            kubernetes_validate.validate(broken, K8S_VERSIONS[0], strict=True)
+
+
+# --- the Deployment ------------------------------------------------------------------------
+
+
+def test_the_container_runs_torchserve_on_the_mounted_config_and_archive():
+    deployment = only(base_objects(), "Deployment")
+    command = server_container(deployment)["command"]
+    assert command[0].endswith("/bin/torchserve")
+    assert {"--start", "--foreground", "--ncs"} <= set(command)
+    ts_config = Path(command[command.index("--ts-config") + 1])
+    store = command[command.index("--model-store") + 1]
+    # deploy/README.md rolls out a new version by replacing command/8.
+    assert command[8] == "gnn=gnn.mar" and command[7] == "--models"
+    config_mount, config_volume = mount_of(deployment, str(ts_config))
+    assert config_mount.get("readOnly") is True
+    (config_map,) = generated_config_maps(K8S)
+    assert config_volume["configMap"]["name"] == config_map["metadata"]["name"]
+    assert ts_config.name in config_map["data"]
+    store_mount, store_volume = mount_of(deployment, store)
+    assert store_mount["mountPath"] == store and store_mount.get("readOnly") is True
+    pvc = only(base_objects(), "PersistentVolumeClaim")
+    assert store_volume["persistentVolumeClaim"]["claimName"] == pvc["metadata"]["name"]
+    config = read_properties(K8S / ts_config.name)
+    assert config["model_store"] == store
+
+
+def test_probes_use_the_metrics_port_and_the_management_api_with_the_token():
+    deployment = only(base_objects(), "Deployment")
+    container = server_container(deployment)
+    config = read_properties(K8S / "config.properties")
+    _, metrics_port = host_port(config["metrics_address"])
+    for probe in ("startupProbe", "livenessProbe"):
+        get = container[probe]["httpGet"]
+        assert get["path"] == "/metrics"
+        assert container_port(container, get["port"]) == metrics_port
+    readiness = container["readinessProbe"]["exec"]["command"]
+    script = next(part for part in readiness if part.endswith(".py"))
+    mount, volume = mount_of(deployment, script)
+    assert "configMap" in volume and Path(script).name in generated_config_maps(K8S)[0]["data"]
+    assert readiness[readiness.index("--model") + 1] == "gnn"
+    # The probe reads key_file.json from the working directory, where TorchServe writes it.
+    assert "--key-file" not in readiness and container["workingDir"] != mount["mountPath"]
+    assert "torchserve --stop" in " ".join(container["lifecycle"]["preStop"]["exec"]["command"])
+
+
+def test_every_container_has_cpu_and_memory_requests_and_limits():
+    pods = [pod_spec(only(base_objects(), "Deployment")), load_docs(K8S / STANDALONE[0])[0]["spec"]]
+    for pod in pods:
+        for container in pod["containers"]:
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(container["resources"][bound]), container["name"]
+
+
+def test_the_server_runs_as_non_root_on_a_read_only_root_filesystem():
+    deployment = only(base_objects(), "Deployment")
+    pod_security = pod_spec(deployment)["securityContext"]
+    assert pod_security["runAsNonRoot"] is True and pod_security["runAsUser"] != 0
+    security = server_container(deployment)["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+
+
+def test_every_path_torchserve_writes_is_an_empty_dir():
+    deployment = only(base_objects(), "Deployment")
+    container = server_container(deployment)
+    env = {item["name"]: item["value"] for item in container["env"]}
+    writable = [env["TEMP"], env["TMPDIR"], env["LOG_LOCATION"], env["METRICS_LOCATION"]]
+    for path in [*writable, container["workingDir"]]:
+        mount, volume = mount_of(deployment, path)
+        assert "emptyDir" in volume and not mount.get("readOnly"), path
+    # The graph cache hard-links the unpacked archive: same volume for both temp dirs.
+    assert mount_of(deployment, env["TEMP"])[1] is mount_of(deployment, env["TMPDIR"])[1]
+    # The keys stay in memory.
+    assert mount_of(deployment, container["workingDir"])[1]["emptyDir"]["medium"] == "Memory"
+
+
+def test_the_hpa_scales_the_deployment_on_cpu_and_owns_the_replica_count():
+    objects = base_objects()
+    deployment, hpa = only(objects, "Deployment"), only(objects, "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": deployment["apiVersion"],
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
+    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    assert "replicas" not in deployment["spec"]
+    assert "cpu" in server_container(deployment)["resources"]["requests"]
+
+
+# --- the Service and the server configuration ----------------------------------------------
+
+
+def test_the_service_exposes_inference_and_metrics_but_not_management():
+    objects = base_objects()
+    deployment, service = only(objects, "Deployment"), only(objects, "Service")
+    container = server_container(deployment)
+    assert service["spec"]["type"] == "ClusterIP"
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    config = read_properties(K8S / "config.properties")
+    _, management_port = host_port(config["management_address"])
+    targets = {container_port(container, p["targetPort"]) for p in service["spec"]["ports"]}
+    _, inference_port = host_port(config["inference_address"])
+    assert inference_port in targets
+    assert management_port not in targets
+    assert management_port not in {p["port"] for p in service["spec"]["ports"]}
+    assert management_port not in {p["containerPort"] for p in container["ports"]}
+
+
+def test_the_pod_config_keeps_tokens_on_and_the_model_api_off():
+    config = read_properties(K8S / "config.properties")
+    assert config.get("disable_token_authorization", "false") == "false"
+    assert config["enable_model_api"] == "false"
+    container = server_container(only(base_objects(), "Deployment"))
+    assert "--disable-token-auth" not in container["command"]
+    # Reachable from the Service, the kubelet and Prometheus; management from the pod only.
+    assert host_port(config["inference_address"]) == ("0.0.0.0", container_port(container, 8080))
+    assert host_port(config["metrics_address"])[0] == "0.0.0.0"
+    assert host_port(config["management_address"])[0] == "127.0.0.1"
+    assert config["grpc_inference_address"] == config["grpc_management_address"] == "127.0.0.1"
+
+
+def test_the_gateway_overlay_trades_the_token_for_a_network_policy():
+    deployment = overlay_deployment()
+    assert server_container(deployment)["command"][-1] == "--disable-token-auth"
+    policy = only(load_docs(OVERLAY / "networkpolicy.yaml"), "NetworkPolicy")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    inference_rules = [
+        rule
+        for rule in policy["spec"]["ingress"]
+        if {"port": 8080, "protocol": "TCP"} in rule["ports"]
+    ]
+    assert inference_rules and all(
+        "podSelector" in peer and peer["podSelector"].get("matchLabels")
+        for rule in inference_rules
+        for peer in rule["from"]
+    )
+
+
+# --- the image -----------------------------------------------------------------------------
+
+
+def test_the_image_is_built_from_the_pinned_torchserve_release():
+    (pin,) = re.findall(r'"torchserve==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    assert f"ARG BASE_IMAGE=pytorch/torchserve:{pin}-cpu" in dockerfile
+    assert f"BASE_IMAGE=pytorch/torchserve-kfs:{pin}" in dockerfile
+    venv = re.search(r"^ARG VENV=(\S+)$", dockerfile, re.MULTILINE)
+    assert venv, "deploy/Dockerfile must declare ARG VENV"
+    command = server_container(only(base_objects(), "Deployment"))["command"]
+    isvc = load_docs(KSERVE / "inferenceservice.yaml")[0]
+    for program in (command[0], isvc["spec"]["predictor"]["model"]["args"][0]):
+        assert program == f"{venv.group(1)}/bin/torchserve"
+
+
+# --- KServe --------------------------------------------------------------------------------
+
+RESOURCE_LIST = {
+    "type": "object",
+    "properties": {"cpu": {"type": ["string", "number"]}, "memory": {"type": "string"}},
+    "required": ["cpu", "memory"],
+    "additionalProperties": False,
+}
+
+# The fields of serving.kserve.io/v1beta1 InferenceService that deploy/kserve uses, with
+# KServe's types; unknown keys are errors so a typo cannot pass as an ignored field.
+INFERENCE_SERVICE_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "serving.kserve.io/v1beta1"},
+        "kind": {"const": "InferenceService"},
+        "metadata": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "pattern": "^[a-z]([-a-z0-9]*[a-z0-9])?$"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["predictor"],
+            "additionalProperties": False,
+            "properties": {
+                "predictor": {
+                    "type": "object",
+                    "required": ["model"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "minReplicas": {"type": "integer", "minimum": 0},
+                        "maxReplicas": {"type": "integer", "minimum": 1},
+                        "model": {
+                            "type": "object",
+                            "required": ["modelFormat", "protocolVersion", "storageUri"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "modelFormat": {
+                                    "type": "object",
+                                    "required": ["name"],
+                                    "properties": {
+                                        "name": {"type": "string"},
+                                        "version": {"type": "string"},
+                                    },
+                                    "additionalProperties": False,
+                                },
+                                "protocolVersion": {"enum": ["v1", "v2", "grpc-v2"]},
+                                "storageUri": {
+                                    "type": "string",
+                                    "pattern": "^(pvc|s3|gs|https?|hdfs|webhdfs|oci)://.+",
+                                },
+                                "image": {"type": "string"},
+                                "args": {"type": "array", "items": {"type": "string"}},
+                                "env": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["name", "value"],
+                                        "properties": {
+                                            "name": {"type": "string"},
+                                            "value": {"type": "string"},
+                                        },
+                                        "additionalProperties": False,
+                                    },
+                                },
+                                "resources": {
+                                    "type": "object",
+                                    "required": ["requests", "limits"],
+                                    "properties": {
+                                        "requests": RESOURCE_LIST,
+                                        "limits": RESOURCE_LIST,
+                                    },
+                                    "additionalProperties": False,
+                                },
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+
+def inference_service() -> dict[str, Any]:
+    return only(load_docs(KSERVE / "inferenceservice.yaml"), "InferenceService")
+
+
+def test_the_inference_service_matches_its_schema():
+    jsonschema.Draft202012Validator.check_schema(INFERENCE_SERVICE_SCHEMA)
+    jsonschema.Draft202012Validator(INFERENCE_SERVICE_SCHEMA).validate(inference_service())
+
+
+def test_the_inference_service_schema_catches_typos():
+    validator = jsonschema.Draft202012Validator(INFERENCE_SERVICE_SCHEMA)
+    misspelt = inference_service()
+    model = misspelt["spec"]["predictor"]["model"]
+    model["protocolversion"] = model.pop("protocolVersion")
+    bad_uri = inference_service()
+    bad_uri["spec"]["predictor"]["model"]["storageUri"] = "/mnt/models"
+    for broken in (misspelt, bad_uri):
+        assert not validator.is_valid(broken)
+
+
+def test_the_inference_service_uses_the_torchserve_runtime_with_v2_and_no_envelope():
+    isvc = inference_service()
+    model = isvc["spec"]["predictor"]["model"]
+    assert model["modelFormat"]["name"] == "pytorch"
+    assert model["protocolVersion"] == "v2"
+    assert "serviceEnvelope" not in isvc["metadata"].get("labels", {})
+    assert "--model-store=/mnt/models/model-store" in model["args"]
+    assert "--ts-config=/mnt/models/config/config.properties" in model["args"]
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(model["resources"][bound])
+
+
+def test_the_kserve_config_has_the_runtime_keys_and_a_batching_snapshot():
+    config = read_properties(KSERVE / "config" / "config.properties")
+    for key in (
+        "inference_address",
+        "management_address",
+        "metrics_address",
+        "grpc_inference_port",
+        "enable_envvars_config",
+        "install_py_dep_per_model",
+        "model_store",
+        "model_snapshot",
+    ):
+        assert key in config, key
+    assert config["model_store"] == "/mnt/models/model-store"
+    snapshot = json.loads(config["model_snapshot"])
+    assert snapshot["modelCount"] == len(snapshot["models"]) == 1
+    versions = snapshot["models"]["gnn"]
+    (version,) = versions.values()
+    assert version["marName"] == "gnn.mar" and version["defaultVersion"] is True
+    assert version["batchSize"] > 1 and version["maxBatchDelay"] > 0
+    assert 1 <= version["minWorkers"] <= version["maxWorkers"]
+    # An envelope answers only the first request of a batch: none here, and no TS_* override.
+    assert not config.get("service_envelope")
+    assert config["enable_envvars_config"] == "false"
+
+
+def test_the_kserve_config_turns_tokens_off_only_behind_loopback():
+    config = read_properties(KSERVE / "config" / "config.properties")
+    if config.get("disable_token_authorization", "false") == "true":
+        for key in ("inference_address", "management_address"):
+            assert host_port(config[key])[0] == "127.0.0.1", key
+        for key in ("grpc_inference_address", "grpc_management_address"):
+            assert config[key] == "127.0.0.1", key
+    assert config["enable_model_api"] == "false"

@@ -1,0 +1,118 @@
+"""Inline graphs: one forward per batch, each answer equal to the graph served alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from graph_assets.graph_dataset import generate_graph_dataset
+from handler.graph_engine import GraphEngine
+from handler.settings import ServingSettings
+from model import build_model
+
+NAMES = ["cycle", "star", "wheel", "ladder"]
+
+
+def graph_engine(arch="gin", pooling="sum", **settings) -> GraphEngine:
+    torch.manual_seed(0)
+    config = {"task": "graph", "arch": arch, "pooling": pooling, "in_dim": 8, "out_dim": 4}
+    model = build_model({**config, "hidden_dim": 16})
+    serving = ServingSettings.from_yaml_section({"task": "graph", **settings})
+    return GraphEngine(model, NAMES, serving, torch.device("cpu"), "1.0")
+
+
+def requests(count: int, seed: int = 0) -> list[dict]:
+    dataset = generate_graph_dataset(max(count, len(NAMES)), seed=seed)
+    return [
+        {"graph": {"x": x.tolist(), "edge_index": edge_index.tolist()}}
+        for x, edge_index, _ in dataset.graphs()
+    ][:count]
+
+
+def answers(engine, payloads):
+    return [(r.status, r.body) for r in engine.handle([{"body": p} for p in payloads])]
+
+
+@pytest.mark.parametrize(
+    ("arch", "pooling"), [("gin", "sum"), ("sage", "mean"), ("gcn", "max"), ("gat", "sum")]
+)
+def test_a_batched_graph_gets_the_answer_it_gets_alone(arch, pooling):
+    engine = graph_engine(arch, pooling)
+    payloads = requests(8)
+    payloads[3]["return_embedding"] = True
+    batched = answers(engine, payloads)
+    for payload, (status, body) in zip(payloads, batched, strict=True):
+        [(alone_status, alone)] = answers(engine, [payload])
+        assert status == alone_status == 200
+        assert body["predicted_class"] == alone["predicted_class"]
+        assert np.allclose(body["probabilities"], alone["probabilities"], atol=1e-6)
+        assert body["predicted_label"] == NAMES[body["predicted_class"]]
+    assert len(batched[3][1]["embedding"]) == 16 and "embedding" not in batched[0][1]
+
+
+def test_answers_equal_the_plain_pyg_forward():
+    engine = graph_engine()
+    payload = requests(1)[0]
+    x = torch.tensor(payload["graph"]["x"])
+    edge_index = torch.tensor(payload["graph"]["edge_index"])
+    with torch.no_grad():
+        expected = torch.softmax(engine.model(x, edge_index, torch.zeros(len(x), dtype=torch.long)), -1)
+    [(_, body)] = answers(engine, [payload])
+    assert np.allclose(body["probabilities"], expected[0].numpy(), atol=1e-6)
+
+
+def test_self_loops_and_duplicate_edges_are_dropped():
+    engine = graph_engine()
+    payload = requests(1)[0]
+    graph = payload["graph"]
+    noisy = {
+        "graph": {
+            "x": graph["x"],
+            "edge_index": [
+                graph["edge_index"][0] + [0, graph["edge_index"][0][0]],
+                graph["edge_index"][1] + [0, graph["edge_index"][1][0]],
+            ],
+        }
+    }
+    assert answers(engine, [payload]) == answers(engine, [noisy])
+
+
+@pytest.mark.parametrize(
+    ("graph", "status", "words"),
+    [
+        ({"x": [[1.0] * 8], "edge_index": [[0], [1]]}, 400, "outside [0, 0]"),
+        ({"x": [[1.0] * 7], "edge_index": [[], []]}, 400, "8 features"),
+        ({"x": [[1.0] * 8, [1.0]], "edge_index": [[], []]}, 400, "matrix"),
+        ({"x": [], "edge_index": [[], []]}, 400, "empty"),
+        ({"x": [[1e300] * 8], "edge_index": [[], []]}, 400, "float32"),
+        ({"x": [[1.0] * 8], "edge_index": [[0, 0], [0]]}, 400, "equal length"),
+        ({"x": [[1.0] * 8], "edge_index": [[0]]}, 400, "edge_index"),
+        ({"x": [[1.0] * 8] * 6, "edge_index": [[], []]}, 413, "max_graph_nodes"),
+        ({"x": [[1.0] * 8] * 2, "edge_index": [[0] * 11, [1] * 11]}, 413, "max_graph_edges"),
+        ({"x": [["a"] * 8], "edge_index": [[], []]}, 400, "graph.x"),
+        ({"x": [[1.0] * 8], "edges": [[], []]}, 400, "unknown field"),
+    ],
+)
+def test_bad_graphs_get_their_own_error(graph, status, words):
+    engine = graph_engine(max_graph_nodes=5, max_graph_edges=10)
+    small = {"graph": {"x": [[1.0] * 8] * 3, "edge_index": [[0, 1], [1, 2]]}}
+    (good, _), (code, body) = answers(engine, [small, {"graph": graph}])
+    assert good == 200
+    assert code == status and words in body["message"], body
+
+
+def test_a_failing_graph_fails_alone(monkeypatch):
+    engine = graph_engine()
+    forward = engine.classifier.forward_with_embedding
+
+    def fails_on_marker(x, edge_index, batch=None):
+        if bool((x[:, 1] == -999.0).any()):
+            raise ValueError("injected")
+        return forward(x, edge_index, batch)
+
+    monkeypatch.setattr(engine.classifier, "forward_with_embedding", fails_on_marker)
+    payloads = requests(3)
+    payloads[1]["graph"]["x"][0][1] = -999.0
+    statuses = [status for status, _ in answers(engine, payloads)]
+    assert statuses == [200, 500, 200]

@@ -1,0 +1,198 @@
+"""Live updates: exact answers on the updated graph, shared log across workers, replay."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from handler.errors import ApiError
+from handler.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
+
+from .conftest import FEATURES, make_engine, random_model
+
+
+def live_engine(store, log, model, fanouts=(-1, -1)):
+    live = LiveGraph(store, log)
+    engine = make_engine(store, model=model, fanouts=list(fanouts))
+    engine.live = live
+    engine.sampler.overlay = live.overlay
+    return engine, live
+
+
+def live_ids(live: LiveGraph) -> list:
+    overlay = live.overlay
+    ids = [overlay.external_id(n) for n in range(overlay.num_nodes) if n not in overlay.removed]
+    return [i for i in ids if overlay.lookup([i])[0] >= 0]
+
+
+def random_update(rng: random.Random, live: LiveGraph, counter: list[int]) -> list[dict]:
+    ids = live_ids(live)
+    x = [rng.uniform(-1, 1) for _ in range(FEATURES)]
+    kind = rng.choices(
+        ["add_node", "add_edge", "remove_edge", "set_features", "remove_node"], [2, 5, 2, 1, 1]
+    )[0]
+    if kind == "add_node":
+        counter[0] += 3
+        return [{"type": kind, "id": 10_000 + counter[0], "x": x}]
+    if kind == "set_features":
+        return [{"type": kind, "id": rng.choice(ids), "x": x}]
+    if kind == "remove_node":
+        return [{"type": kind, "id": rng.choice(ids)}]
+    dst = rng.choice(ids)
+    node = int(live.overlay.lookup([dst])[0])
+    sources = [live.overlay.external_id(int(s)) for s in live.overlay.in_list(node)]
+    if kind == "remove_edge" and sources:
+        return [{"type": kind, "src": rng.choice(sources), "dst": dst}]
+    candidates = [i for i in ids if i != dst and i not in sources]
+    return [{"type": "add_edge", "src": rng.choice(candidates), "dst": dst}]
+
+
+def materialized_forward(live: LiveGraph, model) -> tuple[list, torch.Tensor]:
+    """The updated graph as plain tensors, and PyG's full-graph forward on it."""
+    overlay = live.overlay
+    ids = live_ids(live)
+    nodes = overlay.lookup(ids)
+    position = {int(n): i for i, n in enumerate(nodes)}
+    x = torch.from_numpy(overlay.feature_rows(nodes))
+    src, dst = [], []
+    for node in nodes.tolist():
+        for source in overlay.in_list(node).tolist():
+            src.append(position[source])
+            dst.append(position[node])
+    edge_index = torch.tensor([src, dst], dtype=torch.int64)
+    with torch.no_grad():
+        return ids, torch.softmax(model(x, edge_index), dim=-1)
+
+
+@pytest.mark.parametrize("arch", ["gcn", "gat"])
+def test_exact_after_200_random_updates(int_store, tmp_path, arch):
+    model = random_model(int_store, arch)
+    engine, live = live_engine(int_store, tmp_path / "updates.log", model)
+    rng, counter = random.Random(7), [0]
+    for _ in range(200):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    assert live.overlay.seq == 200
+    ids, expected = materialized_forward(live, model)
+    answers = engine.handle(
+        [{"body": {"node_ids": ids[i : i + 32]}} for i in range(0, len(ids), 32)]
+    )
+    served = torch.tensor([p["probabilities"] for a in answers for p in a.body["predictions"]])
+    assert float((served - expected).abs().max()) <= 1e-5
+    assert answers[0].body["graph_version"] == f"{int_store.checksum[:12]}+200"
+
+
+def test_another_worker_sees_an_acknowledged_update(int_store, tmp_path):
+    model = random_model(int_store, "sage")
+    first, first_live = live_engine(int_store, tmp_path / "updates.log", model)
+    second, _ = live_engine(int_store, tmp_path / "updates.log", model)
+    first_live.update(
+        UpdateRequest(
+            [
+                {"type": "add_node", "id": 999_999, "x": [0.5] * FEATURES},
+                {"type": "add_edge", "src": 999_999, "dst": 0},
+            ]
+        )
+    )
+    (answer,) = second.handle([{"body": {"node_id": 999_999}}])
+    assert answer.status == 200 and answer.body["graph_version"].endswith("+1")
+    (hub,) = second.handle([{"body": {"node_id": 0}}])
+    (hub_first,) = first.handle([{"body": {"node_id": 0}}])
+    assert hub.body["probabilities"] == hub_first.body["probabilities"]
+
+
+def test_restart_replays_the_log(int_store, tmp_path):
+    model = random_model(int_store, "gcn")
+    engine, live = live_engine(int_store, tmp_path / "updates.log", model)
+    rng, counter = random.Random(3), [0]
+    for _ in range(20):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    before = engine.handle([{"body": {"node_ids": live_ids(live)[:50]}}])[0].body
+    restarted, restarted_live = live_engine(int_store, tmp_path / "updates.log", model)
+    assert restarted_live.version == live.version
+    assert restarted.handle([{"body": {"node_ids": live_ids(live)[:50]}}])[0].body == before
+
+
+def test_sampled_answers_are_deterministic_per_graph_version(int_store, tmp_path):
+    model = random_model(int_store, "sage")
+    first, live = live_engine(int_store, tmp_path / "updates.log", model, fanouts=(2, 2))
+    live.update(
+        UpdateRequest(
+            [
+                {"type": "add_node", "id": 777_777, "x": [1.0] * FEATURES},
+                {"type": "add_edge", "src": 777_777, "dst": 0},
+            ]
+        )
+    )
+    second, _ = live_engine(int_store, tmp_path / "updates.log", model, fanouts=(2, 2))
+    request = [{"body": {"node_ids": [0, 3, 6, 9]}}]
+    assert first.handle(request)[0].body == second.handle(request)[0].body
+
+
+@pytest.mark.parametrize(
+    ("operations", "status"),
+    [
+        ([{"type": "add_edge", "src": 3, "dst": 424242}], 404),
+        ([{"type": "add_node", "id": 3, "x": [0.0] * FEATURES}], 409),
+        ([{"type": "add_node", "id": 7, "x": [0.0] * 2}], 400),
+        ([{"type": "set_features", "id": 3, "x": [float("inf")] * FEATURES}], 400),
+        ([{"type": "add_edge", "src": 3, "dst": 6}, {"type": "bogus"}], 400),
+    ],
+)
+def test_invalid_updates_are_refused_and_change_nothing(int_store, tmp_path, operations, status):
+    engine, live = live_engine(int_store, tmp_path / "updates.log", random_model(int_store, "sage"))
+    before = engine.handle([{"body": {"node_ids": [0, 3, 6]}}])[0].body
+    with pytest.raises(ApiError) as refused:
+        live.update(UpdateRequest(operations))
+    assert refused.value.status == status and "operation" in refused.value.message
+    assert live.overlay.seq == 0 and (tmp_path / "updates.log").stat().st_size == 0
+    assert engine.handle([{"body": {"node_ids": [0, 3, 6]}}])[0].body == before
+
+
+def test_removed_nodes_answer_404(int_store, tmp_path):
+    engine, live = live_engine(int_store, tmp_path / "updates.log", random_model(int_store, "gcn"))
+    live.update(UpdateRequest([{"type": "remove_node", "id": 3}]))
+    (answer,) = engine.handle([{"body": {"node_id": 3}}])
+    assert answer.status == 404 and answer.body["type"] == "NodeNotFound"
+
+
+def test_update_authorisation():
+    policy = UpdatePolicy(secret="s" * 20, max_operations=2)
+    body = {"op": "update", "operations": [{"type": "remove_node", "id": 1}]}
+    with pytest.raises(ApiError, match="disabled"):
+        parse_update(body, "s" * 20, UpdatePolicy(secret=None, max_operations=2))
+    for key in (None, "wrong", "s" * 19):
+        with pytest.raises(ApiError) as refused:
+            parse_update(body, key, policy)
+        assert refused.value.status == 403
+    assert parse_update(body, "s" * 20, policy).operations == body["operations"]
+    with pytest.raises(ApiError) as too_many:
+        parse_update({"op": "update", "operations": [{}] * 3}, "s" * 20, policy)
+    assert too_many.value.status == 413
+
+
+def test_compaction_folds_base_and_log_into_an_equivalent_store(int_store, tmp_path):
+    from graph_assets import open_store
+    from graph_assets.compact import compact, replay
+
+    model = random_model(int_store, "gcn")
+    engine, live = live_engine(int_store, tmp_path / "updates.log", model)
+    rng, counter = random.Random(11), [0]
+    for _ in range(60):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    meta = compact(replay(int_store.path, tmp_path / "updates.log"), tmp_path / "compacted")
+    compacted = open_store(tmp_path / "compacted")
+    assert meta["checksum"] != int_store.checksum
+    ids = live_ids(live)
+    assert sorted(map(str, compacted.external_ids(np.arange(compacted.num_nodes)))) == sorted(
+        map(str, ids)
+    )
+    fresh = make_engine(compacted, model=model, fanouts=[-1, -1])
+    request = [{"body": {"node_ids": ids[i : i + 32]}} for i in range(0, len(ids), 32)]
+    served_live = [
+        p["probabilities"] for a in engine.handle(request) for p in a.body["predictions"]
+    ]
+    served_new = [p["probabilities"] for a in fresh.handle(request) for p in a.body["predictions"]]
+    assert np.allclose(served_live, served_new, atol=1e-5)
