@@ -13,10 +13,15 @@ Usage: ./build_mar.sh [options]
 Builds <export-path>/<name>.mar (version 1.0) or <name>_v<version>.mar (any other version):
 the serialized graph, the trained (or given) weights, the handler and its model-config YAML.
 With no options: the demo graph (graph_assets/demo), GraphSAGE, model_store/gnn.mar.
+--task link trains a link predictor on the graph's edges; --task graph trains a graph
+classifier on a directory of small graphs (no stored graph in the archive).
 
 Graph
   --graph DIR             input graph: DIR/nodes.csv + DIR/edges.csv (or .parquet); format in
-                          docs/graph-format.md. Default: graph_assets/demo
+                          docs/graph-format.md. Default: graph_assets/demo. With --task graph:
+                          a dataset of small graphs, DIR/graphs.csv + nodes.csv + edges.csv
+                          (docs/graph-format.md); default: --synthetic-graphs 1000
+  --synthetic-graphs N    --task graph: generate N small graphs labelled by their structure
   --synthetic NODES EDGES generate a labelled synthetic graph instead (IDs 0..NODES-1)
   --store DIR             package an existing graph store as it is (e.g. the output of
                           `python -m graph_assets.compact`, which folds live updates in)
@@ -25,9 +30,12 @@ Graph
   --undirected            add the reverse of every edge
 
 Model
-  --task node             node classification (link and graph arrive in a later release;
-                          any other value is refused)
-  --arch NAME             gcn | sage | gat | gin (default sage)
+  --task TASK             node (node classification, default), link (link prediction: pair
+                          scores and top-k) or graph (graph classification of inline graphs)
+  --arch NAME             gcn | sage | gat | gin (default sage; gin for --task graph)
+  --decoder dot|mlp       --task link: pair decoder (default dot)
+  --embedding-dim N       --task link: node embedding width (default 64)
+  --pooling sum|mean|max  --task graph: global pooling (default sum)
   --hidden-dim N          hidden width (default 64)
   --num-layers N          message-passing layers = sampled hops (default 2)
   --heads N               GAT attention heads (default 4)
@@ -53,7 +61,13 @@ Serving (written to the archive's model-config YAML)
                           before any feature is gathered (default 2000000)
   --max-subgraph-edges N  the same for edges (default 20000000)
   --torch-threads N       intra-op threads per worker; 0 = one per core (default 1)
-  --compile               torch.compile the model when a worker starts (slower start)
+  --max-top-k N           --task link: the largest top_k a request may ask (default 1000)
+  --max-graph-nodes N     --task graph: nodes of an inline graph; more is refused with 413
+                          (default 10000)
+  --max-graph-edges N     --task graph: the same for edges (default 100000)
+  --explain-steps N       Integrated Gradients steps of an explanation (default 32)
+  --explain-budget-ms MS  time budget of one explanation: fewer steps if they would not fit
+                          (default 2000)
 
 Live updates (docs/dynamic-graphs.md)
   --enable-updates        accept {"op": "update"} requests carrying the update key (off by default)
@@ -72,16 +86,18 @@ HELP
 die() { echo "build_mar.sh: error: $*" >&2; exit 2; }
 step() { echo "==> $*"; }
 
-graph="$ROOT/graph_assets/demo"; store=""; synthetic=(); undirected=(); task=node; arch=sage
-name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""
-model_args=(); train_args=(); synth_args=(); yaml_args=()
+graph="$ROOT/graph_assets/demo"; store=""; synthetic=(); undirected=(); task=node; arch=""
+name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""; graph_given=""
+synthetic_graphs=""; model_args=(); train_args=(); synth_args=(); yaml_args=(); task_args=()
 
 need() { [ $# -ge 2 ] || die "$1 needs a value (see --help)"; }
 while [ $# -gt 0 ]; do
   case "$1" in
     -h|--help) usage; exit 0 ;;
     --*=*) opt="${1%%=*}"; val="${1#*=}"; shift; set -- "$opt" "$val" "$@"; continue ;;
-    --graph) need "$@"; graph="$2"; shift 2 ;;
+    --graph) need "$@"; graph="$2"; graph_given=1; shift 2 ;;
+    --synthetic-graphs) need "$@"; synthetic_graphs="$2"; shift 2 ;;
+    --decoder|--embedding-dim|--pooling) need "$@"; task_args+=("$1" "$2"); shift 2 ;;
     --store) need "$@"; store="$2"; shift 2 ;;
     --synthetic) [ $# -ge 3 ] || die "--synthetic needs NODES EDGES"
                  synthetic=("$2" "$3"); shift 3 ;;
@@ -94,9 +110,9 @@ while [ $# -gt 0 ]; do
     --weights) need "$@"; weights="$2"; shift 2 ;;
     --fanouts|--batch-size|--max-batch-delay|--min-workers|--max-workers|--response-timeout|\
     --startup-timeout|--device|--sampling-seed|--max-ids|--max-subgraph-nodes|\
-    --max-subgraph-edges|--torch-threads)
+    --max-subgraph-edges|--torch-threads|--max-top-k|--max-graph-nodes|--max-graph-edges|\
+    --explain-steps|--explain-budget-ms)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
-    --compile) yaml_args+=(--compile); shift ;;
     --enable-updates) yaml_args+=(--enable-updates); shift ;;
     --update-state-dir|--update-secret-file) need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --name) need "$@"; name="$2"; shift 2 ;;
@@ -106,7 +122,14 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-[ "$task" = node ] || die "--task $task is not available yet: this release serves node classification only (--task node); link prediction and graph classification arrive with their own release"
+case "$task" in
+  node|link) [ -z "$synthetic_graphs" ] || die "--synthetic-graphs goes with --task graph" ;;
+  graph) [ -z "$store" ] && [ ${#synthetic[@]} -eq 0 ] \
+           || die "--task graph trains on small graphs: give --graph DIR or --synthetic-graphs N"
+         [ -n "$graph_given" ] || synthetic_graphs="${synthetic_graphs:-1000}" ;;
+  *) die "--task must be node, link or graph (got '$task')" ;;
+esac
+if [ -z "$arch" ]; then if [ "$task" = graph ]; then arch=gin; else arch=sage; fi; fi
 [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9_-]*$ ]] || die "--name must be letters, digits, '_' or '-' (got '$name')"
 [[ "$version" =~ ^[0-9A-Za-z][0-9A-Za-z._-]*$ ]] || die "--version must look like 1.0 (got '$version')"
 [ -x "$PYTHON" ] || die "no Python environment at $PYTHON; run 'make install' first"
@@ -123,7 +146,18 @@ stage="$work/stage"
 mkdir -p "$stage" "$work/out"
 cd "$ROOT"
 
-if [ -n "$store" ]; then
+graph_meta="$stage/graph"
+if [ "$task" = graph ]; then
+  graph_meta="$work/dataset"  # training data only: a graph archive carries no graph
+  if [ -n "$synthetic_graphs" ]; then
+    step "1/4 generating $synthetic_graphs small labelled graphs"
+    "$PYTHON" -m graph_assets synthetic-graphs "$synthetic_graphs" --out "$graph_meta" \
+      "${synth_args[@]}"
+  else
+    step "1/4 reading the graph dataset in $graph"
+    "$PYTHON" -m graph_assets graphs --dataset "$graph" --out "$graph_meta" "${undirected[@]}"
+  fi
+elif [ -n "$store" ]; then
   step "1/4 checking the graph store $store"
   cp -R "$store" "$stage/graph"
   "$PYTHON" -c 'import sys; from pathlib import Path; from graph_assets import open_store; s = open_store(Path(sys.argv[1])); print(f"  {s.num_nodes} nodes, {s.num_edges} edges, checksum {s.checksum}")' "$stage/graph"
@@ -135,7 +169,16 @@ else
   "$PYTHON" -m graph_assets build --graph "$graph" --out "$stage/graph" "${undirected[@]}"
 fi
 
-if [ -n "$weights" ]; then
+if [ "$task" != node ]; then
+  source=(--store "$stage/graph"); given=(); action=training
+  if [ "$task" = graph ]; then source=(--dataset "$graph_meta"); fi
+  if [ -n "$weights" ]; then given=(--weights "$weights"); action=packaging; fi
+  step "2/4 $action a $arch $task model"
+  "$PYTHON" -m model "$task" "${source[@]}" --arch "$arch" --out "$work/model" "${given[@]}" \
+    "${model_args[@]}" "${task_args[@]}" "${train_args[@]}"
+  if [ "$task" = link ]; then cp -R "$work/model/link" "$stage/link"; fi
+  if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
+elif [ -n "$weights" ]; then
   step "2/4 packaging the given weights $weights"
   "$PYTHON" -m model package --store "$stage/graph" --weights "$weights" --arch "$arch" \
     --out "$work/model" "${model_args[@]}"
@@ -147,9 +190,9 @@ fi
 cp "$work/model/model_config.json" "$work/model/metrics.json" "$stage/"
 
 step "3/4 writing the model-config YAML and staging the code"
-"$PYTHON" -m handler.archive_config --out "$work/model-config.yaml" \
+"$PYTHON" -m handler.archive_config --out "$work/model-config.yaml" --task "$task" \
   --model-config "$stage/model_config.json" "${yaml_args[@]}"
-"$PYTHON" -m handler.build_info --name "$name" --version "$version" --graph "$stage/graph" \
+"$PYTHON" -m handler.build_info --name "$name" --version "$version" --graph "$graph_meta" \
   --metrics "$stage/metrics.json" --model-config "$stage/model_config.json" --out "$stage/build_info.json"
 for package in graph_assets model handler; do
   mkdir -p "$stage/$package"

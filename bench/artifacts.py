@@ -68,15 +68,12 @@ class ArchiveSpec:
     batch_size: int = 16
     max_batch_delay_ms: int = 5
     torch_threads: int = 1
-    compile: bool = False
 
     @property
     def name(self) -> str:
         fanouts = "x".join(str(f) for f in self.fanouts)
         name = f"gnn_{self.graph}_f{fanouts}_b{self.batch_size}_d{self.max_batch_delay_ms}"
-        if self.torch_threads != 1:
-            name += f"_t{self.torch_threads}"
-        return name + "_compiled" if self.compile else name
+        return name if self.torch_threads == 1 else f"{name}_t{self.torch_threads}"
 
 
 def _run(command: list[str], log: Path) -> None:
@@ -172,9 +169,7 @@ class Artifacts:
                 minWorkers=workers,
                 maxWorkers=workers,
             )
-            config["gnn"].update(
-                fanouts=list(spec.fanouts), torch_threads=spec.torch_threads, compile=spec.compile
-            )
+            config["gnn"].update(fanouts=list(spec.fanouts), torch_threads=spec.torch_threads)
             config_file.unlink()  # a hard link to the base's file: replace, never write through
             config_file.write_text(yaml.safe_dump(config, sort_keys=False))
             staging.rename(folder)

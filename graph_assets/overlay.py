@@ -53,7 +53,6 @@ class GraphOverlay:
         self.removed: set[int] = set()
         self.features: dict[int, np.ndarray] = {}
         self.in_lists: dict[int, np.ndarray] = {}
-        self._added_out: dict[int, set[int]] = {}
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
         self._dirty_sorted: np.ndarray | None = None
 
@@ -182,7 +181,6 @@ class GraphOverlay:
                         f"edge {operation['src']!r} -> {operation['dst']!r} already exists",
                     )
                 self._set_in_list(dst, np.sort(np.append(self.in_list(dst), src)), undo)
-                self._link_out(src, dst, add=True, undo=undo)
             else:
                 if not present:
                     raise UpdateRejected(
@@ -192,7 +190,6 @@ class GraphOverlay:
                     )
                 current = self.in_list(dst)
                 self._set_in_list(dst, current[current != src], undo)
-                self._link_out(src, dst, add=False, undo=undo)
 
     def _add_node(
         self, index: int, operation: dict[str, Any], undo: list[Callable[[], None]]
@@ -234,15 +231,16 @@ class GraphOverlay:
             current = self.in_list(int(target))
             if np.isin(node, current):
                 self._set_in_list(int(target), current[current != node], undo)
-        for source in self.in_list(node).tolist():
-            self._link_out(source, node, add=False, undo=undo)
         self._set_in_list(node, np.empty(0, dtype=np.int64), undo)
         self.removed.add(node)
         undo.append(lambda: self.removed.discard(node))
 
     def _out_neighbours(self, node: int) -> np.ndarray:
-        """Current out-neighbours of ``node``: base ones (via a reverse index) plus added ones."""
-        found = set(self._added_out.get(node, ()))
+        """Current out-neighbours of ``node``: base ones (via a reverse index) plus the dirty
+        nodes whose overlay in-list holds it. The scan over dirty lists makes a removal cost
+        O(overlay edges); keeping no out-lists halves the overlay's memory, and removals are
+        rare next to edge additions."""
+        found = {target for target, sources in self.in_lists.items() if np.isin(node, sources)}
         if node < self.base.num_nodes:
             order, indptr = self._reverse_index()
             positions = order[indptr[node] : indptr[node + 1]]
@@ -259,15 +257,6 @@ class GraphOverlay:
             np.cumsum(np.bincount(indices, minlength=self.base.num_nodes), out=indptr[1:])
             self._base_out = (order, indptr)
         return self._base_out
-
-    def _link_out(self, src: int, dst: int, add: bool, undo: list[Callable[[], None]]) -> None:
-        targets = self._added_out.setdefault(src, set())
-        if add and dst not in targets:
-            targets.add(dst)
-            undo.append(lambda: targets.discard(dst))
-        elif not add and dst in targets:
-            targets.discard(dst)
-            undo.append(lambda: targets.add(dst))
 
     def _set_in_list(self, node: int, values: np.ndarray, undo: list[Callable[[], None]]) -> None:
         had = node in self.in_lists

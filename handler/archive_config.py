@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from handler.settings import ServingSettings, default_fanouts, parse_fanouts
+from handler.settings import TASKS, ServingSettings, default_fanouts, parse_fanouts
 
 
 def torchserve_section(
@@ -93,9 +93,6 @@ def main(argv: list[str] | None = None) -> int:
         help="intra-op threads per worker (0 = one per core)",
     )
     parser.add_argument(
-        "--compile", action="store_true", help="torch.compile the model at worker start"
-    )
-    parser.add_argument(
         "--enable-updates", action="store_true", help="accept live graph updates (needs a secret)"
     )
     parser.add_argument(
@@ -104,11 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--update-secret-file", default="", help="file holding the update secret at serve time"
     )
+    _add_task_options(parser, defaults)
     args = parser.parse_args(argv)
     num_layers = int(json.loads(args.model_config.read_text())["num_layers"])
     try:
+        _check_task_options(args)
         fanouts = parse_fanouts(args.fanouts) if args.fanouts else default_fanouts(num_layers)
-        if len(fanouts) != num_layers:
+        if args.task != "graph" and len(fanouts) != num_layers:
             raise ValueError(
                 f"--fanouts {args.fanouts} names {len(fanouts)} hops but the model has "
                 f"{num_layers} layers; give one fanout per layer"
@@ -120,10 +119,16 @@ def main(argv: list[str] | None = None) -> int:
             max_subgraph_nodes=args.max_subgraph_nodes,
             max_subgraph_edges=args.max_subgraph_edges,
             torch_threads=args.torch_threads,
-            compile=args.compile,
             updates_enabled=args.enable_updates,
             update_state_dir=args.update_state_dir,
             update_secret_file=args.update_secret_file,
+            task=args.task,
+            max_top_k=args.max_top_k,
+            max_graph_nodes=args.max_graph_nodes,
+            max_graph_edges=args.max_graph_edges,
+            explain_steps=args.explain_steps,
+            explain_time_budget_ms=args.explain_budget_ms,
+            explain_top_k=args.explain_top_k,
         )
         settings = ServingSettings.from_yaml_section(settings.to_yaml_section())
         device = detect_device_type() if args.device == "auto" else args.device
@@ -142,6 +147,53 @@ def main(argv: list[str] | None = None) -> int:
     config["gnn"] = settings.to_yaml_section()
     args.out.write_text(yaml.safe_dump(config, sort_keys=False))
     return 0
+
+
+def _add_task_options(parser: argparse.ArgumentParser, defaults: ServingSettings) -> None:
+    """The task and its settings: link top-k, inline graph limits, explanations."""
+    parser.add_argument("--task", choices=TASKS, default=defaults.task, help="the archive's task")
+    parser.add_argument(
+        "--max-top-k", type=int, default=defaults.max_top_k, help="link: largest top_k"
+    )
+    parser.add_argument(
+        "--max-graph-nodes",
+        type=int,
+        default=defaults.max_graph_nodes,
+        help="graph: nodes of an inline graph; more is answered 413",
+    )
+    parser.add_argument(
+        "--max-graph-edges",
+        type=int,
+        default=defaults.max_graph_edges,
+        help="graph: edges of an inline graph; more is answered 413",
+    )
+    parser.add_argument(
+        "--explain-steps",
+        type=int,
+        default=defaults.explain_steps,
+        help="Integrated Gradients steps of an explanation",
+    )
+    parser.add_argument(
+        "--explain-budget-ms",
+        type=int,
+        default=defaults.explain_time_budget_ms,
+        help="time budget of one explanation; fewer steps when they would not fit",
+    )
+    parser.add_argument(
+        "--explain-top-k",
+        type=int,
+        default=defaults.explain_top_k,
+        help="nodes, edges and features an explanation lists",
+    )
+
+
+def _check_task_options(args: argparse.Namespace) -> None:
+    if args.task == "graph" and args.fanouts:
+        raise ValueError(
+            "--fanouts applies to node and link archives; a graph archive samples none"
+        )
+    if args.task != "node" and args.enable_updates:
+        raise ValueError("--enable-updates applies to node archives only")
 
 
 if __name__ == "__main__":

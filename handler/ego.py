@@ -1,8 +1,9 @@
 """What the link, embedding, cold-start, graph and explanation engines share.
 
 - :class:`EgoGraphs`: the stored graph as a model sees it (ID lookup, the deterministic sampler,
-  feature and degree gathering). Node archives reuse their node engine's sampler, so an
-  embedding request sees exactly the ego-graph a prediction request sees.
+  feature and degree gathering). Node archives reuse their node engine's sampler and live graph,
+  so an embedding, cold-start or explanation request sees exactly the graph (live updates
+  included) and the ego-graph a prediction request sees.
 - :class:`BatchEngine`: the batch pipeline of ``handler.engine`` (parse each request alone,
   group the valid ones, run each group once, one response per request) with its fault rules: a
   group over the subgraph limits or whose run fails is split into single requests, so only
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from graph_assets import GraphStore
+from graph_assets.overlay import GraphOverlay
 from handler.engine import (
     DeviceFailure,
     NodeClassificationEngine,
@@ -33,6 +35,7 @@ from handler.engine import (
     is_out_of_memory,
 )
 from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
+from handler.live_graph import LiveGraph
 from handler.requests import NodeId, show
 from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
 from handler.settings import ServingSettings
@@ -61,7 +64,8 @@ def plain_module(model: torch.nn.Module) -> torch.nn.Module:
 
 @dataclass
 class EgoGraphs:
-    """A stored graph, its sampler and the model that reads the sampled ego-graphs."""
+    """A stored graph (plus its live updates, if any), its sampler and the model that reads the
+    sampled ego-graphs."""
 
     store: GraphStore
     model: torch.nn.Module
@@ -70,6 +74,7 @@ class EgoGraphs:
     in_degree: torch.Tensor
     device: torch.device
     settings: ServingSettings
+    live: LiveGraph | None = None
 
     @classmethod
     def create(
@@ -113,7 +118,19 @@ class EgoGraphs:
             in_degree=engine.in_degree,
             device=engine.device,
             settings=engine.settings,
+            live=engine.live,
         )
+
+    def sync(self) -> None:
+        """Reads the live updates other workers appended (as the node engine does per batch)."""
+        if self.live is not None:
+            self.live.sync()
+
+    def _overlay(self) -> GraphOverlay | None:
+        """The live overlay once it holds updates, else None (the base store is current)."""
+        if self.live is not None and not self.live.overlay.is_empty:
+            return self.live.overlay
+        return None
 
     def lookup(self, node_ids: Sequence[NodeId]) -> np.ndarray:
         """Internal indices of ``node_ids``; NodeNotFound lists the IDs the graph lacks."""
@@ -121,8 +138,9 @@ class EgoGraphs:
             not isinstance(node, int) or _INT64_MIN <= node <= _INT64_MAX for node in node_ids
         ]
         nodes = np.full(len(node_ids), -1, dtype=np.int64)
+        graph: GraphStore | GraphOverlay = self._overlay() or self.store
         if any(in_range):
-            nodes[np.array(in_range)] = self.store.lookup(
+            nodes[np.array(in_range)] = graph.lookup(
                 [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
             )
         missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
@@ -140,10 +158,23 @@ class EgoGraphs:
 
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and full-graph in-degrees of global node indices ``rows``, on the device."""
-        rows = rows.to(self.features.device)
-        x = torch.index_select(self.features, 0, rows).to(self.device, non_blocking=True)
-        degree = torch.index_select(self.in_degree, 0, rows).to(self.device, non_blocking=True)
-        return x, degree
+        overlay = self._overlay()
+        if overlay is not None:
+            nodes = rows.cpu().numpy()
+            x = torch.from_numpy(overlay.feature_rows(nodes))
+            degree = torch.from_numpy(overlay.in_degree(nodes))
+        else:
+            rows = rows.to(self.features.device)
+            x = torch.index_select(self.features, 0, rows)
+            degree = torch.index_select(self.in_degree, 0, rows)
+        return x.to(self.device, non_blocking=True), degree.to(self.device, non_blocking=True)
+
+    def external_ids(self, nodes: np.ndarray) -> list[Any]:
+        """External IDs of internal indices (nodes added by live updates included)."""
+        overlay = self._overlay()
+        if overlay is not None:
+            return [overlay.external_id(int(node)) for node in nodes]
+        return self.store.external_ids(nodes)
 
 
 def seed_rows(seeds: torch.Tensor, nodes: np.ndarray) -> list[int]:
@@ -197,6 +228,9 @@ class BatchEngine(ABC, Generic[R]):
 
     device: torch.device
 
+    def refresh(self) -> None:
+        """Runs before each batch is parsed (node archives: read the live updates)."""
+
     @abstractmethod
     def parse(self, item: Any) -> R:
         """One raw TorchServe request -> a validated request; raises ApiError."""
@@ -220,6 +254,7 @@ class BatchEngine(ABC, Generic[R]):
     def prepare(self, items: Sequence[Any]) -> Batch[R]:
         batch: Batch[R] = Batch(outcomes=[], times=StageTimes(batch_size=len(items)))
         start = time.perf_counter()
+        self.refresh()
         batch.outcomes = [self._parse(item) for item in items]
         batch.times.parse = time.perf_counter() - start
         start = time.perf_counter()

@@ -14,7 +14,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import torch
@@ -182,15 +182,6 @@ class NodeClassificationEngine:
             max_edges=settings.max_subgraph_edges,
             overlay=live.overlay if live is not None else None,
         )
-        if settings.compile:
-            self.model = cast(torch.nn.Module, torch.compile(self.model, dynamic=True))
-            self._warm_up()
-
-    def _warm_up(self) -> None:
-        """Serves a few real batches, so that compilation happens at start, not mid-request."""
-        ids = self.store.external_ids(np.arange(min(self.store.num_nodes, 16)))
-        for count in (1, len(ids)):
-            self.handle([{"body": {"node_ids": ids[:count]}}])
 
     def prepare(self, items: Sequence[Any]) -> PreparedBatch:
         """Parses each request separately, then samples one subgraph for the batch's seeds."""

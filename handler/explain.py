@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import captum.attr  # noqa: F401  (CaptumExplainer imports it on first use: pay that at start)
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -91,7 +92,12 @@ def integrated_gradients(
     budget_s: float,
     **kwargs: Any,
 ) -> Attribution:
-    """IG attributions of output row 0 (see the module docstring), ``steps`` cut to the budget."""
+    """IG attributions of output row 0 (see the module docstring), ``steps`` cut to the budget.
+
+    ``model`` must be in eval mode: the explainer puts it back in the mode it found it in.
+    """
+    if model.training:
+        raise ValueError("explain a model in eval mode (the explainer restores its mode)")
     start = time.perf_counter()
 
     def run(n_steps: int) -> Any:
@@ -195,6 +201,10 @@ class ExplainEngine(BatchEngine[Target]):
             assert graphs is not None
             self.settings, self.device = graphs.settings, graphs.device
 
+    def refresh(self) -> None:
+        if self.ego is not None:
+            self.ego.sync()
+
     def parse(self, item: Any) -> Target:
         settings = self.settings
         if self.graphs is not None:
@@ -253,7 +263,7 @@ class ExplainEngine(BatchEngine[Target]):
                 score = float(torch.sigmoid(model.score(z[pair[0]], z[pair[1]]))[0])
             answer: dict[str, Any] = {"src": target.ids[0], "dst": target.ids[1], "score": score}
             attribution = integrated_gradients(
-                PairLogit(model),
+                PairLogit(model).eval(),
                 x,
                 sub.edge_index,
                 mode="regression",
@@ -278,7 +288,7 @@ class ExplainEngine(BatchEngine[Target]):
                 degree=degree,
             )
         keys = sub.node.cpu().numpy()
-        node_ids = self.ego.store.external_ids(np.unique(keys))
+        node_ids = self.ego.external_ids(np.unique(keys))
         answer["explanation"] = summarize(
             attribution, node_ids, sub.edge_index, keys, self.settings.explain_top_k
         )

@@ -50,12 +50,14 @@ class ColdStartSubgraph:
         node: global index of each row, ``NEW_NODE`` for the new node's rows; row 0 is the
             new node as the seed.
         edge_index: ``[2, E]`` local rows, message direction.
-        degree: in-degree of each row's node in the augmented graph.
+        senders: existing nodes with an edge to the new node (its in-degree is their number).
+        receivers: existing nodes with an edge from the new node (their in-degree grows by 1).
     """
 
     node: torch.Tensor
     edge_index: torch.Tensor
-    degree: torch.Tensor
+    senders: torch.Tensor
+    receivers: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -78,6 +80,7 @@ def one_hop_samplers(ego: EgoGraphs) -> list[NeighbourSampler]:
             graph_key=int(ego.store.checksum[:15], 16),
             max_nodes=ego.settings.max_subgraph_nodes,
             max_edges=ego.settings.max_subgraph_edges,
+            overlay=base.overlay,  # live updates, as the node engine's sampler sees them
         )
         for fanout in ego.settings.fanouts
     ]
@@ -85,7 +88,6 @@ def one_hop_samplers(ego: EgoGraphs) -> list[NeighbourSampler]:
 
 def sample_with_new_node(
     samplers: list[NeighbourSampler],
-    in_degree: torch.Tensor,
     senders: torch.Tensor,
     receivers: torch.Tensor,
     max_nodes: int,
@@ -125,15 +127,11 @@ def sample_with_new_node(
             raise SubgraphTooLarge(total_nodes, total_edges, max_nodes, max_edges)
         levels.append(next_level)
         offset = next_offset
-    node = torch.cat(levels)
-    existing_rows = node != NEW_NODE
-    degree = torch.full((node.numel(),), float(senders.numel()), device=device)
-    stored = in_degree[node[existing_rows].cpu()].to(device, torch.float32)
-    degree[existing_rows] = stored + torch.isin(node[existing_rows], receivers).float()
     return ColdStartSubgraph(
-        node=node,
+        node=torch.cat(levels),
         edge_index=torch.stack([torch.cat(src_parts), torch.cat(dst_parts)]),
-        degree=degree,
+        senders=senders,
+        receivers=receivers,
     )
 
 
@@ -145,6 +143,9 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         self.device = ego.device
         self.model_version = model_version
         self.samplers = one_hop_samplers(ego)
+
+    def refresh(self) -> None:
+        self.ego.sync()
 
     def parse(self, item: Any) -> Resolved:
         settings = self.ego.settings
@@ -169,7 +170,6 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         settings = self.ego.settings
         return sample_with_new_node(
             self.samplers,
-            self.ego.in_degree,
             senders=neighbours if request.direction in ("in", "both") else none,
             receivers=neighbours if request.direction in ("out", "both") else none,
             max_nodes=settings.max_subgraph_nodes,
@@ -184,10 +184,16 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             request = _resolved(batch.outcomes[group.positions[0]]).request
             assert isinstance(request, NewNodeRequest)
             existing = sub.node != NEW_NODE
-            stored_rows, _ = self.ego.gather(sub.node[existing])
+            stored_rows, stored_degree = self.ego.gather(sub.node[existing])
+            on_device = existing.to(self.device)
             x = torch.from_numpy(request.x).to(self.device).repeat(sub.num_nodes, 1)
-            x[existing.to(self.device)] = stored_rows
-            degree, edge_index, num_seeds = sub.degree.to(self.device), sub.edge_index, 1
+            x[on_device] = stored_rows
+            # Augmented in-degrees: the new node's is its number of senders; a receiver's grows
+            # by one (GCN's normalisation of its edges changes with it).
+            degree = torch.full((sub.num_nodes,), float(sub.senders.numel()), device=self.device)
+            grown = torch.isin(sub.node[existing], sub.receivers).to(self.device)
+            degree[on_device] = stored_degree.to(degree.dtype) + grown.to(degree.dtype)
+            edge_index, num_seeds = sub.edge_index, 1
         else:
             seeds, sub = group.payload
             x, degree = self.ego.gather(sub.node)

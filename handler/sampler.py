@@ -124,6 +124,7 @@ class NeighbourSampler:
         self.overlay = overlay
         base = torch.tensor([seed & _LOW_63, graph_key & _LOW_63], dtype=torch.int64)
         self._base_key = int(_mix(_mix(base[0:1]) ^ base[1:2]).item())
+        self._salts: dict[tuple[int, int, torch.device], torch.Tensor] = {}
 
     @property
     def num_hops(self) -> int:
@@ -271,11 +272,14 @@ class NeighbourSampler:
         """
         device = nodes.device
         key = _mix(nodes ^ self._base_key)
-        salts = torch.tensor(
-            [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)],
-            dtype=torch.int64,
-            device=device,
-        )
+        salts = self._salts.get((hop, fanout, device))
+        if salts is None:
+            salts = torch.tensor(
+                [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)],
+                dtype=torch.int64,
+                device=device,
+            )
+            self._salts[(hop, fanout, device)] = salts
         draws = _mix(key[:, None] + salts)
         # Step s draws uniformly from [0, limit_s], limit_s = count - fanout + s.
         limits = counts[:, None] + torch.arange(-fanout, 0, device=device)

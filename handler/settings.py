@@ -46,8 +46,6 @@ class ServingSettings:
         update_secret_file, update_secret_env: where the update secret comes from (a file, else
             that environment variable); the inference token alone cannot change the graph.
         max_update_operations: more operations in one update request is answered 413.
-        compile: wrap the model in ``torch.compile`` (dynamic shapes) and compile it at worker
-            start; costs tens of seconds of start per worker and, on CPU, a C++ compiler.
         max_top_k: link archives: the largest ``top_k`` a request may ask for (more is 413).
         max_graph_nodes, max_graph_edges: graph archives: an inline graph with more nodes or
             edges is answered 413.
@@ -69,7 +67,6 @@ class ServingSettings:
     share_graph: bool = True
     graph_cache_dir: str = ""
     torch_threads: int = 1
-    compile: bool = False
     updates_enabled: bool = False
     update_state_dir: str = ""
     update_secret_file: str = ""
@@ -129,7 +126,7 @@ class ServingSettings:
             raise ValueError(
                 f"torch_threads must be an integer >= 0 (0 = one per core); got {threads!r}"
             )
-        for name in ("verify_checksum", "share_graph", "compile", "updates_enabled"):
+        for name in ("verify_checksum", "share_graph", "updates_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
 

@@ -57,11 +57,18 @@ def test_help_documents_every_option():
         assert option in result.stdout, option
 
 
-@pytest.mark.parametrize("task", ["link", "graph", "nonsense"])
-def test_other_tasks_are_refused_with_a_reason(tmp_path, task):
-    result = run("--task", task, "--export-path", str(tmp_path))
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        (["--task", "nonsense"], "--task must be node, link or graph"),
+        (["--task", "link", "--synthetic-graphs", "10"], "goes with --task graph"),
+        (["--task", "graph", "--synthetic", "10", "20"], "give --graph DIR or --synthetic-graphs"),
+    ],
+)
+def test_task_options_that_do_not_fit_are_refused_with_a_reason(tmp_path, options, words):
+    result = run(*options, "--export-path", str(tmp_path))
     assert result.returncode == 2
-    assert "node classification only" in result.stderr
+    assert words in result.stderr
     assert not list(tmp_path.iterdir())
 
 

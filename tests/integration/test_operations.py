@@ -41,6 +41,9 @@ def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "20",
         "--max-workers",
         "4",
+        # bounds how long a request lost by a scaled-down worker hangs (see the scaling test)
+        "--response-timeout",
+        "10",
     ]
     build_archive(store, graph, "--arch", "sage", *common)
     build_archive(store, graph, "--arch", "gcn", "--version", "2.0", *common)
@@ -97,7 +100,7 @@ class ClientLoop:
             sent += 1
             try:
                 response = session.post(
-                    self.url, json={"node_id": node}, headers=self.headers, timeout=60
+                    self.url, json={"node_id": node}, headers=self.headers, timeout=20
                 )
             except requests.RequestException as error:
                 self.failures.append(repr(error))
@@ -182,8 +185,9 @@ def test_scaling_up_under_load_fails_no_request(ops_server):
 
 
 def test_scaling_down_under_load_loses_at_most_the_removed_workers_batches(ops_server):
-    """TorchServe 0.12 stops a scaled-down worker without draining it (WorkerThread answers its
-    in-flight batch "Worker died."): that batch is all that may fail; docs/operations.md."""
+    """TorchServe 0.12 stops a scaled-down worker without draining it: the batch it was running
+    is answered 500 "Worker died." or, when the frontend loses it, not at all until the
+    client gives up. That batch is all that may fail; docs/operations.md."""
     batch_size = 4
     with ClientLoop(ops_server) as loop:
         wait_for_more_answers(loop, 20)
@@ -192,7 +196,7 @@ def test_scaling_down_under_load_loses_at_most_the_removed_workers_batches(ops_s
         wait_for_more_answers(loop, 40)
     print(f"scale 3 -> 1: {dict(loop.statuses)}, failures {loop.failures}")
     assert set(loop.statuses) <= {200, 500}
-    assert all('"Worker died."' in failure for failure in loop.failures)
+    assert all('"Worker died."' in f or "ReadTimeout" in f for f in loop.failures)
     assert len(loop.failures) <= 2 * batch_size
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 
@@ -161,6 +162,18 @@ def test_shipped_config_registers_archives_only_from_the_model_store(server):
     )
     assert outside.status_code == 404
     assert "does not match any allowed URL" in outside.json()["message"]
+    # a file URL is refused too, even when its folder is also called model_store
+    elsewhere = server.home / "elsewhere" / "model_store"
+    elsewhere.mkdir(parents=True)
+    shutil.copy(server.model_store / "gnn.mar", elsewhere / "evil.mar")
+    by_file = requests.post(
+        url,
+        params={"url": f"file://{elsewhere / 'evil.mar'}", "model_name": "evil"},
+        headers=headers,
+        timeout=60,
+    )
+    assert by_file.status_code == 404
+    assert "does not match any allowed URL" in by_file.json()["message"]
     assert "evil" not in requests.get(url, headers=headers, timeout=30).text
     removed = requests.delete(f"{url}/gnn_copy", headers=headers, timeout=60)
     assert removed.status_code == 200, removed.text

@@ -57,7 +57,9 @@ def test_answers_equal_the_plain_pyg_forward():
     x = torch.tensor(payload["graph"]["x"])
     edge_index = torch.tensor(payload["graph"]["edge_index"])
     with torch.no_grad():
-        expected = torch.softmax(engine.model(x, edge_index, torch.zeros(len(x), dtype=torch.long)), -1)
+        expected = torch.softmax(
+            engine.model(x, edge_index, torch.zeros(len(x), dtype=torch.long)), -1
+        )
     [(_, body)] = answers(engine, [payload])
     assert np.allclose(body["probabilities"], expected[0].numpy(), atol=1e-6)
 

@@ -143,3 +143,30 @@ def test_bad_requests_get_their_own_error(int_store, payload, status, words):
     good, (code, body) = bodies(engine, [{"node_id": 3, "return_embedding": True}, payload])
     assert good[0] == 200
     assert code == status and words in body["message"], body
+
+
+def test_embeddings_and_cold_start_see_the_live_updates(int_store, tmp_path):
+    from handler.live_graph import LiveGraph, UpdateRequest
+
+    live = LiveGraph(int_store, tmp_path / "updates.log")
+    engine = make_engine(int_store, "gcn", model=random_model(int_store, "gcn"))
+    engine.live = live
+    engine.sampler.overlay = live.overlay
+    router = node_router(engine, "1.0")
+    x = [0.2] * int_store.feature_dim
+    operations = [
+        {"type": "add_node", "id": 5000, "x": x},
+        {"type": "add_edge", "src": 0, "dst": 5000},
+        {"type": "add_edge", "src": 5000, "dst": 3},
+    ]
+    live.update(UpdateRequest(operations=operations))
+    plain, extra, cold = router.handle(
+        [
+            {"body": {"node_ids": [5000, 3]}},
+            {"body": {"node_ids": [5000, 3], "return_embedding": True}},
+            {"body": {"new_node": {"x": x, "neighbors": [5000, 3]}}},
+        ]
+    )
+    assert plain.status == extra.status == cold.status == 200, (extra.body, cold.body)
+    for before, after in zip(plain.body["predictions"], extra.body["predictions"], strict=True):
+        assert np.allclose(before["probabilities"], after["probabilities"], atol=1e-6)

@@ -62,3 +62,13 @@ def test_missing_dimensions_are_named():
 def test_non_object_is_refused():
     with pytest.raises(ValueError, match="JSON object, got list"):
         ModelConfig.from_dict([1, 2])  # type: ignore[arg-type]
+
+
+def test_task_specific_keys_are_written_for_their_task_only():
+    link = ModelConfig.from_dict({"task": "link", "decoder": "MLP", "in_dim": 4, "out_dim": 8})
+    assert link.to_dict()["decoder"] == "mlp" and "pooling" not in link.to_dict()
+    graph = ModelConfig.from_dict({"task": "graph", "pooling": "max", "in_dim": 4, "out_dim": 3})
+    assert graph.to_dict()["pooling"] == "max" and "decoder" not in graph.to_dict()
+    assert ModelConfig.from_dict(graph.to_dict()) == graph
+    with pytest.raises(ValueError, match="'sum', 'mean', 'max'"):
+        ModelConfig.from_dict({"task": "graph", "pooling": "avg", "in_dim": 4, "out_dim": 3})
