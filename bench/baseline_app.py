@@ -9,7 +9,8 @@
 
 Both answer ``{"node_id": 42}`` with the node's class and probabilities, from the same store and
 the same weights as the archive under test. Configured by environment variables (uvicorn starts
-the app through :func:`create_app`)::
+the app through :func:`create_app`); ``GNNSERVE_BENCH_THREADS`` sets torch's intra-op threads
+(unset: torch's default, as the seed articles leave it)::
 
     GNNSERVE_BENCH_MODE=whole|khop GNNSERVE_BENCH_STORE=DIR GNNSERVE_BENCH_MODEL=DIR \\
         uvicorn --factory bench.baseline_app:create_app --port 8000
@@ -49,6 +50,9 @@ def create_app() -> FastAPI:
     mode = os.environ.get("GNNSERVE_BENCH_MODE", "whole")
     if mode not in MODES:
         raise ValueError(f"GNNSERVE_BENCH_MODE must be one of {MODES}; got {mode!r}")
+    threads = os.environ.get("GNNSERVE_BENCH_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
     store = open_store(Path(os.environ["GNNSERVE_BENCH_STORE"]), verify_checksum=False)
     model, config = load_model(Path(os.environ["GNNSERVE_BENCH_MODEL"]))
     graph = Data(

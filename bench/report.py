@@ -48,7 +48,8 @@ def _label(row: Row) -> str:
         return f"gnnserve [{fanouts}] batch {row['batch']}/{row['delay']} ms{suffix}"
     if row["system"] == "echo":
         return f"echo (floor) batch {row['batch']}/{row['delay']} ms"
-    return row["system"]
+    threads = row.get("threads", 0)
+    return row["system"] + (f", {threads} thread" if threads else "")
 
 
 def targets(results: Row) -> list[tuple[str, str, str, str]]:

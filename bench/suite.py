@@ -290,19 +290,22 @@ class Suite:
         """The FastAPI designs, on the same stores and weights."""
         print("== FastAPI baselines", flush=True)
         model = self.artifacts.model_dir()
-        runs = [("whole", g) for g in self.profile.whole_graphs]
-        runs += [("khop", g) for g in self.profile.khop_graphs]
-        for mode, graph in runs:
+        # torch's default threads (as the seed articles run it), and one thread like our workers.
+        runs = [("whole", g, 0) for g in self.profile.whole_graphs]
+        runs += [("khop", g, 0) for g in self.profile.khop_graphs]
+        runs += [("whole", "1M", 1), ("khop", "1M", 1)]
+        for mode, graph, threads in runs:
             env = {
                 "GNNSERVE_BENCH_MODE": mode,
                 "GNNSERVE_BENCH_STORE": str(self.artifacts.store(graph)),
                 "GNNSERVE_BENCH_MODEL": str(model),
+                "GNNSERVE_BENCH_THREADS": str(threads or ""),
             }
-            log = self.work / "logs" / f"uvicorn-{mode}-{graph}.log"
+            log = self.work / "logs" / f"uvicorn-{mode}-{graph}-t{threads}.log"
             with servers.uvicorn(env, log) as app:
                 target = loadgen.Target(f"{app.url}/predict/node", bodies(GRAPHS[graph].nodes), {})
                 for concurrency in self.profile.seed_levels:
-                    labels = {"graph": graph, "fanouts": [-1, -1]}
+                    labels = {"graph": graph, "fanouts": [-1, -1], "threads": threads}
                     self.level(f"fastapi-{mode}", target, concurrency, **labels)
 
     def _check_graph(self, server: servers.TorchServe, model: str, graph: str) -> None:

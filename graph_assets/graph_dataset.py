@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -379,8 +380,6 @@ def generate_graph_dataset(
 
 def write_graph_dataset_csv(dataset: GraphDataset, out_dir: Path) -> None:
     """Writes ``graphs.csv``, ``nodes.csv`` and ``edges.csv`` (graph ids ``g0``, ``g1``, ...)."""
-    import pandas as pd
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = [f"g{g}" for g in range(dataset.num_graphs)]

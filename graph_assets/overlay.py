@@ -54,7 +54,9 @@ class GraphOverlay:
         self.features: dict[int, np.ndarray] = {}
         self.in_lists: dict[int, np.ndarray] = {}
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
-        self._dirty_sorted: np.ndarray | None = None
+        # Set when a base node's in-list moves to the overlay; never cleared (a flagged node
+        # whose list was restored just reads the base list through in_list()).
+        self._dirty = np.zeros(base.num_nodes, dtype=bool)
 
     @property
     def num_nodes(self) -> int:
@@ -82,10 +84,8 @@ class GraphOverlay:
         except BaseException:
             for step in reversed(undo):
                 step()
-            self._dirty_sorted = None
             raise
         self.seq = seq
-        self._dirty_sorted = None
 
     def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
         """Internal indices of external IDs as of now; -1 for unknown or removed nodes."""
@@ -109,13 +109,11 @@ class GraphOverlay:
         return np.empty(0, dtype=np.int64)
 
     def dirty_mask(self, nodes: np.ndarray) -> np.ndarray:
-        """Which of ``nodes`` must read their in-edges from the overlay."""
-        if self._dirty_sorted is None:
-            self._dirty_sorted = np.array(sorted(self.in_lists), dtype=np.int64)
-        new = nodes >= self.base.num_nodes
-        if not self._dirty_sorted.size:
-            return new
-        return new | np.isin(nodes, self._dirty_sorted, assume_unique=False)
+        """Which of ``nodes`` must read their in-edges from the overlay (O(len(nodes)))."""
+        mask = nodes >= self.base.num_nodes
+        base = ~mask
+        mask[base] = self._dirty[nodes[base]]
+        return mask
 
     def in_edges(self, nodes: np.ndarray) -> InEdges:
         """In-neighbour lists of (dirty) ``nodes`` as a small CSC."""
@@ -262,6 +260,8 @@ class GraphOverlay:
         had = node in self.in_lists
         previous = self.in_lists.get(node)
         self.in_lists[node] = values.astype(np.int64)
+        if node < self.base.num_nodes:
+            self._dirty[node] = True
 
         def restore() -> None:
             if had and previous is not None:

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph_assets import GraphStore
 from handler.ego import Batch, BatchEngine, EgoGraphs, Group, readonly_tensor, seed_rows, timed
 from handler.errors import ApiError
+from handler.settings import ServingSettings
 from handler.task_requests import PairRequest, TopKRequest, parse_link_request
 from model.link import LinkPredictor
 from model.link_assets import LinkAssets
@@ -50,7 +52,7 @@ class LinkEngine(BatchEngine[ResolvedLink]):
             self.table = self.table.to(self.device)
 
     @property
-    def store(self) -> Any:
+    def store(self) -> GraphStore:
         return self.ego.store
 
     @property
@@ -58,7 +60,7 @@ class LinkEngine(BatchEngine[ResolvedLink]):
         return self.ego.model
 
     @property
-    def settings(self) -> Any:
+    def settings(self) -> ServingSettings:
         return self.ego.settings
 
     def parse(self, item: Any) -> ResolvedLink:
