@@ -33,17 +33,16 @@ from handler.engine import (
     StageTimes,
     is_fatal_device_error,
     is_out_of_memory,
+    lookup_nodes,
 )
-from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
+from handler.errors import ApiError, InternalError, TooLarge
 from handler.live_graph import LiveGraph
-from handler.requests import NodeId, show
+from handler.requests import NodeId
 from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
 from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_MAX_LISTED_MISSING = 20
 
 R = TypeVar("R")
 
@@ -134,22 +133,7 @@ class EgoGraphs:
 
     def lookup(self, node_ids: Sequence[NodeId]) -> np.ndarray:
         """Internal indices of ``node_ids``; NodeNotFound lists the IDs the graph lacks."""
-        in_range = [
-            not isinstance(node, int) or _INT64_MIN <= node <= _INT64_MAX for node in node_ids
-        ]
-        nodes = np.full(len(node_ids), -1, dtype=np.int64)
-        graph: GraphStore | GraphOverlay = self._overlay() or self.store
-        if any(in_range):
-            nodes[np.array(in_range)] = graph.lookup(
-                [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
-            )
-        missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
-        if missing:
-            listed = ", ".join(show(node) for node in missing[:_MAX_LISTED_MISSING])
-            more = len(missing) - _MAX_LISTED_MISSING
-            suffix = f" and {more} more" if more > 0 else ""
-            raise NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
-        return nodes
+        return lookup_nodes(self._overlay() or self.store, node_ids)
 
     def sample(self, nodes: np.ndarray) -> tuple[torch.Tensor, SampledSubgraph]:
         """``(seeds, ego-graph)``: the unique ``nodes`` in ascending order are its seed rows."""

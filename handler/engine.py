@@ -77,6 +77,24 @@ def _failure(error: Exception, stage: str) -> InternalError:
     return InternalError(f"the {stage} failed on this request; the error is in the server log")
 
 
+def lookup_nodes(graph: GraphStore | GraphOverlay, node_ids: Sequence[NodeId]) -> np.ndarray:
+    """Internal indices of ``node_ids``; NodeNotFound lists the IDs the graph lacks (an int
+    outside int64 cannot be an ID, so it is reported missing rather than overflowing)."""
+    in_range = [not isinstance(node, int) or _INT64_MIN <= node <= _INT64_MAX for node in node_ids]
+    nodes = np.full(len(node_ids), -1, dtype=np.int64)
+    if any(in_range):
+        nodes[np.array(in_range)] = graph.lookup(
+            [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
+        )
+    missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
+    if missing:
+        listed = ", ".join(show(node) for node in missing[:_MAX_LISTED_MISSING])
+        more = len(missing) - _MAX_LISTED_MISSING
+        suffix = f" and {more} more" if more > 0 else ""
+        raise NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
+    return nodes
+
+
 @dataclass(frozen=True)
 class ResolvedRequest:
     """A valid request with its IDs mapped to internal node indices (same order)."""
@@ -256,21 +274,7 @@ class NodeClassificationEngine:
             return InternalError("the request could not be parsed; the error is in the server log")
 
     def _lookup(self, node_ids: Sequence[NodeId]) -> np.ndarray:
-        in_range = [
-            not isinstance(node, int) or _INT64_MIN <= node <= _INT64_MAX for node in node_ids
-        ]
-        nodes = np.full(len(node_ids), -1, dtype=np.int64)
-        if any(in_range):
-            nodes[np.array(in_range)] = self._current_graph().lookup(
-                [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
-            )
-        missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
-        if missing:
-            listed = ", ".join(show(node) for node in missing[:_MAX_LISTED_MISSING])
-            more = len(missing) - _MAX_LISTED_MISSING
-            suffix = f" and {more} more" if more > 0 else ""
-            raise NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
-        return nodes
+        return lookup_nodes(self._current_graph(), node_ids)
 
     def _sample_group(self, outcomes: list[Any], positions: list[int]) -> Group:
         nodes = np.concatenate([outcomes[i].nodes for i in positions])

@@ -31,6 +31,27 @@ class BadRequest(ApiError):
     phrase = "Bad Request"
 
 
+class Forbidden(ApiError):
+    """403: updates are off for this archive, or the update key is missing or wrong."""
+
+    status = 403
+    phrase = "Forbidden"
+
+
+class Conflict(ApiError):
+    """409: the update names something that already exists (a node ID, an edge)."""
+
+    status = 409
+    phrase = "Conflict"
+
+
+class NotFound(ApiError):
+    """404: the update names a node or edge the graph does not have."""
+
+    status = 404
+    phrase = "Not Found"
+
+
 class NodeNotFound(ApiError):
     """404: a requested node ID is not in the graph; the message lists the missing IDs."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,6 @@ logger = logging.getLogger(__name__)
 GRAPH_CACHE = "gnnserve-graph-cache"
 STATE_DIR = "gnnserve-state"
 _GAUGE = MetricTypes.GAUGE
-_PHRASES = {200: "OK", 400: "Bad Request", 404: "Not Found", 413: "Payload Too Large"}
 
 
 def select_device(gpu_id: Any) -> torch.device:
@@ -179,7 +179,7 @@ class GNNHandler(BaseHandler):
             responses = [self._updates.get(i) or next(answered) for i in range(total)]
         self._report(data.batch.times, responses)
         for index, response in enumerate(responses):
-            phrase = _PHRASES.get(response.status, "Error")
+            phrase = HTTPStatus(response.status).phrase
             self.context.set_response_status(code=response.status, phrase=phrase, idx=index)
             self.context.set_response_content_type(index, "application/json")
         return [json.dumps(response.body) for response in responses]

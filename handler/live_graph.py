@@ -19,33 +19,12 @@ from typing import Any
 from graph_assets import GraphStore
 from graph_assets.overlay import GraphOverlay, UpdateRejected
 from graph_assets.update_log import UpdateLog
-from handler.errors import ApiError, BadRequest, TooLarge
+from handler.errors import ApiError, BadRequest, Conflict, Forbidden, NotFound, TooLarge
 from handler.requests import body_of, decode_body
 
 logger = logging.getLogger(__name__)
 
 UPDATE_KEY_HEADER = "x-gnnserve-update-key"
-
-
-class Forbidden(ApiError):
-    """403: updates are off for this archive, or the update key is missing or wrong."""
-
-    status = 403
-    phrase = "Forbidden"
-
-
-class Conflict(ApiError):
-    """409: the update names something that already exists (a node ID, an edge)."""
-
-    status = 409
-    phrase = "Conflict"
-
-
-class NotFound(ApiError):
-    """404: the update names a node or edge the graph does not have."""
-
-    status = 404
-    phrase = "Not Found"
 
 
 _REJECTION = {400: BadRequest, 404: NotFound, 409: Conflict, 413: TooLarge}
