@@ -68,12 +68,15 @@ class ArchiveSpec:
     batch_size: int = 16
     max_batch_delay_ms: int = 5
     torch_threads: int = 1
+    workers: int = 1
 
     @property
     def name(self) -> str:
         fanouts = "x".join(str(f) for f in self.fanouts)
         name = f"gnn_{self.graph}_f{fanouts}_b{self.batch_size}_d{self.max_batch_delay_ms}"
-        return name if self.torch_threads == 1 else f"{name}_t{self.torch_threads}"
+        if self.torch_threads != 1:
+            name += f"_t{self.torch_threads}"
+        return name if self.workers == 1 else f"{name}_w{self.workers}"
 
 
 def _run(command: list[str], log: Path) -> None:
@@ -103,6 +106,10 @@ class Artifacts:
         self.work = work
         self.archives = work / "archives" / code_digest()
         self.logs = work / "logs"
+        # Archives of other code are never used again, and each set holds a few GB.
+        for stale in self.archives.parent.glob("*"):
+            if stale.is_dir() and stale != self.archives:
+                shutil.rmtree(stale)
 
     def store(self, graph: str) -> Path:
         """The graph store of ``graph`` (generated once)."""
@@ -153,7 +160,7 @@ class Artifacts:
             mar.unlink()
         return folder
 
-    def gnn_archive(self, spec: ArchiveSpec, workers: int = 1) -> Path:
+    def gnn_archive(self, spec: ArchiveSpec) -> Path:
         """The folder archive ``spec.name``: the graph's base archive with its own YAML."""
         folder = self.archives / spec.name
         if not folder.is_dir():
@@ -166,8 +173,8 @@ class Artifacts:
             config.update(
                 batchSize=spec.batch_size,
                 maxBatchDelay=spec.max_batch_delay_ms,
-                minWorkers=workers,
-                maxWorkers=workers,
+                minWorkers=spec.workers,
+                maxWorkers=spec.workers,
             )
             config["gnn"].update(fanouts=list(spec.fanouts), torch_threads=spec.torch_threads)
             config_file.unlink()  # a hard link to the base's file: replace, never write through
@@ -175,9 +182,9 @@ class Artifacts:
             staging.rename(folder)
         return folder
 
-    def echo_archive(self, batch_size: int, max_batch_delay_ms: int) -> Path:
-        """The echo archive with the given batching, one worker."""
-        name = f"echo_b{batch_size}_d{max_batch_delay_ms}"
+    def echo_archive(self, batch_size: int, max_batch_delay_ms: int, workers: int = 1) -> Path:
+        """The echo archive with the given batching and workers."""
+        name = f"echo_b{batch_size}_d{max_batch_delay_ms}" + (f"_w{workers}" if workers > 1 else "")
         mar = self.archives / f"{name}.mar"
         if not mar.is_file():
             self.archives.mkdir(parents=True, exist_ok=True)
@@ -187,8 +194,8 @@ class Artifacts:
                     {
                         "batchSize": batch_size,
                         "maxBatchDelay": max_batch_delay_ms,
-                        "minWorkers": 1,
-                        "maxWorkers": 1,
+                        "minWorkers": workers,
+                        "maxWorkers": workers,
                         "responseTimeout": 60,
                         "deviceType": "cpu",
                     }

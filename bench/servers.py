@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,7 +35,11 @@ EXTRA_CONFIG = "job_queue_size=1024\n"
 
 @contextlib.contextmanager
 def torchserve(home: Path, model_store: Path, models: list[str]) -> Iterator[TorchServe]:
-    """A TorchServe serving ``models`` (``name=file.mar``), stopped by PID on exit."""
+    """A TorchServe serving ``models`` (``name=file.mar``), stopped by PID on exit.
+
+    ``home`` is emptied first: every run starts with fresh logs and an empty temp dir.
+    """
+    shutil.rmtree(home, ignore_errors=True)
     server = TorchServe(home=home, model_store=model_store)
     try:
         print(f"  starting TorchServe with {', '.join(models)}", flush=True)

@@ -48,6 +48,7 @@ class Profile:
     micro_graphs: tuple[str, ...]
     micro_batches: int
     memory_requests_per_worker: int
+    warm_seconds: float  # unmeasured load on each model before its levels (JIT, caches, pages)
 
     @property
     def max_requests(self) -> int:
@@ -67,6 +68,7 @@ PROFILES = {
         micro_graphs=("10M",),
         micro_batches=60,
         memory_requests_per_worker=12,
+        warm_seconds=3.0,
     ),
     "full": Profile(
         name="full",
@@ -80,6 +82,7 @@ PROFILES = {
         micro_graphs=("100K", "1M", "10M"),
         micro_batches=200,
         memory_requests_per_worker=16,
+        warm_seconds=5.0,
     ),
 }
 
@@ -137,10 +140,16 @@ class Suite:
     def level(
         self, system: str, target: loadgen.Target, concurrency: int, **labels: Any
     ) -> loadgen.LevelResult:
+        """One closed-loop level, recorded as ``system`` with ``labels``."""
         p = self.profile
         result = loadgen.closed_loop(target, concurrency, p.seconds, p.max_requests, timeout_s=180)
         self._record(system, result, labels)
         return result
+
+    def warm(self, target: loadgen.Target, concurrency: int, seconds: float) -> None:
+        """Unmeasured load first: TorchServe's JVM compiles its hot paths during the first
+        seconds of traffic (echo gained 30% between two runs a minute apart without this)."""
+        loadgen.closed_loop(target, concurrency, seconds, self.profile.max_requests, timeout_s=180)
 
     def _record(self, system: str, result: loadgen.LevelResult, labels: dict[str, Any]) -> None:
         row = {"system": system, **labels, **result.summary()}
@@ -189,13 +198,18 @@ class Suite:
             self._check_graph(server, specs[0].name, "1M")
             auth = server.auth("inference")
             echo_target = loadgen.Target(f"{server.inference_url}/predictions/echo", payload, auth)
+            targets = {
+                spec: loadgen.Target(
+                    f"{server.inference_url}/predictions/{spec.name}", payload, auth
+                )
+                for spec in specs
+            }
+            for target in (echo_target, *targets.values()):
+                self.warm(target, 32, self.profile.warm_seconds)
             for concurrency in LEVELS:
                 self.level("echo", echo_target, concurrency, graph="1M", batch=batch, delay=delay)
             peak = 0.0
-            for spec in specs:
-                target = loadgen.Target(
-                    f"{server.inference_url}/predictions/{spec.name}", payload, auth
-                )
+            for spec, target in targets.items():
                 for concurrency in LEVELS:
                     result = self.level(
                         "gnnserve",
@@ -238,6 +252,7 @@ class Suite:
                     bodies(GRAPHS[spec.graph].nodes),
                     auth,
                 )
+                self.warm(target, 8, 1.0)
                 for concurrency in self.profile.size_levels:
                     self.level(
                         "gnnserve",
@@ -304,6 +319,7 @@ class Suite:
             log = self.work / "logs" / f"uvicorn-{mode}-{graph}-t{threads}.log"
             with servers.uvicorn(env, log) as app:
                 target = loadgen.Target(f"{app.url}/predict/node", bodies(GRAPHS[graph].nodes), {})
+                self.warm(target, 1, 1.0)
                 for concurrency in self.profile.seed_levels:
                     labels = {"graph": graph, "fanouts": [-1, -1], "threads": threads}
                     self.level(f"fastapi-{mode}", target, concurrency, **labels)
