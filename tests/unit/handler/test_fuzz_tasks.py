@@ -1,0 +1,118 @@
+"""Fuzzing of the other request kinds: link, graph, node extras, and graph updates.
+
+Same contract as test_fuzz.py: any input is parsed or refused with a 4xx ApiError, never an
+exception; an update either applies or changes nothing.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from handler.errors import ApiError
+from handler.live_graph import LiveGraph, UpdatePolicy, answer_update
+from handler.task_requests import parse_graph_request, parse_link_request, parse_node_extra
+from tests.strategies import json_values
+
+from .conftest import FEATURES
+
+FUZZ = settings(
+    max_examples=150,
+    deadline=2000,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+ids = st.integers(min_value=0, max_value=79).map(lambda i: i * 3) | json_values
+numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers() | json_values
+rows = st.lists(numbers, max_size=FEATURES + 2)
+link_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "src": ids,
+        "dst": ids,
+        "pairs": st.lists(st.lists(ids, max_size=3), max_size=5) | json_values,
+        "top_k": st.integers(-5, 5000) | json_values,
+        "exclude_neighbors": json_values,
+    },
+)
+graph_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "graph": st.fixed_dictionaries(
+            {},
+            optional={
+                "x": st.lists(rows, max_size=6) | json_values,
+                "edge_index": st.lists(st.lists(st.integers(-3, 8), max_size=8), max_size=3)
+                | json_values,
+            },
+        )
+        | json_values,
+        "return_embedding": json_values,
+    },
+)
+extra_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "node_id": ids,
+        "node_ids": st.lists(ids, max_size=5),
+        "return_embedding": json_values,
+        "new_node": st.fixed_dictionaries(
+            {},
+            optional={
+                "x": rows | json_values,
+                "neighbors": st.lists(ids, max_size=5),
+                "direction": st.sampled_from(["in", "out", "both", "up"]) | json_values,
+            },
+        )
+        | json_values,
+    },
+)
+operation_types = st.sampled_from(
+    ["add_node", "add_edge", "remove_edge", "set_features", "remove_node", "other"]
+)
+operations = st.lists(
+    st.fixed_dictionaries(
+        {"type": operation_types},
+        optional={"id": ids, "src": ids, "dst": ids, "x": rows, "label": json_values},
+    )
+    | json_values,
+    max_size=4,
+)
+
+
+def refused_cleanly(call) -> None:
+    try:
+        call()
+    except ApiError as error:
+        assert 400 <= error.status < 500
+        assert set(error.body()) == {"code", "type", "message"}
+
+
+@FUZZ
+@given(body=link_bodies | json_values)
+def test_link_requests(body):
+    refused_cleanly(lambda: parse_link_request({"body": body}, max_ids=8, max_top_k=100))
+
+
+@FUZZ
+@given(body=graph_bodies | json_values)
+def test_graph_requests(body):
+    refused_cleanly(lambda: parse_graph_request({"body": body}, FEATURES, max_nodes=5, max_edges=6))
+
+
+@FUZZ
+@given(body=extra_bodies | json_values)
+def test_node_extras(body):
+    refused_cleanly(lambda: parse_node_extra({"body": body}, FEATURES, max_ids=8))
+
+
+@FUZZ
+@given(ops=operations | json_values)
+def test_updates_apply_or_change_nothing(int_store, tmp_path_factory, ops):
+    live = LiveGraph(int_store, tmp_path_factory.mktemp("fuzz") / "updates.log")
+    policy = UpdatePolicy(secret="s" * 20, max_operations=3)
+    status, body = answer_update({"op": "update", "operations": ops}, "s" * 20, live, policy)
+    if status == 200:
+        assert live.overlay.seq == 1 and body["seq"] == 1
+    else:
+        assert 400 <= status < 500 and set(body) == {"code", "type", "message"}
+        assert live.overlay.seq == 0 and live.log is not None and live.log.size() == 0
