@@ -334,7 +334,9 @@ class NodeClassificationEngine:
         times.gather += time.perf_counter() - start
         start = time.perf_counter()
         with torch.inference_mode():
-            logits = self.model(x, sub.edge_index, degree=degree)[: sub.num_seeds]
+            logits = self.model(x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes)[
+                : sub.num_seeds
+            ]
             probabilities = torch.softmax(logits.float(), dim=-1).cpu()
         times.forward += time.perf_counter() - start
         seed_row = {int(node): row for row, node in enumerate(group.seeds.tolist())}

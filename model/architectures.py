@@ -12,7 +12,8 @@ be checked against a plain PyG forward with the same ``state_dict`` (keys under 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import itertools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -26,15 +27,46 @@ from model.config import Arch, ModelConfig, Task
 
 
 class NodeClassifier(torch.nn.Module):
-    """A PyG ``BasicGNN`` (ReLU and dropout between layers, last layer maps to classes)."""
+    """A PyG ``BasicGNN`` (ReLU and dropout between layers, last layer maps to classes).
+
+    ``level_sizes`` (rows per hop of a sampled ego-graph whose rows are grouped by hop and
+    whose edges are grouped by the hop of their destination, as the server's sampler lays them
+    out) lets each layer compute only the rows a later layer reads, PyG's trim-to-layer: layer
+    ``i`` drops the last ``i`` hops. The seed rows' outputs are unchanged.
+    """
 
     def __init__(self, gnn: BasicGNN) -> None:
         super().__init__()
         self.gnn = gnn
 
-    def forward(self, x: Tensor, edge_index: Tensor, degree: Tensor | None = None) -> Tensor:
-        """Logits ``[num_rows, out_dim]``; ``degree`` is accepted for a uniform interface."""
-        return self.gnn(x, edge_index)
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        level_sizes: Sequence[int] | None = None,
+    ) -> Tensor:
+        """Logits ``[num_rows, out_dim]`` (only the first rows when ``level_sizes`` trims);
+        ``degree`` is accepted for a uniform interface."""
+        if level_sizes is None:
+            return self.gnn(x, edge_index)
+        return self._forward_trimmed(x, edge_index, level_sizes)
+
+    def _forward_trimmed(self, x: Tensor, edge_index: Tensor, level_sizes: Sequence[int]) -> Tensor:
+        """Layer ``i`` reads hops ``0..L-i`` and writes only hops ``0..L-1-i`` (a bipartite
+        ``(x, x[:rows])`` call: the destination rows are a prefix of the source rows)."""
+        gnn = self.gnn
+        layers = gnn.num_layers
+        rows = list(itertools.accumulate(level_sizes))
+        edges = list(itertools.accumulate(edges_per_hop(edge_index, level_sizes)))
+        for i, conv in enumerate(gnn.convs):
+            keep = layers - 1 - i  # the deepest hop whose rows this layer's output feeds
+            x = conv((x, x[: rows[keep]]), edge_index[:, : edges[keep]])
+            if i < layers - 1:
+                if gnn.act is not None:
+                    x = gnn.act(x)
+                x = gnn.dropout(x)
+        return x
 
 
 class GCN(NodeClassifier):
@@ -54,12 +86,29 @@ class GCN(NodeClassifier):
             )
         )
 
-    def forward(self, x: Tensor, edge_index: Tensor, degree: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        level_sizes: Sequence[int] | None = None,
+    ) -> Tensor:
         """Logits; ``degree`` = full-graph in-degree without self-loop of each row of ``x``.
 
         When ``degree`` is None it is the in-degree within ``edge_index`` (whole-graph use).
         ``edge_index`` must hold no self-loops: the layer adds its own.
         """
+        if level_sizes is not None:
+            edge_index, edge_weight, hop_edges = _gcn_edges_by_hop(
+                edge_index, x.size(0), degree, x.dtype, level_sizes
+            )
+            return self.gnn(
+                x,
+                edge_index,
+                edge_weight=edge_weight,
+                num_sampled_nodes_per_hop=list(level_sizes),
+                num_sampled_edges_per_hop=hop_edges,
+            )
         edge_index, edge_weight = gcn_norm_with_degree(edge_index, x.size(0), degree, x.dtype)
         return self.gnn(x, edge_index, edge_weight=edge_weight)
 
@@ -143,6 +192,47 @@ def gcn_norm_with_degree(
     loops = torch.arange(num_rows, device=edge_index.device, dtype=edge_index.dtype)
     weight = torch.cat([inv_sqrt[src] * inv_sqrt[dst], inv_sqrt * inv_sqrt])
     return torch.cat([edge_index, torch.stack([loops, loops])], dim=1), weight
+
+
+def edges_per_hop(edge_index: Tensor, level_sizes: Sequence[int]) -> list[int]:
+    """Edges into each hop's rows (hops ``0..L-1``); they must come grouped in hop order."""
+    bounds = torch.tensor(list(itertools.accumulate(level_sizes)), device=edge_index.device)
+    hop_of_dst = torch.bucketize(edge_index[1], bounds, right=True)
+    counts = torch.bincount(hop_of_dst, minlength=len(level_sizes))[: len(level_sizes) - 1]
+    return [int(c) for c in counts]
+
+
+def _gcn_edges_by_hop(
+    edge_index: Tensor,
+    num_rows: int,
+    degree: Tensor | None,
+    dtype: torch.dtype,
+    level_sizes: Sequence[int],
+) -> tuple[Tensor, Tensor, list[int]]:
+    """GCN's weighted edges with each row's self-loop placed in the hop group that is trimmed
+    together with that row: group ``h`` = edges into hop ``h`` + self-loops of hop ``h+1``
+    rows (group 0 also holds the seeds' self-loops)."""
+    looped, weight = gcn_norm_with_degree(edge_index, num_rows, degree, dtype)
+    num_edges = edge_index.size(1)
+    hop_edges = edges_per_hop(edge_index, level_sizes)
+    offsets = [0, *itertools.accumulate(level_sizes)]
+    edge_starts = [0, *itertools.accumulate(hop_edges)]
+    order: list[Tensor] = []
+    device = edge_index.device
+    for hop in range(len(hop_edges)):
+        order.append(torch.arange(edge_starts[hop], edge_starts[hop + 1], device=device))
+        first_level = 0 if hop == 0 else hop + 1
+        order.append(
+            torch.arange(
+                num_edges + offsets[first_level], num_edges + offsets[hop + 2], device=device
+            )
+        )
+    index = torch.cat(order)
+    groups = [
+        hop_edges[hop] + offsets[hop + 2] - offsets[0 if hop == 0 else hop + 1]
+        for hop in range(len(hop_edges))
+    ]
+    return looped[:, index], weight[index], groups
 
 
 def build_model(config: ModelConfig | Mapping[str, Any]) -> torch.nn.Module:

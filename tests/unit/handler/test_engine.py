@@ -173,10 +173,10 @@ class FailsOnBatches(torch.nn.Module):
         self.inner = inner
         self.max_rows = max_rows
 
-    def forward(self, x, edge_index, degree=None):
+    def forward(self, x, edge_index, degree=None, level_sizes=None):
         if x.shape[0] > self.max_rows:
             raise RuntimeError("simulated failure")
-        return self.inner(x, edge_index, degree=degree)
+        return self.inner(x, edge_index, degree=degree, level_sizes=level_sizes)
 
 
 def test_unexpected_failure_is_isolated_per_request(int_store):
@@ -243,3 +243,16 @@ def test_cuda_full_fanouts_equal_full_graph_forward(int_store, arch):
     responses = served(engine, [{"node_id": i} for i in ids])
     served_probabilities = torch.tensor([r.body["probabilities"] for r in responses])
     assert (served_probabilities - expected).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["gcn", "sage", "gat", "gin"])
+def test_trimming_layers_to_needed_rows_keeps_the_seed_answers(int_store, arch):
+    model = random_model(int_store, arch, num_layers=3)
+    engine = make_engine(int_store, model=model, fanouts=[4, 3, 2])
+    sub = engine.sampler.sample(torch.arange(0, 30))
+    x, degree = engine._gather(sub.node)
+    with torch.no_grad():
+        full = model(x, sub.edge_index, degree=degree)
+        trimmed = model(x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes)
+    assert trimmed.shape[0] < full.shape[0]  # the last layer ran on fewer rows
+    assert torch.allclose(trimmed[: sub.num_seeds], full[: sub.num_seeds], atol=1e-5)

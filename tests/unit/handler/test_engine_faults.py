@@ -22,10 +22,10 @@ class FailsOnNode(torch.nn.Module):
         super().__init__()
         self.inner, self.marker, self.error = inner, marker, error
 
-    def forward(self, x, edge_index, degree=None):
+    def forward(self, x, edge_index, degree=None, level_sizes=None):
         if bool((x == self.marker).all(dim=1).any()):
             raise self.error
-        return self.inner(x, edge_index, degree=degree)
+        return self.inner(x, edge_index, degree=degree, level_sizes=level_sizes)
 
 
 def isolated_ids(store) -> list:
