@@ -27,13 +27,12 @@ import torch
 from graph_assets import GraphStore
 from graph_assets.overlay import GraphOverlay
 from handler.engine import (
-    DeviceFailure,
     NodeClassificationEngine,
     Response,
     StageTimes,
-    is_fatal_device_error,
     is_out_of_memory,
     lookup_nodes,
+    raise_if_fatal,
 )
 from handler.errors import ApiError, InternalError, TooLarge
 from handler.live_graph import LiveGraph
@@ -324,14 +323,7 @@ class BatchEngine(ABC, Generic[R]):
         return groups
 
     def _raise_if_fatal(self, error: Exception) -> None:
-        if is_fatal_device_error(error):
-            logger.critical(
-                "unrecoverable device error on %s (%s); ending this worker so that TorchServe "
-                "starts a fresh one",
-                self.device,
-                error,
-            )
-            raise DeviceFailure(error) from error
+        raise_if_fatal(error, self.device)
 
     def _respond(self, position: int, outcome: R | ApiError, batch: Batch[R]) -> Response:
         if isinstance(outcome, ApiError):

@@ -50,6 +50,18 @@ class DeviceFailure(SystemExit):
         self.error = error
 
 
+def raise_if_fatal(error: Exception, device: torch.device) -> None:
+    """Ends the worker (``DeviceFailure``) on an unrecoverable device error; else returns."""
+    if is_fatal_device_error(error):
+        logger.critical(
+            "unrecoverable device error on %s (%s); ending this worker so that TorchServe "
+            "starts a fresh one",
+            device,
+            error,
+        )
+        raise DeviceFailure(error) from error
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     """Host or device memory ran out: the request fails, the process stays usable."""
     if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
@@ -311,14 +323,7 @@ class NodeClassificationEngine:
             result.batch.outcomes[position] = _failure(error, "model")
 
     def _raise_if_fatal(self, error: Exception) -> None:
-        if is_fatal_device_error(error):
-            logger.critical(
-                "unrecoverable device error on %s (%s); ending this worker so that TorchServe "
-                "starts a fresh one",
-                self.device,
-                error,
-            )
-            raise DeviceFailure(error) from error
+        raise_if_fatal(error, self.device)
 
     def _release_device_memory(self) -> None:
         """After a failed forward, hand cached CUDA blocks back so the retries have room."""

@@ -273,7 +273,8 @@ def test_the_hpa_scales_the_deployment_on_cpu_and_owns_the_replica_count():
     }
     (metric,) = hpa["spec"]["metrics"]
     assert metric["type"] == "Resource" and metric["resource"]["name"] == "cpu"
-    assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
+    assert hpa["spec"]["minReplicas"] >= 1
+    assert hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     assert "replicas" not in deployment["spec"]
     assert "cpu" in server_container(deployment)["resources"]["requests"]
 
@@ -490,7 +491,8 @@ def test_the_kserve_config_has_the_runtime_keys_and_a_batching_snapshot():
     (version,) = versions.values()
     assert version["marName"] == "gnn.mar" and version["defaultVersion"] is True
     assert version["batchSize"] > 1 and version["maxBatchDelay"] > 0
-    assert 1 <= version["minWorkers"] <= version["maxWorkers"]
+    assert version["minWorkers"] >= 1
+    assert version["minWorkers"] <= version["maxWorkers"]
     # An envelope answers only the first request of a batch: none here, and no TS_* override.
     assert not config.get("service_envelope")
     assert config["enable_envvars_config"] == "false"
