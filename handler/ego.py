@@ -30,6 +30,7 @@ from handler.engine import (
     NodeClassificationEngine,
     Response,
     StageTimes,
+    gather_rows,
     is_out_of_memory,
     lookup_nodes,
     raise_if_fatal,
@@ -141,16 +142,7 @@ class EgoGraphs:
 
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and full-graph in-degrees of global node indices ``rows``, on the device."""
-        overlay = self._overlay()
-        if overlay is not None:
-            nodes = rows.cpu().numpy()
-            x = torch.from_numpy(overlay.feature_rows(nodes))
-            degree = torch.from_numpy(overlay.in_degree(nodes))
-        else:
-            rows = rows.to(self.features.device)
-            x = torch.index_select(self.features, 0, rows)
-            degree = torch.index_select(self.in_degree, 0, rows)
-        return x.to(self.device, non_blocking=True), degree.to(self.device, non_blocking=True)
+        return gather_rows(self._overlay(), self.features, self.in_degree, rows, self.device)
 
     def external_ids(self, nodes: np.ndarray) -> list[Any]:
         """External IDs of internal indices (nodes added by live updates included)."""

@@ -30,21 +30,8 @@ from graph_assets.store import GraphStore, open_store
 from model.architectures import build_model
 from model.config import Arch, ModelConfig
 from model.export import CONFIG_FILE, check_state_dict, export_model, write_model_files
-from model.tasks_cli import add_task_commands, run_task_command
+from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
 from model.train import train_node_classifier
-
-_MODEL_FLAGS = {
-    "hidden_dim": (int, "hidden width (for gat: total over heads)"),
-    "num_layers": (int, "message-passing layers = hops the server samples"),
-    "heads": (int, "gat attention heads"),
-    "dropout": (float, "training dropout probability"),
-}
-_TRAIN_FLAGS = {
-    "epochs": (int, "most epochs to train"),
-    "patience": (int, "stop after this many epochs without a better validation accuracy"),
-    "lr": (float, "Adam learning rate"),
-    "seed": (int, "seed of the split, the initial weights and dropout"),
-}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,7 +52,7 @@ def _parser() -> argparse.ArgumentParser:
     add_task_commands(commands)
     for command in (train, package):
         _add_model_flags(command, model_defaults)
-    for name, (kind, text) in _TRAIN_FLAGS.items():
+    for name, (kind, text) in TRAIN_FLAGS.items():
         train.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
@@ -87,7 +74,7 @@ def _add_model_flags(command: argparse.ArgumentParser, defaults: dict[str, Any])
     command.add_argument(
         "--out", required=True, help="directory for model.pt, model_config.json, metrics.json"
     )
-    for name, (kind, text) in _MODEL_FLAGS.items():
+    for name, (kind, text) in MODEL_FLAGS.items():
         command.add_argument(
             "--" + name.replace("_", "-"),
             dest=name,
@@ -146,7 +133,7 @@ def _config_from_flags(args: dict[str, Any], store: GraphStore) -> ModelConfig:
             "arch": args["arch"],
             "in_dim": store.feature_dim,
             "out_dim": store.num_classes,
-            **{name: args[name] for name in _MODEL_FLAGS if name in args},
+            **{name: args[name] for name in MODEL_FLAGS if name in args},
         }
     )
 
@@ -164,7 +151,7 @@ def _train(args: dict[str, Any], store: GraphStore) -> str:
         torch.from_numpy(np.array(store.labels, dtype=np.int64)),
         config,
         progress=not args["quiet"],
-        **{name: args[name] for name in _TRAIN_FLAGS if name in args},
+        **{name: args[name] for name in TRAIN_FLAGS if name in args},
     )
     export_model(result, config, args["out"])
     return (

@@ -40,17 +40,18 @@ from model.link import LinkPredictor
 from model.link_assets import LINK_DIR, write_link_assets
 from model.link_train import evaluate_link_predictor, split_edges, train_link_predictor
 
-_MODEL_FLAGS = {
+# The flags every training command shares (python -m model train|link|graph).
+MODEL_FLAGS = {
     "hidden_dim": (int, "hidden width (for gat: total over heads)"),
-    "num_layers": (int, "message-passing layers (link: = hops the server samples)"),
+    "num_layers": (int, "message-passing layers (node and link: = hops the server samples)"),
     "heads": (int, "gat attention heads"),
     "dropout": (float, "training dropout probability"),
 }
-_TRAIN_FLAGS = {
+TRAIN_FLAGS = {
     "epochs": (int, "most epochs to train"),
     "patience": (int, "stop after this many epochs without a better validation score"),
     "lr": (float, "Adam learning rate"),
-    "seed": (int, "seed of the split, the initial weights, negatives and batches"),
+    "seed": (int, "seed of the split, the initial weights, dropout and negatives"),
 }
 DEFAULT_EMBEDDING_DIM = 64
 DEFAULT_GRAPH_ARCH = Arch.GIN
@@ -102,11 +103,11 @@ def add_task_commands(commands: Any) -> None:
         command.add_argument("--out", required=True, help="directory to write the model files to")
         command.add_argument("--weights", help="package this state_dict instead of training")
         command.add_argument("--quiet", action="store_true", help="no progress bar")
-        _add_flags(command, _MODEL_FLAGS, defaults)
+        _add_flags(command, MODEL_FLAGS, defaults)
         train_defaults = {
             name: p.default for name, p in inspect.signature(trainer).parameters.items()
         }
-        _add_flags(command, _TRAIN_FLAGS, train_defaults)
+        _add_flags(command, TRAIN_FLAGS, train_defaults)
 
 
 def _add_flags(
@@ -138,7 +139,7 @@ def _config(args: dict[str, Any], base: dict[str, Any], task: Task) -> ModelConf
         config = ModelConfig.from_dict(json.loads(sibling.read_text()))
     else:
         config = ModelConfig.from_dict(
-            {**base, **{name: args[name] for name in _MODEL_FLAGS if name in args}}
+            {**base, **{name: args[name] for name in MODEL_FLAGS if name in args}}
         )
     if config.task is not task:
         raise ValueError(
@@ -160,7 +161,7 @@ def _load_weights(args: dict[str, Any], config: ModelConfig) -> torch.nn.Module:
 
 
 def _train_options(args: dict[str, Any]) -> dict[str, Any]:
-    return {name: args[name] for name in _TRAIN_FLAGS if name in args}
+    return {name: args[name] for name in TRAIN_FLAGS if name in args}
 
 
 def _link(args: dict[str, Any]) -> str:
