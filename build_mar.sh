@@ -61,6 +61,8 @@ Serving (written to the archive's model-config YAML)
                           before any feature is gathered (default 2000000)
   --max-subgraph-edges N  the same for edges (default 20000000)
   --torch-threads N       intra-op threads per worker; 0 = one per core (default 1)
+  --metrics-interval S    the batch metrics and log line sum S seconds of batches; 0 = one
+                          report per batch, ~10% slower under load (default 1)
   --max-top-k N           --task link: the largest top_k a request may ask (default 1000)
   --max-graph-nodes N     --task graph: nodes of an inline graph; more is refused with 413
                           (default 10000)
@@ -110,7 +112,7 @@ while [ $# -gt 0 ]; do
     --weights) need "$@"; weights="$2"; shift 2 ;;
     --fanouts|--batch-size|--max-batch-delay|--min-workers|--max-workers|--response-timeout|\
     --startup-timeout|--device|--sampling-seed|--max-ids|--max-subgraph-nodes|\
-    --max-subgraph-edges|--torch-threads|--max-top-k|--max-graph-nodes|--max-graph-edges|\
+    --max-subgraph-edges|--torch-threads|--metrics-interval|--max-top-k|--max-graph-nodes|--max-graph-edges|\
     --explain-steps|--explain-budget-ms)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --enable-updates) yaml_args+=(--enable-updates); shift ;;

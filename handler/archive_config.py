@@ -93,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         help="intra-op threads per worker (0 = one per core)",
     )
     parser.add_argument(
+        "--metrics-interval",
+        type=float,
+        default=defaults.metrics_interval_s,
+        help="seconds of batches summed per metrics report and log line (0 = every batch)",
+    )
+    parser.add_argument(
         "--enable-updates", action="store_true", help="accept live graph updates (needs a secret)"
     )
     parser.add_argument(
@@ -119,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             max_subgraph_nodes=args.max_subgraph_nodes,
             max_subgraph_edges=args.max_subgraph_edges,
             torch_threads=args.torch_threads,
+            metrics_interval_s=args.metrics_interval,
             updates_enabled=args.enable_updates,
             update_state_dir=args.update_state_dir,
             update_secret_file=args.update_secret_file,

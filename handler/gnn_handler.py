@@ -20,6 +20,7 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from graph_assets import GraphStore, open_store, share_store
+from handler.batch_metrics import GAUGES, BatchMetrics
 from handler.engine import NodeClassificationEngine, Response, StageTimes
 from handler.graph_engine import GraphEngine
 from handler.link_engine import LinkEngine
@@ -46,6 +47,9 @@ from model.export import load_model
 
 logger = logging.getLogger(__name__)
 
+# TorchServe's worker logs this on its root logger for every batch; the batch summary
+# (handler.batch_metrics) replaces it at a fraction of the cost (~6% of a busy worker).
+TORCHSERVE_BATCH_LINE = "Backend received inference at: %d"
 GRAPH_CACHE = "gnnserve-graph-cache"
 STATE_DIR = "gnnserve-state"
 _GAUGE = MetricTypes.GAUGE
@@ -67,6 +71,7 @@ class GNNHandler(BaseHandler):
         # explanation requests to their engines (handler.tasks).
         self.engine: NodeClassificationEngine | LinkEngine | GraphEngine | None = None
         self.router: Router | None = None
+        self.batch_metrics = BatchMetrics(ServingSettings().metrics_interval_s)
 
     def initialize(self, context: Context) -> None:
         """Loads everything once per worker; a bad archive fails here, not mid-request.
@@ -75,6 +80,7 @@ class GNNHandler(BaseHandler):
         follows it in model_log.log) and re-raised, so the worker never starts on a bad archive.
         """
         try:
+            drop_torchserve_batch_line()
             self._initialize(context)
         except Exception as error:
             logger.error("gnn worker refuses to start: %s", error)
@@ -85,6 +91,7 @@ class GNNHandler(BaseHandler):
         model_dir = Path(properties["model_dir"])
         self.device = select_device(properties.get("gpu_id"))
         settings = ServingSettings.from_yaml_section((context.model_yaml_config or {}).get("gnn"))
+        self.batch_metrics = BatchMetrics(settings.metrics_interval_s)
         if settings.task == "graph":  # no stored graph: each request carries its own
             model, config = load_model(model_dir, map_location=self.device)
             check_task(config, settings)
@@ -159,16 +166,7 @@ class GNNHandler(BaseHandler):
 
     def inference(self, data: RoutedBatch, *args: Any, **kwargs: Any) -> RoutedResult:
         """One forward pass for the batch, under ``torch.inference_mode()`` (in the engine)."""
-        result = self._router().run(data)
-        times = data.times
-        logger.info(
-            "batch of %d requests: %d seeds, %d sampled nodes, %d sampled edges",
-            times.batch_size,
-            times.seed_nodes,
-            times.sampled_nodes,
-            times.sampled_edges,
-        )
-        return result
+        return self._router().run(data)
 
     def postprocess(self, data: RoutedResult) -> list[str]:
         """One JSON body per request, in order, each with its own HTTP status."""
@@ -185,27 +183,24 @@ class GNNHandler(BaseHandler):
         return [json.dumps(response.body) for response in responses]
 
     def _report(self, times: StageTimes, responses: list[Response]) -> None:
-        """Per-batch custom metrics; TorchServe exposes them on its Prometheus endpoint."""
+        """Batch figures as custom metrics (on TorchServe's Prometheus endpoint) and one log
+        line, summed over ``metrics_interval_s`` (handler.batch_metrics says why)."""
+        errors = sum(1 for response in responses if response.status >= 400)
+        summary = self.batch_metrics.add(times, errors)
+        if summary is None:
+            return
+        logger.info("%s", summary.describe())
         metrics = self.context.metrics
         if metrics is None:
             return
-        values = {
-            "GnnBatchSize": (times.batch_size, "Count"),
-            "GnnSeedNodes": (times.seed_nodes, "Count"),
-            "GnnSampledNodes": (times.sampled_nodes, "Count"),
-            "GnnSampledEdges": (times.sampled_edges, "Count"),
-            "GnnParseTime": (times.parse * 1000, "ms"),
-            "GnnSampleTime": (times.sample * 1000, "ms"),
-            "GnnGatherTime": (times.gather * 1000, "ms"),
-            "GnnForwardTime": (times.forward * 1000, "ms"),
-            "GnnFormatTime": (times.format * 1000, "ms"),
-        }
-        for name, (value, unit) in values.items():
+        for field_name, value in summary.mean_per_batch().items():
+            name, unit = GAUGES[field_name]
             metrics.add_metric(
                 name, round(value, 3), unit, dimensions=self._dimensions(), metric_type=_GAUGE
             )
-        errors = sum(1 for response in responses if response.status >= 400)
-        metrics.add_metric("GnnErrorResponses", errors, "Count", dimensions=self._dimensions())
+        metrics.add_metric(
+            "GnnErrorResponses", summary.errors, "Count", dimensions=self._dimensions()
+        )
 
     def _dimensions(self) -> list[Dimension]:
         """A fresh list per call: TorchServe appends default dimensions to the one it is given."""
@@ -231,6 +226,18 @@ class GNNHandler(BaseHandler):
         if self.router is None:
             raise RuntimeError("the handler was not initialized")
         return self.router
+
+
+def _not_the_batch_line(record: logging.LogRecord) -> bool:
+    return record.msg != TORCHSERVE_BATCH_LINE
+
+
+def drop_torchserve_batch_line() -> None:
+    """Filters TorchServe's per-batch timestamp line out of this worker's log. A filter on the
+    root logger sees only records logged on it, so every other line still gets through."""
+    root = logging.getLogger()
+    if _not_the_batch_line not in root.filters:
+        root.addFilter(_not_the_batch_line)
 
 
 def open_live_graph(

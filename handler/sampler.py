@@ -9,9 +9,11 @@ answer does not depend on which other seeds share its batch or which worker serv
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
 
 from graph_assets.overlay import GraphOverlay
@@ -284,9 +286,17 @@ class NeighbourSampler:
         # Step s draws uniformly from [0, limit_s], limit_s = count - fanout + s.
         limits = counts[:, None] + torch.arange(-fanout, 0, device=device)
         chosen = (draws & _LOW_63) % (limits + 1)
-        # Floyd keeps step s's draw unless an earlier step chose it, then takes limit_s.
-        for step in range(1, fanout):
-            candidate = chosen[:, step]
-            seen = (chosen[:, :step] == candidate[:, None]).any(dim=1)
-            chosen[:, step] = torch.where(seen, limits[:, step], candidate)
+        if chosen.device.type == "cpu":  # numpy views of the same memory: 5x less per-op cost
+            _keep_or_take_limit(chosen.numpy(), limits.numpy(), np.where)
+        else:
+            _keep_or_take_limit(chosen, limits, torch.where)
         return chosen
+
+
+def _keep_or_take_limit(chosen: Any, limits: Any, where: Callable[..., Any]) -> None:
+    """Floyd's sequential step, in place: step s keeps its draw unless an earlier step chose
+    it, then takes ``limit_s``. Written once for numpy arrays and torch tensors alike."""
+    for step in range(1, chosen.shape[1]):
+        candidate = chosen[:, step]
+        seen = (chosen[:, :step] == candidate[:, None]).any(1)
+        chosen[:, step] = where(seen, limits[:, step], candidate)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,6 +19,16 @@ import requests
 
 BIN = Path(sys.executable).parent
 SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.properties"
+
+
+LARGEST_BATCH = re.compile(
+    r"gnn batches: \d+ in [\d.]+ s, requests per batch mean [\d.]+ max (\d+)"
+)
+
+
+def largest_batches(log_text: str) -> list[int]:
+    """The largest batch of each batch summary the handler logged (handler.batch_metrics)."""
+    return [int(size) for size in LARGEST_BATCH.findall(log_text)]
 
 
 def free_ports(count: int) -> list[int]:

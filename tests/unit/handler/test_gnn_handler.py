@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -156,3 +157,15 @@ def test_enabling_updates_without_a_secret_fails_at_start(model_dir, monkeypatch
     monkeypatch.delenv("GNNSERVE_UPDATE_SECRET", raising=False)
     with pytest.raises(ValueError, match="update secret"):
         started(model_dir, 1, updates_enabled=True)
+
+
+def test_torchserves_per_batch_line_is_dropped_and_nothing_else(model_dir, caplog):
+    started(model_dir, 1)
+    with caplog.at_level(logging.INFO):
+        logging.info("Backend received inference at: %d", 1_700_000_000)
+        logging.info("Torch worker started.")
+        logging.getLogger("handler.engine").info("Backend received inference at: %d", 1)
+    messages = [record.getMessage() for record in caplog.records]
+    assert "Backend received inference at: 1700000000" not in messages
+    assert "Torch worker started." in messages
+    assert "Backend received inference at: 1" in messages  # not on the root logger: kept

@@ -101,3 +101,14 @@ def test_torch_threads_default_one_and_written_by_the_archive_yaml(tmp_path):
     args = ["--out", str(out), "--model-config", str(model_config), "--torch-threads", "0"]
     assert write_archive_config(args) == 0
     assert yaml.safe_load(out.read_text())["gnn"]["torch_threads"] == 0
+
+
+@pytest.mark.parametrize("value", [-1, "1", True, None])
+def test_metrics_interval_must_be_seconds_at_least_zero(value):
+    with pytest.raises(ValueError, match="metrics_interval_s"):
+        ServingSettings.from_yaml_section({"metrics_interval_s": value})
+
+
+def test_metrics_interval_defaults_to_one_second_and_accepts_zero():
+    assert ServingSettings().metrics_interval_s == 1.0
+    assert ServingSettings.from_yaml_section({"metrics_interval_s": 0}).metrics_interval_s == 0
