@@ -30,6 +30,7 @@ from bench import loadgen, microbench, servers
 from bench.artifacts import GRAPHS, ROOT, ArchiveSpec, Artifacts
 
 LEVELS = (1, 8, 32, 128)
+CORES = os.cpu_count() or 1
 _CDF_POINTS = np.linspace(0, 100, 201)
 
 
@@ -223,6 +224,20 @@ class Suite:
                     )
                     if spec == specs[0]:
                         peak = max(peak, result.throughput)
+            # One worker per core for both: the worker no longer idles while the frontend
+            # hands it the next batch (TorchServe's own default is one worker per core).
+            main_name = specs[0].name
+            for model in ("echo", main_name):
+                servers.scale_workers(server, model, CORES)
+            for system, target, labels in (
+                ("echo", echo_target, {}),
+                ("gnnserve", targets[specs[0]], {"fanouts": [10, 10], "threads": 1}),
+            ):
+                self.warm(target, 32, self.profile.warm_seconds)
+                labels |= {"graph": "1M", "batch": batch, "delay": delay, "workers": CORES}
+                self.level(system, target, 32, **labels)
+            for model in ("echo", main_name):
+                servers.scale_workers(server, model, 1)
             # Open loop at 60% of our peak: latency from the scheduled send time.
             rate = round(0.6 * peak, -1)
             main = f"{server.inference_url}/predictions/{specs[0].name}"

@@ -109,6 +109,23 @@ def _describe(error: ValidationError) -> str:
     return "; ".join(messages[:5]) + more
 
 
+_ID_TYPES = (int, str)  # exactly these: bool is an int subclass but never a node ID
+
+
+def _plain_request(body: dict[str, Any]) -> NodeRequest | None:
+    """The common bodies, ``{"node_id": x}`` and ``{"node_ids": [...]}`` holding ints and strings
+    only, accepted without the full validation (it cost ~20 us per request); anything else
+    returns None and takes the validating path, which gives the same answer or the error."""
+    if len(body) != 1:
+        return None
+    if type(body.get("node_id")) in _ID_TYPES:
+        return NodeRequest(node_ids=(body["node_id"],), single=True)
+    ids = body.get("node_ids")
+    if type(ids) is list and len(ids) > 0 and all(type(x) in _ID_TYPES for x in ids):
+        return NodeRequest(node_ids=tuple(ids), single=False)
+    return None
+
+
 def parse_node_request(item: Any, max_ids: int) -> NodeRequest:
     """Validates one request of a batch; a failure here never touches the others."""
     body = decode_body(body_of(item))
@@ -125,6 +142,9 @@ def parse_node_request(item: Any, max_ids: int) -> NodeRequest:
             f"node_ids has {len(raw_ids)} entries; this archive accepts at most {max_ids} per "
             "request (split the list, or raise max_ids_per_request in the model config)"
         )
+    plain = _plain_request(body)
+    if plain is not None:
+        return plain
     try:
         parsed = _NodeBody.model_validate(body)
     except ValidationError as exc:
