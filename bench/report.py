@@ -53,6 +53,12 @@ def _label(row: Row) -> str:
     return row["system"] + (f", {threads} thread" if threads else "")
 
 
+def _cpu_per_request(row: Row) -> str:
+    if "worker_cpu_ms_per_request" not in row:
+        return ""
+    return f"{row['worker_cpu_ms_per_request']:.3f} / {row['frontend_cpu_ms_per_request']:.3f}"
+
+
 def _workers(row: Row) -> str:
     workers = row.get("workers", 1)
     return "" if workers == 1 else f", {workers} workers"
@@ -168,6 +174,7 @@ def tables(results: Row) -> str:
                 "p99 ms",
                 "errors",
                 "client CPU s",
+                "worker / frontend CPU ms per request",
             ],
             [
                 [
@@ -181,6 +188,7 @@ def tables(results: Row) -> str:
                     _ms(r["p99_ms"]),
                     r["errors"],
                     f"{r['client_cpu_s']:.1f}",
+                    _cpu_per_request(r),
                 ]
                 for r in results["load"]
                 if r.get("experiment") != "sizes"

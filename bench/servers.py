@@ -86,6 +86,24 @@ def graph_checksum(server: TorchServe, model: str) -> str:
     return str(custom["graph"]["checksum"])
 
 
+def model_worker_pids(server: TorchServe, model: str) -> list[int]:
+    """PIDs of one model's workers, as TorchServe's describe API lists them."""
+    described = requests.get(
+        f"{server.management_url}/models/{model}", headers=server.auth("management"), timeout=10
+    ).json()
+    return [int(w["pid"]) for entry in described for w in entry.get("workers", []) if w.get("pid")]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes have used so far (vanished ones count 0)."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
 def worker_pids(server: TorchServe) -> list[int]:
     """PIDs of the Python worker processes under this server's frontend."""
     if server.pid is None:

@@ -35,6 +35,22 @@ _CDF_POINTS = np.linspace(0, 100, 201)
 
 
 @dataclass(frozen=True)
+class CpuWatch:
+    """A model's worker processes and the frontend, whose CPU time a level accounts for."""
+
+    workers: list[int]
+    frontend: int
+
+    @classmethod
+    def of(cls, server: servers.TorchServe, model: str) -> CpuWatch:
+        assert server.pid is not None
+        return cls(servers.model_worker_pids(server, model), server.pid)
+
+    def read(self) -> tuple[float, float]:
+        return servers.cpu_seconds(self.workers), servers.cpu_seconds([self.frontend])
+
+
+@dataclass(frozen=True)
 class Profile:
     """How much of each experiment a run does."""
 
@@ -139,11 +155,22 @@ class Suite:
         }
 
     def level(
-        self, system: str, target: loadgen.Target, concurrency: int, **labels: Any
+        self,
+        system: str,
+        target: loadgen.Target,
+        concurrency: int,
+        cpu: CpuWatch | None = None,
+        **labels: Any,
     ) -> loadgen.LevelResult:
-        """One closed-loop level, recorded as ``system`` with ``labels``."""
+        """One closed-loop level, recorded as ``system`` with ``labels``; with ``cpu``, also the
+        CPU time the model's workers and the frontend spent per answered request."""
         p = self.profile
+        before = cpu.read() if cpu else None
         result = loadgen.closed_loop(target, concurrency, p.seconds, p.max_requests, timeout_s=180)
+        if cpu and before and result.ok:
+            workers, frontend = (now - then for now, then in zip(cpu.read(), before, strict=True))
+            labels["worker_cpu_ms_per_request"] = round(1000 * workers / result.ok, 4)
+            labels["frontend_cpu_ms_per_request"] = round(1000 * frontend / result.ok, 4)
         self._record(system, result, labels)
         return result
 
@@ -207,15 +234,20 @@ class Suite:
             }
             for target in (echo_target, *targets.values()):
                 self.warm(target, 32, self.profile.warm_seconds)
+            echo_cpu = CpuWatch.of(server, "echo")
             for concurrency in LEVELS:
-                self.level("echo", echo_target, concurrency, graph="1M", batch=batch, delay=delay)
+                self.level(
+                    "echo", echo_target, concurrency, echo_cpu, graph="1M", batch=batch, delay=delay
+                )
             peak = 0.0
             for spec, target in targets.items():
+                spec_cpu = CpuWatch.of(server, spec.name)
                 for concurrency in LEVELS:
                     result = self.level(
                         "gnnserve",
                         target,
                         concurrency,
+                        spec_cpu,
                         graph="1M",
                         fanouts=list(spec.fanouts),
                         batch=spec.batch_size,
@@ -229,13 +261,14 @@ class Suite:
             main_name = specs[0].name
             for model in ("echo", main_name):
                 servers.scale_workers(server, model, CORES)
-            for system, target, labels in (
-                ("echo", echo_target, {}),
-                ("gnnserve", targets[specs[0]], {"fanouts": [10, 10], "threads": 1}),
-            ):
+            per_core: list[tuple[str, str, loadgen.Target, dict[str, Any]]] = [
+                ("echo", "echo", echo_target, {}),
+                ("gnnserve", main_name, targets[specs[0]], {"fanouts": [10, 10], "threads": 1}),
+            ]
+            for system, model, target, labels in per_core:
                 self.warm(target, 32, self.profile.warm_seconds)
                 labels |= {"graph": "1M", "batch": batch, "delay": delay, "workers": CORES}
-                self.level(system, target, 32, **labels)
+                self.level(system, target, 32, CpuWatch.of(server, model), **labels)
             for model in ("echo", main_name):
                 servers.scale_workers(server, model, 1)
             # Open loop at 60% of our peak: latency from the scheduled send time.
@@ -336,7 +369,11 @@ class Suite:
                 target = loadgen.Target(f"{app.url}/predict/node", bodies(GRAPHS[graph].nodes), {})
                 self.warm(target, 1, 1.0)
                 for concurrency in self.profile.seed_levels:
-                    labels = {"graph": graph, "fanouts": [-1, -1], "threads": threads}
+                    labels: dict[str, Any] = {
+                        "graph": graph,
+                        "fanouts": [-1, -1],
+                        "threads": threads,
+                    }
                     self.level(f"fastapi-{mode}", target, concurrency, **labels)
 
     def _check_graph(self, server: servers.TorchServe, model: str, graph: str) -> None:
