@@ -1,4 +1,4 @@
-"""Deterministic k-hop in-neighbour sampler on a CSC graph, vectorized torch (CPU or CUDA).
+"""Deterministic k-hop in-neighbour sampler on a CSC graph, vectorized (numpy on CPU, torch on GPU).
 
 pyg-lib and torch-sparse are not installable everywhere we run, so PyG's ``NeighborLoader`` is
 not available; this sampler is ours. Its one design rule: the in-neighbours chosen for a
@@ -9,17 +9,16 @@ answer does not depend on which other seeds share its batch or which worker serv
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
 import torch
 
 from graph_assets.overlay import GraphOverlay
+from handler.array_ops import Array, ArrayOps, ops_for
 from handler.settings import parse_fanouts
 
-# splitmix64 constants, as signed int64 so that torch's wrapping int64 arithmetic applies.
+# splitmix64 constants, as signed int64 so that wrapping int64 arithmetic applies.
 _MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _MIX_2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -67,29 +66,28 @@ class SampledSubgraph:
 
 
 def _as_int64(value: int) -> int:
-    """Wraps a Python int to the signed int64 that torch arithmetic would produce."""
+    """Wraps a Python int to the signed int64 that int64 array arithmetic would produce."""
     value &= (1 << 64) - 1
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's ``>>`` is arithmetic on signed ints)."""
+def _shift_right(x: Array, bits: int) -> Array:
+    """Logical right shift of int64 (``>>`` is arithmetic on signed ints)."""
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
-def _mix(x: torch.Tensor) -> torch.Tensor:
-    """splitmix64 finaliser: a counter-based hash, identical on CPU and CUDA."""
+def _mix(x: Array) -> Array:
+    """splitmix64 finaliser: a counter-based hash, identical in numpy and torch, CPU and CUDA."""
     x = (x ^ _shift_right(x, 30)) * _MIX_1
     x = (x ^ _shift_right(x, 27)) * _MIX_2
     return x ^ _shift_right(x, 31)
 
 
-def _ragged_arange(counts: torch.Tensor) -> torch.Tensor:
+def _ragged_arange(ops: ArrayOps, counts: Array) -> Array:
     """``cat([arange(c) for c in counts])`` without a Python loop."""
     total = int(counts.sum())
-    ends = torch.cumsum(counts, 0)
-    offsets = torch.repeat_interleave(ends - counts, counts, output_size=total)
-    return torch.arange(total, device=counts.device) - offsets
+    ends = ops.cumsum(counts)
+    return ops.arange(total) - ops.repeat(ends - counts, counts, total)
 
 
 class NeighbourSampler:
@@ -105,6 +103,8 @@ class NeighbourSampler:
         max_nodes, max_edges: a sample that would exceed either raises :class:`SubgraphTooLarge`
             before it is built.
         overlay: live updates on top of the base arrays (changed in-edges, new nodes).
+        ops: the array library to sample with; by default numpy for CPU tensors (views of the
+            same memory) and torch on their device otherwise (handler.array_ops says why).
     """
 
     def __init__(
@@ -117,16 +117,21 @@ class NeighbourSampler:
         max_nodes: int,
         max_edges: int,
         overlay: GraphOverlay | None = None,
+        ops: ArrayOps | None = None,
     ) -> None:
-        self.indptr = indptr
-        self.indices = indices
+        self.ops = ops or ops_for(indptr.device)
+        self.device = indptr.device
+        self.indptr, self.indices = indptr, indices
+        # The same memory as the ops' arrays (numpy views on the CPU).
+        self._indptr, self._indices = self.ops.from_torch(indptr), self.ops.from_torch(indices)
         self.fanouts = parse_fanouts(list(fanouts))
         self.max_nodes = max_nodes
         self.max_edges = max_edges
         self.overlay = overlay
-        base = torch.tensor([seed & _LOW_63, graph_key & _LOW_63], dtype=torch.int64)
-        self._base_key = int(_mix(_mix(base[0:1]) ^ base[1:2]).item())
-        self._salts: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+        self._base_key = _as_int64(
+            int(_mix(_mix(self.ops.of_ints([seed & _LOW_63])) ^ (graph_key & _LOW_63))[0])
+        )
+        self._salts: dict[tuple[int, int], Array] = {}
 
     @property
     def num_hops(self) -> int:
@@ -134,31 +139,31 @@ class NeighbourSampler:
 
     def sample(self, seeds: torch.Tensor) -> SampledSubgraph:
         """Samples the union ego-graph of ``seeds`` (unique global indices, any order)."""
-        device = self.indptr.device
-        levels = [seeds.to(device=device, dtype=torch.int64)]
-        src_parts: list[torch.Tensor] = []
-        dst_parts: list[torch.Tensor] = []
+        ops = self.ops
+        levels = [ops.int64(ops.from_torch(seeds.to(self.device)))]
+        src_parts: list[Array] = []
+        dst_parts: list[Array] = []
         offset = 0
-        total_nodes = int(seeds.numel())
+        total_nodes = len(levels[0])
         total_edges = 0
         for hop, fanout in enumerate(self.fanouts):
             frontier = levels[-1]
             rows, neighbours = self._sample_hop(frontier, hop, fanout, total_nodes, total_edges)
-            next_level, inverse = torch.unique(neighbours, return_inverse=True)
-            next_offset = offset + int(frontier.numel())
+            next_level, inverse = ops.unique_inverse(neighbours)
+            next_offset = offset + len(frontier)
             src_parts.append(next_offset + inverse)
             dst_parts.append(offset + rows)
-            total_nodes += int(next_level.numel())
-            total_edges += int(neighbours.numel())
+            total_nodes += len(next_level)
+            total_edges += len(neighbours)
             self._check_limits(total_nodes, total_edges)
             levels.append(next_level)
             offset = next_offset
-        edge_index = torch.stack([torch.cat(src_parts), torch.cat(dst_parts)])
+        edge_index = ops.stack([ops.cat(src_parts), ops.cat(dst_parts)])
         return SampledSubgraph(
-            node=torch.cat(levels),
-            edge_index=edge_index,
-            num_seeds=int(seeds.numel()),
-            level_sizes=tuple(int(level.numel()) for level in levels),
+            node=ops.to_torch(ops.cat(levels)),
+            edge_index=ops.to_torch(edge_index),
+            num_seeds=len(levels[0]),
+            level_sizes=tuple(len(level) for level in levels),
         )
 
     def _check_limits(self, nodes: int, edges: int) -> None:
@@ -166,18 +171,18 @@ class NeighbourSampler:
             raise SubgraphTooLarge(nodes, edges, self.max_nodes, self.max_edges)
 
     def _sample_hop(
-        self, frontier: torch.Tensor, hop: int, fanout: int, nodes_so_far: int, edges_so_far: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self, frontier: Array, hop: int, fanout: int, nodes_so_far: int, edges_so_far: int
+    ) -> tuple[Array, Array]:
         """Returns (frontier row of each sampled edge, its source node).
 
         Nodes whose in-edges changed since the base graph was built read them from the overlay;
         the others from the base CSC arrays.
         """
-        overlay = self.overlay
+        ops, overlay = self.ops, self.overlay
         if overlay is None or overlay.is_empty:
             return self._sample_csc(
-                self.indptr,
-                self.indices,
+                self._indptr,
+                self._indices,
                 frontier,
                 frontier,
                 hop,
@@ -185,13 +190,12 @@ class NeighbourSampler:
                 nodes_so_far,
                 edges_so_far,
             )
-        device = frontier.device
-        dirty = torch.from_numpy(overlay.dirty_mask(frontier.cpu().numpy())).to(device)
-        clean_rows = torch.nonzero(~dirty).flatten()
-        dirty_rows = torch.nonzero(dirty).flatten()
+        dirty = ops.from_numpy(overlay.dirty_mask(ops.to_numpy(frontier)))
+        clean_rows = ops.flatnonzero(~dirty)
+        dirty_rows = ops.flatnonzero(dirty)
         rows, neighbours = self._sample_csc(
-            self.indptr,
-            self.indices,
+            self._indptr,
+            self._indices,
             frontier[clean_rows],
             frontier[clean_rows],
             hop,
@@ -199,104 +203,85 @@ class NeighbourSampler:
             nodes_so_far,
             edges_so_far,
         )
-        changed = overlay.in_edges(frontier[dirty_rows].cpu().numpy())
+        changed = overlay.in_edges(ops.to_numpy(frontier[dirty_rows]))
         more_rows, more_neighbours = self._sample_csc(
-            torch.from_numpy(changed.indptr).to(device),
-            torch.from_numpy(changed.indices).to(device),
-            torch.arange(dirty_rows.numel(), device=device),
+            ops.from_numpy(changed.indptr),
+            ops.from_numpy(changed.indices),
+            ops.arange(len(dirty_rows)),
             frontier[dirty_rows],
             hop,
             fanout,
             nodes_so_far,
-            edges_so_far + neighbours.numel(),
+            edges_so_far + len(neighbours),
         )
         return (
-            torch.cat([clean_rows[rows], dirty_rows[more_rows]]),
-            torch.cat([neighbours, more_neighbours]),
+            ops.cat([clean_rows[rows], dirty_rows[more_rows]]),
+            ops.cat([neighbours, more_neighbours]),
         )
 
     def _sample_csc(
         self,
-        indptr: torch.Tensor,
-        indices: torch.Tensor,
-        position: torch.Tensor,
-        nodes: torch.Tensor,
+        indptr: Array,
+        indices: Array,
+        position: Array,
+        nodes: Array,
         hop: int,
         fanout: int,
         nodes_so_far: int,
         edges_so_far: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[Array, Array]:
         """Samples the in-edges of ``nodes``, found at ``position`` in (``indptr``, ``indices``);
         the random draws depend on ``nodes`` (global IDs), not on where their lists live."""
-        starts = indptr[position].to(torch.int64)
-        counts = indptr[position + 1].to(torch.int64) - starts
-        take = counts if fanout == ALL_NEIGHBOURS else torch.clamp(counts, max=fanout)
+        ops = self.ops
+        starts = ops.int64(indptr[position])
+        counts = ops.int64(indptr[position + 1]) - starts
+        take = counts if fanout == ALL_NEIGHBOURS else ops.clamp_max(counts, fanout)
         new_edges = int(take.sum())
         # Each new edge brings at most one new row: check before gathering anything.
         self._check_limits(nodes_so_far, edges_so_far + new_edges)
-        rows = torch.repeat_interleave(
-            torch.arange(nodes.numel(), device=nodes.device), take, output_size=new_edges
-        )
+        rows = ops.repeat(ops.arange(len(nodes)), take, new_edges)
         chosen = starts[rows] + self._choose(nodes, hop, counts, take, rows)
-        return rows, indices[chosen].to(torch.int64)
+        return rows, ops.int64(indices[chosen])
 
-    def _choose(
-        self,
-        frontier: torch.Tensor,
-        hop: int,
-        counts: torch.Tensor,
-        take: torch.Tensor,
-        rows: torch.Tensor,
-    ) -> torch.Tensor:
+    def _choose(self, frontier: Array, hop: int, counts: Array, take: Array, rows: Array) -> Array:
         """Offsets into each row's neighbour list, laid out row by row like ``rows``."""
-        offsets = _ragged_arange(take)
+        ops = self.ops
+        offsets = _ragged_arange(ops, take)
         partial = take < counts
         if not bool(partial.any()):
             return offsets
         fanout = int(take[partial].max())
         chosen = self._floyd(frontier[partial], hop, counts[partial], fanout)
         # Rows that keep only a subset read their offsets from Floyd's choice instead.
-        partial_rank = torch.cumsum(partial.to(torch.int64), 0) - 1
+        partial_rank = ops.cumsum(ops.int64(partial)) - 1
         edge_partial = partial[rows]
         edge_rows = rows[edge_partial]
         offsets[edge_partial] = chosen[partial_rank[edge_rows], offsets[edge_partial]]
         return offsets
 
-    def _floyd(
-        self, nodes: torch.Tensor, hop: int, counts: torch.Tensor, fanout: int
-    ) -> torch.Tensor:
+    def _floyd(self, nodes: Array, hop: int, counts: Array, fanout: int) -> Array:
         """Floyd's algorithm: ``fanout`` distinct offsets in ``[0, count)`` per node, O(fanout²).
 
         The random draws are hashes of (node, hop, step, seed, graph), so they are repeatable.
         All ``fanout`` draws are hashed at once, as an ``[n, fanout]`` matrix; only the collision
-        fix-up is sequential over steps (a few tensor ops per step, not a whole hash: per-op
+        fix-up is sequential over steps (a few array ops per step, not a whole hash: per-op
         overhead dominates at these sizes).
         """
-        device = nodes.device
+        ops = self.ops
         key = _mix(nodes ^ self._base_key)
-        salts = self._salts.get((hop, fanout, device))
+        salts = self._salts.get((hop, fanout))
         if salts is None:
-            salts = torch.tensor(
-                [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)],
-                dtype=torch.int64,
-                device=device,
+            salts = ops.of_ints(
+                [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)]
             )
-            self._salts[(hop, fanout, device)] = salts
+            self._salts[(hop, fanout)] = salts
         draws = _mix(key[:, None] + salts)
         # Step s draws uniformly from [0, limit_s], limit_s = count - fanout + s.
-        limits = counts[:, None] + torch.arange(-fanout, 0, device=device)
+        limits = counts[:, None] + ops.arange(-fanout, 0)
         chosen = (draws & _LOW_63) % (limits + 1)
-        if chosen.device.type == "cpu":  # numpy views of the same memory: 5x less per-op cost
-            _keep_or_take_limit(chosen.numpy(), limits.numpy(), np.where)
-        else:
-            _keep_or_take_limit(chosen, limits, torch.where)
+        # Floyd keeps step s's draw unless an earlier step chose it, then takes limit_s.
+        for step in range(1, fanout):
+            candidate = chosen[:, step]
+            seen = (chosen[:, :step] == candidate[:, None]).any(1)
+            chosen[:, step] = ops.where(seen, limits[:, step], candidate)
         return chosen
-
-
-def _keep_or_take_limit(chosen: Any, limits: Any, where: Callable[..., Any]) -> None:
-    """Floyd's sequential step, in place: step s keeps its draw unless an earlier step chose
-    it, then takes ``limit_s``. Written once for numpy arrays and torch tensors alike."""
-    for step in range(1, chosen.shape[1]):
-        candidate = chosen[:, step]
-        seen = (chosen[:, :step] == candidate[:, None]).any(1)
-        chosen[:, step] = where(seen, limits[:, step], candidate)

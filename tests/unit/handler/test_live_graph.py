@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 import torch
 
+from handler.array_ops import TorchOps
 from handler.errors import ApiError
 from handler.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
+from handler.sampler import NeighbourSampler
 
 from .conftest import FEATURES, make_engine, random_model
 
@@ -196,3 +198,30 @@ def test_compaction_folds_base_and_log_into_an_equivalent_store(int_store, tmp_p
     ]
     served_new = [p["probabilities"] for a in fresh.handle(request) for p in a.body["predictions"]]
     assert np.allclose(served_live, served_new, atol=1e-5)
+
+
+def test_numpy_and_torch_sample_the_updated_graph_alike(int_store, tmp_path):
+    """The overlay path (changed in-lists, new nodes) draws the same subgraph with numpy, as CPU
+    workers do, and with torch, as GPU workers do."""
+    model = random_model(int_store, "sage")
+    engine, live = live_engine(int_store, tmp_path / "updates.log", model, fanouts=(2, 3))
+    rng, counter = random.Random(3), [0]
+    for _ in range(60):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    on_numpy = engine.sampler
+    on_torch = NeighbourSampler(
+        torch.from_numpy(np.asarray(int_store.indptr, dtype=np.int64)),
+        torch.from_numpy(np.asarray(int_store.indices, dtype=np.int64)),
+        [2, 3],
+        0,
+        int(int_store.checksum[:15], 16),
+        10**9,
+        10**9,
+        overlay=live.overlay,
+        ops=TorchOps(torch.device("cpu")),
+    )
+    seeds = torch.from_numpy(np.unique(live.overlay.lookup(live_ids(live)[:40])))
+    first, second = on_numpy.sample(seeds), on_torch.sample(seeds)
+    assert torch.equal(first.node, second.node)
+    assert torch.equal(first.edge_index, second.edge_index)
+    assert first.level_sizes == second.level_sizes

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from handler.array_ops import NumpyOps, TorchOps
 from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
 
 
@@ -65,8 +66,15 @@ def in_edge_sets(sub: SampledSubgraph) -> dict[tuple[int, int], set[int]]:
     return chosen
 
 
-def make_sampler(indptr, indices, fanouts, seed=0, max_nodes=10**9, max_edges=10**9):
-    return NeighbourSampler(indptr, indices, fanouts, seed, 12345, max_nodes, max_edges)
+def make_sampler(
+    indptr, indices, fanouts, seed=0, max_nodes=10**9, max_edges=10**9, ops=None, overlay=None
+):
+    return NeighbourSampler(
+        indptr, indices, fanouts, seed, 12345, max_nodes, max_edges, overlay=overlay, ops=ops
+    )
+
+
+BACKENDS = {"numpy": NumpyOps(), "torch": TorchOps(torch.device("cpu"))}
 
 
 @settings(max_examples=25, deadline=None)
@@ -187,19 +195,21 @@ def test_cuda_sample_equals_cpu_sample():
     )
 
 
-def test_floyd_matches_the_sequential_algorithm():
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_floyd_matches_the_sequential_algorithm(backend):
     """The batched fix-up of colliding draws gives exactly sequential Floyd's choice."""
     from handler.sampler import _GOLDEN, _LOW_63, _as_int64, _mix
 
+    ops = BACKENDS[backend]
     indptr, indices = random_csc(50, 200, seed=5)
-    sampler = make_sampler(indptr, indices, [7, 7])
-    nodes = torch.arange(400)
+    sampler = make_sampler(indptr, indices, [7, 7], ops=ops)
+    nodes = ops.arange(400)
     counts = 8 + nodes % 5  # barely more than the fanout: collisions on most rows
     fanout = 7
     for hop in (0, 1):
         chosen = sampler._floyd(nodes, hop, counts, fanout)
         keys = _mix(nodes ^ sampler._base_key)
-        for row in range(nodes.numel()):
+        for row in range(len(nodes)):
             picked: list[int] = []
             for step in range(fanout):
                 limit = int(counts[row]) - fanout + step
@@ -209,3 +219,32 @@ def test_floyd_matches_the_sequential_algorithm():
                 picked.append(limit if candidate in picked else candidate)
             assert chosen[row].tolist() == picked
             assert len(set(picked)) == fanout and max(picked) < int(counts[row])
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    nodes=st.integers(2, 80),
+    edges=st.integers(0, 600),
+    graph_seed=st.integers(0, 10**6),
+    fanouts=st.lists(st.sampled_from([-1, 1, 2, 3, 5, 8]), min_size=1, max_size=3),
+    sampling_seed=st.integers(0, 2**63 - 1),
+    data=st.data(),
+)
+def test_numpy_and_torch_draw_the_same_subgraph(
+    nodes, edges, graph_seed, fanouts, sampling_seed, data
+):
+    """CPU workers sample with numpy, GPU workers with torch: the same seeds must give the same
+    rows and edges, bit for bit, or a node's answer would depend on the worker's device."""
+    indptr, indices = random_csc(nodes, edges, graph_seed)
+    seeds = torch.tensor(
+        data.draw(st.lists(st.integers(0, nodes - 1), min_size=1, max_size=8, unique=True))
+    )
+    samples = [
+        make_sampler(indptr, indices, fanouts, sampling_seed, ops=ops).sample(seeds)
+        for ops in BACKENDS.values()
+    ]
+    first, second = samples
+    assert torch.equal(first.node, second.node)
+    assert torch.equal(first.edge_index, second.edge_index)
+    assert first.level_sizes == second.level_sizes and first.num_seeds == second.num_seeds
+    assert first.node.dtype == second.node.dtype == torch.int64
