@@ -31,7 +31,7 @@ def main() -> None:
     names = [model.split("=", 1)[0] for model in args.models]
     payload = bodies(GRAPHS[args.graph].nodes)
     home = ROOT / "build" / "bench" / "run" / "ab"
-    with servers.torchserve(home, args.store, args.models) as server:
+    with servers.torchserve(home, args.store.resolve(), args.models) as server:
         auth = server.auth("inference")
         url = server.inference_url
         targets = {n: loadgen.Target(f"{url}/predictions/{n}", payload, auth) for n in names}
