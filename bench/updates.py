@@ -19,6 +19,7 @@ import random
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -92,6 +93,14 @@ def read_latencies(store_dir: Path, log: Path, requests: int) -> list[float]:
     return latencies
 
 
+def wait_until(condition: Callable[[], bool], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not ready after {timeout_s} s")
+        time.sleep(0.1)
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[int(0.99 * (len(ordered) - 1))]
@@ -147,14 +156,18 @@ def main() -> None:
         stream = multiprocessing.get_context("spawn").Process(
             target=stream_updates, args=(str(store_dir), str(log), args.stream_rate, 600.0)
         )
+        empty = log.stat().st_size
         stream.start()
         try:
-            time.sleep(2)
+            # The writer imports torch first (seconds): measure only once it is appending.
+            wait_until(lambda: log.stat().st_size > empty, timeout_s=120)
             busy = read_latencies(store_dir, log, args.reads)
         finally:
             stream.terminate()
             stream.join()
         applied = LiveGraph(open_store(store_dir), log).overlay.seq
+        if applied == 0:
+            raise RuntimeError("the update stream wrote nothing: the reads were not under load")
         print(
             f"reads with {args.stream_rate:.0f} update requests/s (10 ops each) from another "
             f"process: {percentiles(busy)}; {applied} update requests in the log; "

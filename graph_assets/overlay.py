@@ -54,6 +54,7 @@ class GraphOverlay:
         self.features: dict[int, np.ndarray] = {}
         self.in_lists: dict[int, np.ndarray] = {}
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
+        self._base_index: dict[int | str, int] = {}  # during apply: base index of each ID
         # Set when a base node's in-list moves to the overlay; never cleared (a flagged node
         # whose list was restored just reads the base list through in_list()).
         self._dirty = np.zeros(base.num_nodes, dtype=bool)
@@ -76,6 +77,7 @@ class GraphOverlay:
         the update log); if it raises, the operations are undone too.
         """
         undo: list[Callable[[], None]] = []
+        self._base_index = self._look_up_base_ids(operations)
         try:
             for index, operation in enumerate(operations):
                 self._apply_one(index, operation, undo)
@@ -85,7 +87,35 @@ class GraphOverlay:
             for step in reversed(undo):
                 step()
             raise
+        finally:
+            self._base_index = {}
         self.seq = seq
+
+    def _look_up_base_ids(self, operations: Sequence[Any]) -> dict[int | str, int]:
+        """Base index of every node ID the operations name, in one lookup (one per ID cost
+        ~60 us each). Base IDs never change, so the answers hold for the whole request."""
+        ids: set[int | str] = set()
+        for operation in operations:
+            if isinstance(operation, dict):
+                for field in ("id", "src", "dst"):
+                    value = operation.get(field)
+                    if type(value) is int or type(value) is str:  # not bool: True == 1
+                        ids.add(value)
+        if not ids:
+            return {}
+        listed = list(ids)
+        return dict(zip(listed, self.base.lookup(listed).tolist(), strict=True))
+
+    def _node_of(self, node_id: int | str) -> int:
+        """``lookup`` of one ID, from the request's pre-looked-up base indices when it has it."""
+        base = self._base_index.get(node_id)
+        if base is None:
+            return int(self.lookup([node_id])[0])
+        node = base
+        if node < 0 and self.new_ids:
+            key = node_key(self.base.id_kind, node_id)
+            node = self._new_index.get(key, -1) if key is not None else -1
+        return -1 if node in self.removed else node
 
     def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
         """Internal indices of external IDs as of now; -1 for unknown or removed nodes."""
@@ -170,7 +200,8 @@ class GraphOverlay:
             dst = self._existing(index, operation, "dst")
             if src == dst:
                 raise UpdateRejected(400, index, "self-loops are not stored (src equals dst)")
-            present = bool(np.isin(src, self.in_list(dst)))
+            current = self.in_list(dst)
+            present = _contains(current, src)
             if kind == "add_edge":
                 if present:
                     raise UpdateRejected(
@@ -178,7 +209,10 @@ class GraphOverlay:
                         index,
                         f"edge {operation['src']!r} -> {operation['dst']!r} already exists",
                     )
-                self._set_in_list(dst, np.sort(np.append(self.in_list(dst), src)), undo)
+                at = int(np.searchsorted(current, src))
+                added = np.array([src], dtype=np.int64)
+                grown = np.concatenate((current[:at], added, current[at:]))
+                self._set_in_list(dst, grown, undo)
             else:
                 if not present:
                     raise UpdateRejected(
@@ -186,7 +220,6 @@ class GraphOverlay:
                         index,
                         f"edge {operation['src']!r} -> {operation['dst']!r} does not exist",
                     )
-                current = self.in_list(dst)
                 self._set_in_list(dst, current[current != src], undo)
 
     def _add_node(
@@ -200,7 +233,9 @@ class GraphOverlay:
         key = node_key(self.base.id_kind, node_id)
         if key is None or (isinstance(node_id, str) and not node_id):
             raise UpdateRejected(400, index, f"{node_id!r} cannot be a node ID of this graph")
-        existing = self.base.lookup([node_id])[0]
+        existing = self._base_index.get(node_id)
+        if existing is None:
+            existing = int(self.base.lookup([node_id])[0])
         if existing >= 0 or key in self._new_index:
             node = int(existing) if existing >= 0 else self._new_index[key]
             state = "was removed (IDs are not reused)" if node in self.removed else "already exists"
@@ -227,7 +262,7 @@ class GraphOverlay:
     def _remove_node(self, node: int, undo: list[Callable[[], None]]) -> None:
         for target in self._out_neighbours(node):
             current = self.in_list(int(target))
-            if np.isin(node, current):
+            if _contains(current, node):
                 self._set_in_list(int(target), current[current != node], undo)
         self._set_in_list(node, np.empty(0, dtype=np.int64), undo)
         self.removed.add(node)
@@ -238,7 +273,7 @@ class GraphOverlay:
         nodes whose overlay in-list holds it. The scan over dirty lists makes a removal cost
         O(overlay edges); keeping no out-lists halves the overlay's memory, and removals are
         rare next to edge additions."""
-        found = {target for target, sources in self.in_lists.items() if np.isin(node, sources)}
+        found = {target for target, sources in self.in_lists.items() if _contains(sources, node)}
         if node < self.base.num_nodes:
             order, indptr = self._reverse_index()
             positions = order[indptr[node] : indptr[node + 1]]
@@ -287,7 +322,7 @@ class GraphOverlay:
         node_id = operation.get(field)
         if isinstance(node_id, bool) or not isinstance(node_id, int | str):
             raise UpdateRejected(400, index, f"{field} must be an integer or string node ID")
-        node = int(self.lookup([node_id])[0])
+        node = self._node_of(node_id)
         if node < 0:
             raise UpdateRejected(404, index, f"node {node_id!r} ({field}) is not in the graph")
         return node
@@ -317,3 +352,10 @@ class GraphOverlay:
         ):
             return label
         raise UpdateRejected(400, index, f"label {label!r} is not a class of this graph")
+
+
+def _contains(ascending: np.ndarray, value: int) -> bool:
+    """Whether a sorted in-list holds ``value``: a binary search (``np.isin`` sorts first and
+    cost ~150 us per edge operation)."""
+    at = int(np.searchsorted(ascending, value))
+    return at < len(ascending) and int(ascending[at]) == value
