@@ -111,11 +111,13 @@ class GraphOverlay:
         base = self._base_index.get(node_id)
         if base is None:
             return int(self.lookup([node_id])[0])
-        node = base
-        if node < 0 and self.new_ids:
-            key = node_key(self.base.id_kind, node_id)
-            node = self._new_index.get(key, -1) if key is not None else -1
+        node = base if base >= 0 or not self.new_ids else self._new_node(node_id)
         return -1 if node in self.removed else node
+
+    def _new_node(self, node_id: int | str) -> int:
+        """Index of a node added by an update, -1 if no update added ``node_id``."""
+        key = node_key(self.base.id_kind, node_id)
+        return self._new_index.get(key, -1) if key is not None else -1
 
     def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
         """Internal indices of external IDs as of now; -1 for unknown or removed nodes."""
@@ -123,8 +125,7 @@ class GraphOverlay:
         if self.new_ids:
             for position, node_id in enumerate(ids):
                 if nodes[position] < 0:
-                    key = node_key(self.base.id_kind, node_id)
-                    nodes[position] = self._new_index.get(key, -1) if key is not None else -1
+                    nodes[position] = self._new_node(node_id)
         if self.removed:
             nodes[np.isin(nodes, np.fromiter(self.removed, dtype=np.int64))] = -1
         return nodes

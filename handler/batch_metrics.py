@@ -26,7 +26,7 @@ GAUGES: dict[str, tuple[str, str]] = {
     "forward": ("GnnForwardTime", "ms"),
     "format": ("GnnFormatTime", "ms"),
 }
-_SECONDS = ("parse", "sample", "gather", "forward", "format")
+_SECONDS = tuple(name for name, (_, unit) in GAUGES.items() if unit == "ms")  # timed in s
 
 
 @dataclass
