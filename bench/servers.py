@@ -25,6 +25,7 @@ from tests.integration.server import TorchServe, free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 _WORKER_SCRIPT = "model_service_worker.py"
+_ZYGOTE_MODULE = "gnnserve_prefork.zygote"
 
 
 # TorchServe answers 503 once a model's queue holds job_queue_size requests (default 100):
@@ -34,13 +35,17 @@ EXTRA_CONFIG = "job_queue_size=1024\n"
 
 
 @contextlib.contextmanager
-def torchserve(home: Path, model_store: Path, models: list[str]) -> Iterator[TorchServe]:
-    """A TorchServe serving ``models`` (``name=file.mar``), stopped by PID on exit.
+def torchserve(
+    home: Path, model_store: Path, models: list[str], prefork: bool = True
+) -> Iterator[TorchServe]:
+    """A TorchServe serving ``models`` (``name=file.mar``), stopped by PID on exit; its workers
+    forked from one zygote as ``make serve`` runs them (prefork/), or plain when ``prefork`` is
+    False.
 
     ``home`` is emptied first: every run starts with fresh logs and an empty temp dir.
     """
     shutil.rmtree(home, ignore_errors=True)
-    server = TorchServe(home=home, model_store=model_store)
+    server = TorchServe(home=home, model_store=model_store, prefork=prefork)
     try:
         print(f"  starting TorchServe with {', '.join(models)}", flush=True)
         server.start(",".join(models), timeout=600, extra_config=EXTRA_CONFIG)
@@ -105,7 +110,9 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 def worker_pids(server: TorchServe) -> list[int]:
-    """PIDs of the Python worker processes under this server's frontend."""
+    """PIDs of every Python process that makes up this server's workers: the frontend's worker
+    children (plain workers, or pre-fork launchers) and, with pre-forking, the zygote and the
+    workers forked from it (they share its command line)."""
     if server.pid is None:
         return []
     frontend = psutil.Process(server.pid)
@@ -114,7 +121,11 @@ def worker_pids(server: TorchServe) -> list[int]:
         with contextlib.suppress(psutil.Error):
             if any(_WORKER_SCRIPT in part for part in child.cmdline()):
                 pids.append(child.pid)
-    return pids
+    zygote_args = f"{_ZYGOTE_MODULE} --frontend-pid {server.pid}"
+    for process in psutil.process_iter(["cmdline"]):
+        if zygote_args in " ".join(process.info["cmdline"] or []):
+            pids.append(process.pid)
+    return sorted(set(pids))
 
 
 @dataclass(frozen=True)

@@ -314,13 +314,21 @@ class Suite:
                     )
 
     def memory(self) -> None:
-        """Total PSS of the workers with 1, 2 and 4 workers, on 1.13 GB of features."""
+        """Total PSS of the workers with 1, 2 and 4 workers, on 1.13 GB of features, with
+        workers forked from a zygote (the default) and as plain interpreters."""
         print("== worker memory (PSS), graph with 1.13 GB of features", flush=True)
         spec = ArchiveSpec("mem", (10, 10), 16, 5)
         mar = self.artifacts.gnn_archive(spec)
-        home = self.work / "run" / "memory"
+        for mode in ("prefork", "plain"):
+            self._memory(mar, mode)
+
+    def _memory(self, mar: Path, mode: str) -> None:
+        print(f"  workers: {mode}", flush=True)
+        home = self.work / "run" / f"memory-{mode}"
         graph = GRAPHS["mem"]
-        with servers.torchserve(home, self.artifacts.archives, [f"gnn={mar.name}"]) as server:
+        models = [f"gnn={mar.name}"]
+        prefork = mode == "prefork"
+        with servers.torchserve(home, self.artifacts.archives, models, prefork) as server:
             auth = server.auth("inference")
             url = f"{server.inference_url}/predictions/gnn"
             for workers in (1, 2, 4):
@@ -334,6 +342,7 @@ class Suite:
                 result = loadgen.closed_loop(target, 2 * workers, 300, count, timeout_s=300)
                 loaded = servers.memory_of(servers.worker_pids(server))
                 row = {
+                    "mode": mode,
                     "workers": workers,
                     "feature_bytes": graph.feature_bytes,
                     "idle": asdict(idle),
@@ -343,7 +352,8 @@ class Suite:
                 }
                 self.results["memory"].append(row)
                 print(
-                    f"    {workers} worker(s): PSS idle {idle.pss:7.0f} MiB, after load "
+                    f"    {workers} worker(s), {idle.processes} processes: PSS idle "
+                    f"{idle.pss:7.0f} MiB, after load "
                     f"{loaded.pss:7.0f} MiB (anon {loaded.pss_anon:.0f}, file "
                     f"{loaded.pss_file:.0f}); {result.ok} requests, {result.errors} errors",
                     flush=True,

@@ -10,6 +10,9 @@ ARCHIVE="${ARCHIVE:-gnn.mar}"
 # TorchServe keeps its pid file and unpacked archives in the temp dir: ours is private.
 export TEMP="$STATE/tmp" TMPDIR="$STATE/tmp" LOG_LOCATION="$STATE/logs" METRICS_LOCATION="$STATE/logs"
 export PATH="$VENV_BIN:$PATH"
+# Workers are forked from one process that imported torch and PyG (prefork/, docs/operations.md
+# "Worker memory"); GNNSERVE_PREFORK=0 starts each worker as a fresh interpreter instead.
+export PYTHONPATH="$ROOT/prefork${PYTHONPATH:+:$PYTHONPATH}"
 
 inference_key() {
   "$VENV_BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["key"])' \

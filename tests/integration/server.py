@@ -19,6 +19,7 @@ import requests
 
 BIN = Path(sys.executable).parent
 SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.properties"
+PREFORK_HOOK = Path(__file__).resolve().parents[2] / "prefork"
 
 
 LARGEST_BATCH = re.compile(
@@ -54,6 +55,8 @@ class TorchServe:
     pid: int | None = None
     # Set by restart() only: the ports to keep instead of picking free ones.
     fixed_ports: tuple[int, int, int] | None = None
+    # Workers forked from a zygote (prefork/, docs/operations.md "Worker memory").
+    prefork: bool = False
 
     @property
     def inference_url(self) -> str:
@@ -79,6 +82,7 @@ class TorchServe:
             "LOG_LOCATION": str(self.home / "logs"),
             "METRICS_LOCATION": str(self.home / "logs"),
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            **({"PYTHONPATH": str(PREFORK_HOOK)} if self.prefork else {}),
         }
 
     def write_config(self, extra: str = "") -> Path:

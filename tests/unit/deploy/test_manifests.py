@@ -347,6 +347,15 @@ def test_the_image_is_built_from_the_pinned_torchserve_release():
         assert program == f"{venv.group(1)}/bin/torchserve"
 
 
+def test_the_image_forks_its_workers_from_the_prefork_hook():
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    copied = re.search(r"^COPY prefork (\S+)$", dockerfile, re.MULTILINE)
+    assert copied, "deploy/Dockerfile must copy prefork/ into the image"
+    assert f"ENV PYTHONPATH={copied.group(1)}" in dockerfile
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    assert "!prefork" in ignore  # the build context admits the folder
+
+
 # --- KServe --------------------------------------------------------------------------------
 
 RESOURCE_LIST = {
