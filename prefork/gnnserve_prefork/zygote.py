@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from gnnserve_prefork.protocol import receive_request, send_line, zygote_address
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(asctime)s zygote %(process)d %(message)s", level=logging.INFO)
+    frontend = Frontend(args.frontend_pid)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         listener.bind(zygote_address(args.frontend_pid))
@@ -94,16 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         time.perf_counter() - start,
         args.imports,
     )
-    serve(listener, args.frontend_pid)
+    serve(listener, frontend)
     logger.info("frontend %d is gone; exiting", args.frontend_pid)
     return 0
 
 
-def serve(listener: socket.socket, frontend_pid: int) -> None:
+def serve(listener: socket.socket, frontend: Frontend) -> None:
     """Forks a worker per launcher and reports each worker's exit to its launcher, until the
     frontend exits. Single-threaded: forking from a threaded process is unsafe."""
     launchers: dict[int, socket.socket] = {}
-    while _alive(frontend_pid):
+    while frontend.alive():
         readable, _, _ = select.select([listener], [], [], _POLL_S)
         _reap(launchers)
         if readable:
@@ -155,14 +157,30 @@ def _reap(launchers: dict[int, socket.socket]) -> None:
         conn.close()
 
 
-def _alive(pid: int) -> bool:
+def _process_state(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of a process from ``/proc/<pid>/stat``; None once it is gone."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # the command name may hold spaces and parentheses
+    return fields[0], fields[19]
+
+
+class Frontend:
+    """The TorchServe frontend this zygote serves. It counts as gone once it has exited, even
+    while nobody reaps it (a zombie), and a new process that reuses its PID is not it."""
+
+    def __init__(self, pid: int) -> None:
+        state = _process_state(pid)
+        if state is None:
+            raise ProcessLookupError(f"frontend {pid} is not running")
+        self.pid = pid
+        self._started = state[1]
+
+    def alive(self) -> bool:
+        state = _process_state(self.pid)
+        return state is not None and state[0] not in ("Z", "X") and state[1] == self._started
 
 
 def _become_worker(request: dict[str, Any], fds: list[int], inherited: list[socket.socket]) -> None:

@@ -22,6 +22,7 @@ from gnnserve_prefork.protocol import (
     send_line,
     send_request,
 )
+from gnnserve_prefork.zygote import Frontend
 
 PREFORK = Path(__file__).resolve().parents[3] / "prefork"
 
@@ -220,3 +221,18 @@ def test_a_request_without_its_descriptors_is_refused() -> None:
         left.sendall(b'{"argv": []}\n')
         with pytest.raises(ValueError, match="needs 4 descriptors"):
             receive_request(right)
+
+
+def test_an_exited_frontend_counts_as_gone_even_before_it_is_reaped() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    try:
+        frontend = Frontend(child.pid)
+        assert frontend.alive()
+        deadline = time.monotonic() + 10
+        while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not frontend.alive()  # a zombie: exited, not yet waited for
+    finally:
+        child.wait()
+    assert not frontend.alive()
