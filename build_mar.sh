@@ -76,6 +76,9 @@ Live updates (docs/dynamic-graphs.md)
   --update-state-dir DIR  where the update log lives (default: gnnserve-state in TorchServe's TEMP)
   --update-secret-file F  read the update secret from F at serve time (default: the environment
                           variable GNNSERVE_UPDATE_SECRET of the server)
+  --update-follow-interval MS
+                          how often each worker checks the update log and applies other workers'
+                          updates between batches; 0 = only at the start of each batch (default 5)
 
 Archive
   --name NAME             model name (default gnn)
@@ -116,7 +119,8 @@ while [ $# -gt 0 ]; do
     --explain-steps|--explain-budget-ms)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --enable-updates) yaml_args+=(--enable-updates); shift ;;
-    --update-state-dir|--update-secret-file) need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
+    --update-state-dir|--update-secret-file|--update-follow-interval)
+      need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --name) need "$@"; name="$2"; shift 2 ;;
     --version) need "$@"; version="$2"; shift 2 ;;
     --export-path) need "$@"; export_path="$2"; shift 2 ;;

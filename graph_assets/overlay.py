@@ -54,6 +54,13 @@ class GraphOverlay:
         self.features: dict[int, np.ndarray] = {}
         self.in_lists: dict[int, np.ndarray] = {}
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
+        # Plain ndarray views of the base's memory maps (no copy): numpy.memmap indexes through
+        # a Python-level __getitem__ (~1 us a call), which replay paid several times per edge
+        # operation (a quarter of applying a 10-edge update) and sampling per changed node.
+        self._indptr = np.asarray(base.indptr)
+        self._indices = np.asarray(base.indices)
+        self._in_degree = np.asarray(base.in_degree)
+        self._features = np.asarray(base.features)
         self._base_index: dict[int | str, int] = {}  # during apply: base index of each ID
         # Set when a base node's in-list moves to the overlay; never cleared (a flagged node
         # whose list was restored just reads the base list through in_list()).
@@ -135,8 +142,8 @@ class GraphOverlay:
         if node in self.in_lists:
             return self.in_lists[node]
         if node < self.base.num_nodes:
-            start, end = int(self.base.indptr[node]), int(self.base.indptr[node + 1])
-            return np.asarray(self.base.indices[start:end], dtype=np.int64)
+            start, end = int(self._indptr[node]), int(self._indptr[node + 1])
+            return np.asarray(self._indices[start:end], dtype=np.int64)
         return np.empty(0, dtype=np.int64)
 
     def dirty_mask(self, nodes: np.ndarray) -> np.ndarray:
@@ -159,7 +166,7 @@ class GraphOverlay:
         """Current in-degrees of ``nodes`` (base degrees unless the node is dirty or new)."""
         clean = nodes < self.base.num_nodes
         degree = np.zeros(len(nodes), dtype=np.int64)
-        degree[clean] = self.base.in_degree[nodes[clean]]
+        degree[clean] = self._in_degree[nodes[clean]]
         dirty = np.flatnonzero(self.dirty_mask(nodes))
         for position in dirty:
             degree[position] = len(self.in_list(int(nodes[position])))
@@ -168,7 +175,7 @@ class GraphOverlay:
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
         """Current feature rows of ``nodes`` (float32 ``[len(nodes), F]``)."""
         base_rows = np.minimum(nodes, self.base.num_nodes - 1)
-        rows = np.array(self.base.features[base_rows], dtype=np.float32)
+        rows = np.asarray(self._features[base_rows], dtype=np.float32)  # a fresh copy
         if self.features:
             for position, node in enumerate(nodes.tolist()):
                 replaced = self.features.get(node)
@@ -202,7 +209,8 @@ class GraphOverlay:
             if src == dst:
                 raise UpdateRejected(400, index, "self-loops are not stored (src equals dst)")
             current = self.in_list(dst)
-            present = _contains(current, src)
+            at = int(current.searchsorted(src))  # one binary search: presence and insert point
+            present = at < len(current) and int(current[at]) == src
             if kind == "add_edge":
                 if present:
                     raise UpdateRejected(
@@ -210,7 +218,6 @@ class GraphOverlay:
                         index,
                         f"edge {operation['src']!r} -> {operation['dst']!r} already exists",
                     )
-                at = int(np.searchsorted(current, src))
                 added = np.array([src], dtype=np.int64)
                 grown = np.concatenate((current[:at], added, current[at:]))
                 self._set_in_list(dst, grown, undo)
@@ -278,14 +285,14 @@ class GraphOverlay:
         if node < self.base.num_nodes:
             order, indptr = self._reverse_index()
             positions = order[indptr[node] : indptr[node + 1]]
-            targets = np.searchsorted(self.base.indptr, positions, side="right") - 1
+            targets = np.searchsorted(self._indptr, positions, side="right") - 1
             found.update(targets.tolist())
         return np.array(sorted(found), dtype=np.int64)
 
     def _reverse_index(self) -> tuple[np.ndarray, np.ndarray]:
         """CSR of the base graph, built once on the first node removal (O(E log E))."""
         if self._base_out is None:
-            indices = np.asarray(self.base.indices, dtype=np.int64)
+            indices = np.asarray(self._indices, dtype=np.int64)
             order = np.argsort(indices, kind="stable")
             indptr = np.zeros(self.base.num_nodes + 1, dtype=np.int64)
             np.cumsum(np.bincount(indices, minlength=self.base.num_nodes), out=indptr[1:])
@@ -295,7 +302,7 @@ class GraphOverlay:
     def _set_in_list(self, node: int, values: np.ndarray, undo: list[Callable[[], None]]) -> None:
         had = node in self.in_lists
         previous = self.in_lists.get(node)
-        self.in_lists[node] = values.astype(np.int64)
+        self.in_lists[node] = np.asarray(values, dtype=np.int64)  # callers pass fresh arrays
         if node < self.base.num_nodes:
             self._dirty[node] = True
 
@@ -358,5 +365,5 @@ class GraphOverlay:
 def _contains(ascending: np.ndarray, value: int) -> bool:
     """Whether a sorted in-list holds ``value``: a binary search (``np.isin`` sorts first and
     cost ~150 us per edge operation)."""
-    at = int(np.searchsorted(ascending, value))
+    at = int(ascending.searchsorted(value))
     return at < len(ascending) and int(ascending[at]) == value

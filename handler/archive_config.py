@@ -107,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--update-secret-file", default="", help="file holding the update secret at serve time"
     )
+    parser.add_argument(
+        "--update-follow-interval",
+        type=float,
+        default=defaults.update_follow_interval_ms,
+        help="ms between a worker's checks of the update log between batches (0 = no follower)",
+    )
     _add_task_options(parser, defaults)
     args = parser.parse_args(argv)
     num_layers = int(json.loads(args.model_config.read_text())["num_layers"])
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             updates_enabled=args.enable_updates,
             update_state_dir=args.update_state_dir,
             update_secret_file=args.update_secret_file,
+            update_follow_interval_ms=args.update_follow_interval,
             task=args.task,
             max_top_k=args.max_top_k,
             max_graph_nodes=args.max_graph_nodes,

@@ -259,7 +259,9 @@ class NodeClassificationEngine:
         times = StageTimes(batch_size=len(items))
         start = time.perf_counter()
         if self.live is not None:
-            self.live.sync()  # updates acknowledged by any worker are visible from here on
+            # Updates acknowledged by any worker are visible from here on; usually the follower
+            # thread has applied them already and this is one fstat.
+            self.live.sync()
         outcomes = self._resolve_all(items)
         times.parse = time.perf_counter() - start
         start = time.perf_counter()
@@ -313,8 +315,13 @@ class NodeClassificationEngine:
         return responses
 
     def handle(self, items: Sequence[Any]) -> list[Response]:
-        """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks)."""
-        return self.respond(self.run(self.prepare(items)))
+        """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks), on one graph
+        version: the live graph is held still from lookup to ``graph_version`` (as
+        ``GNNHandler.handle`` does for a TorchServe batch)."""
+        if self.live is None:
+            return self.respond(self.run(self.prepare(items)))
+        with self.live.reading():
+            return self.respond(self.run(self.prepare(items)))
 
     def _resolve_all(self, items: Sequence[Any]) -> list[ResolvedRequest | ApiError]:
         """Parses each request alone, then looks up the IDs of all valid ones in one call

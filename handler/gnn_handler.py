@@ -71,6 +71,7 @@ class GNNHandler(BaseHandler):
         # explanation requests to their engines (handler.tasks).
         self.engine: NodeClassificationEngine | LinkEngine | GraphEngine | None = None
         self.router: Router | None = None
+        self.live: LiveGraph | None = None
         self.batch_metrics = BatchMetrics(ServingSettings().metrics_interval_s)
 
     def initialize(self, context: Context) -> None:
@@ -142,6 +143,15 @@ class GNNHandler(BaseHandler):
             store.checksum[:12],
             list(settings.fanouts),
         )
+
+    def handle(self, data: list[Any], context: Context) -> list[str]:
+        """TorchServe's entry point for a batch. With live updates, the graph is held still from
+        the first lookup to the last ``graph_version`` (the follower thread waits meanwhile),
+        after catching up with every update acknowledged before the batch."""
+        if self.live is None:
+            return super().handle(data, context)
+        with self.live.reading():
+            return super().handle(data, context)
 
     def preprocess(self, data: list[Any]) -> RoutedBatch:
         """Applies the batch's graph updates first (in order), then validates each prediction
@@ -248,7 +258,11 @@ def open_live_graph(
         return None, UpdatePolicy(secret=None, max_operations=settings.max_update_operations)
     secret = read_secret(settings.update_secret_env, settings.update_secret_file)
     state = Path(settings.update_state_dir or Path(tempfile.gettempdir()) / STATE_DIR)
-    live = LiveGraph(store, state / store.checksum / "updates.log")
+    live = LiveGraph(
+        store,
+        state / store.checksum / "updates.log",
+        follow_interval_s=settings.update_follow_interval_ms / 1000,
+    )
     return live, UpdatePolicy(secret=secret, max_operations=settings.max_update_operations)
 
 

@@ -179,7 +179,12 @@ class NeighbourSampler:
         the others from the base CSC arrays.
         """
         ops, overlay = self.ops, self.overlay
-        if overlay is None or overlay.is_empty:
+        dirty_mask = None
+        if overlay is not None and not overlay.is_empty:
+            dirty_mask = overlay.dirty_mask(ops.to_numpy(frontier))
+        # No changed node in this frontier (the common case on a big graph): the base arrays
+        # alone, in one pass, draw exactly what the split below would.
+        if dirty_mask is None or not dirty_mask.any():
             return self._sample_csc(
                 self._indptr,
                 self._indices,
@@ -190,7 +195,8 @@ class NeighbourSampler:
                 nodes_so_far,
                 edges_so_far,
             )
-        dirty = ops.from_numpy(overlay.dirty_mask(ops.to_numpy(frontier)))
+        assert overlay is not None
+        dirty = ops.from_numpy(dirty_mask)
         clean_rows = ops.flatnonzero(~dirty)
         dirty_rows = ops.flatnonzero(dirty)
         rows, neighbours = self._sample_csc(

@@ -5,6 +5,7 @@ Defaults live here and nowhere else; ``build_mar.sh`` writes the YAML from them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -49,6 +50,9 @@ class ServingSettings:
         update_secret_file, update_secret_env: where the update secret comes from (a file, else
             that environment variable); the inference token alone cannot change the graph.
         max_update_operations: more operations in one update request is answered 413.
+        update_follow_interval_ms: how often a worker's follower thread checks the update log
+            (one ``fstat``) and applies what other workers appended, between batches, so that
+            requests rarely replay it themselves; 0 = no follower (each batch replays).
         max_top_k: link archives: the largest ``top_k`` a request may ask for (more is 413).
         max_graph_nodes, max_graph_edges: graph archives: an inline graph with more nodes or
             edges is answered 413.
@@ -76,6 +80,7 @@ class ServingSettings:
     update_secret_file: str = ""
     update_secret_env: str = "GNNSERVE_UPDATE_SECRET"
     max_update_operations: int = 1000
+    update_follow_interval_ms: float = 5.0
     max_top_k: int = 1000
     max_graph_nodes: int = 10_000
     max_graph_edges: int = 100_000
@@ -134,6 +139,13 @@ class ServingSettings:
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or interval < 0:
             raise ValueError(
                 f"metrics_interval_s must be a number of seconds >= 0; got {interval!r}"
+            )
+        follow = self.update_follow_interval_ms
+        is_number = isinstance(follow, (int, float)) and not isinstance(follow, bool)
+        if not is_number or not 0 <= follow < math.inf:
+            raise ValueError(
+                "update_follow_interval_ms must be a number of milliseconds >= 0 "
+                f"(0 = no follower thread); got {follow!r}"
             )
         for name in ("verify_checksum", "share_graph", "updates_enabled"):
             if not isinstance(getattr(self, name), bool):
