@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GINConv
+from torch_geometric.nn import GINConv, MessagePassing, SAGEConv
 from torch_geometric.nn import models as pyg_models
 from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
@@ -61,12 +61,47 @@ class NodeClassifier(torch.nn.Module):
         edges = list(itertools.accumulate(edges_per_hop(edge_index, level_sizes)))
         for i, conv in enumerate(gnn.convs):
             keep = layers - 1 - i  # the deepest hop whose rows this layer's output feeds
-            x = conv((x, x[: rows[keep]]), edge_index[:, : edges[keep]])
+            x = self._trimmed_layer(conv, x, rows[keep], edge_index[:, : edges[keep]])
             if i < layers - 1:
                 if gnn.act is not None:
                     x = gnn.act(x)
                 x = gnn.dropout(x)
         return x
+
+    def _trimmed_layer(
+        self, conv: torch.nn.Module, x: Tensor, rows: int, edge_index: Tensor
+    ) -> Tensor:
+        """One layer's output for the first ``rows`` rows of ``x`` (its destinations)."""
+        return conv((x, x[:rows]), edge_index)
+
+
+def runs_stock_propagate(conv: MessagePassing) -> bool:
+    """True when ``conv.propagate`` would do nothing but aggregate: no explainer masks, no
+    hooks, no decomposed layers (what :func:`aggregate_in_edges` may stand in for)."""
+    hooks = (
+        conv._propagate_forward_pre_hooks,
+        conv._propagate_forward_hooks,
+        conv._message_forward_pre_hooks,
+        conv._message_forward_hooks,
+        conv._aggregate_forward_pre_hooks,
+        conv._aggregate_forward_hooks,
+    )
+    return not conv.explain and conv.decomposed_layers == 1 and not any(hooks)
+
+
+def aggregate_in_edges(x: Tensor, edge_index: Tensor, rows: int, mean: bool) -> Tensor:
+    """Sum (or mean) of ``x[src]`` into each of the first ``rows`` rows over ``edge_index``.
+
+    The arithmetic of PyG's ``propagate`` with ``aggr="sum"|"mean"`` (the same additions in the
+    same order, so the same bits), without its per-call bookkeeping, which on a sampled
+    ego-graph of a few thousand rows costs about as much as the arithmetic itself.
+    """
+    src, dst = edge_index
+    total = x.new_zeros(rows, x.size(1)).index_add_(0, dst, x.index_select(0, src))
+    if not mean:
+        return total
+    count = torch.bincount(dst, minlength=rows).clamp_(min=1).to(x.dtype)
+    return total / count.unsqueeze(1)
 
 
 class GCN(NodeClassifier):
@@ -123,6 +158,21 @@ class GraphSAGE(NodeClassifier):
             pyg_models.GraphSAGE(in_dim, hidden_dim, num_layers, out_dim, dropout=dropout)
         )
 
+    def _trimmed_layer(
+        self, conv: torch.nn.Module, x: Tensor, rows: int, edge_index: Tensor
+    ) -> Tensor:
+        """``SAGEConv`` computed from its own weights: ``lin_l(mean of x_j) + lin_r(x_i)``."""
+        if not (
+            isinstance(conv, SAGEConv)
+            and conv.aggr == "mean"
+            and conv.root_weight
+            and not (conv.project or conv.normalize)
+            and runs_stock_propagate(conv)
+        ):
+            return super()._trimmed_layer(conv, x, rows, edge_index)
+        mean = aggregate_in_edges(x, edge_index, rows, mean=True)
+        return conv.lin_l(mean) + conv.lin_r(x[:rows])
+
 
 class GAT(NodeClassifier):
     """GAT: hidden layers concatenate ``heads`` heads of ``hidden_dim // heads`` channels each;
@@ -149,6 +199,16 @@ class GIN(NodeClassifier):
         self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int, dropout: float
     ) -> None:
         super().__init__(_WideGIN(in_dim, hidden_dim, num_layers, out_dim, dropout=dropout))
+
+
+    def _trimmed_layer(
+        self, conv: torch.nn.Module, x: Tensor, rows: int, edge_index: Tensor
+    ) -> Tensor:
+        """``GINConv`` computed from its own weights: ``nn(sum of x_j + (1 + eps) x_i)``."""
+        if not (isinstance(conv, GINConv) and conv.aggr == "add" and runs_stock_propagate(conv)):
+            return super()._trimmed_layer(conv, x, rows, edge_index)
+        total = aggregate_in_edges(x, edge_index, rows, mean=False)
+        return conv.nn(total + (1 + conv.eps) * x[:rows])
 
 
 class _WideGIN(pyg_models.GIN):

@@ -5,7 +5,14 @@ import torch
 from torch_geometric.nn import models as pyg_models
 
 from model import ModelConfig, build_model
-from model.architectures import GAT, GCN, GIN, GraphSAGE, gcn_norm_with_degree
+from model.architectures import (
+    GAT,
+    GCN,
+    GIN,
+    GraphSAGE,
+    runs_stock_propagate,
+    gcn_norm_with_degree,
+)
 
 ARCH_CLASSES = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 
@@ -68,3 +75,35 @@ def test_dropout_only_in_training(small_graph):
     assert torch.equal(
         model(small_graph.x, small_graph.edge_index), model(small_graph.x, small_graph.edge_index)
     )
+
+
+@pytest.mark.parametrize("arch", ["sage", "gin"])
+def test_direct_layers_equal_pyg_propagate(small_graph, arch):
+    """SAGE and GIN compute a trimmed layer from the conv's own weights, without PyG's
+    propagate; each layer gives exactly what the PyG conv gives on the same bipartite input."""
+    torch.manual_seed(1)
+    model = build_model({"arch": arch, "in_dim": 6, "out_dim": 3, "hidden_dim": 8}).eval()
+    x, edge_index = small_graph.x, small_graph.edge_index
+    rows = 25
+    into_rows = edge_index[:, edge_index[1] < rows]
+    with torch.no_grad():
+        for conv in model.gnn.convs:
+            direct = model._trimmed_layer(conv, x, rows, into_rows)
+            assert torch.equal(direct, conv((x, x[:rows]), into_rows))
+            x = torch.relu(conv(x, edge_index))
+
+
+def test_a_conv_with_hooks_or_an_explainer_takes_pyg_propagate(small_graph):
+    """Hooks and explainer masks live in PyG's propagate: such a conv is never bypassed."""
+    model = build_model({"arch": "sage", "in_dim": 6, "out_dim": 3}).eval()
+    conv = model.gnn.convs[0]
+    assert runs_stock_propagate(conv)
+    calls = []
+    conv.register_propagate_forward_hook(lambda *args: calls.append(1))
+    into_rows = small_graph.edge_index[:, small_graph.edge_index[1] < 25]
+    with torch.no_grad():
+        model._trimmed_layer(conv, small_graph.x, 25, into_rows)
+    assert calls == [1]
+    explained = build_model({"arch": "sage", "in_dim": 6, "out_dim": 3}).gnn.convs[0]
+    explained.explain = True
+    assert not runs_stock_propagate(explained)
