@@ -20,6 +20,14 @@ import numpy as np
 from graph_assets.store import GraphStore, node_key
 
 OPERATION_TYPES = ("add_node", "add_edge", "remove_edge", "set_features", "remove_node")
+# The fields each operation may carry: anything else is refused, not stored in the log unread.
+OPERATION_FIELDS = {
+    "add_node": {"type", "id", "x", "label"},
+    "add_edge": {"type", "src", "dst"},
+    "remove_edge": {"type", "src", "dst"},
+    "set_features": {"type", "id", "x"},
+    "remove_node": {"type", "id"},
+}
 
 
 class UpdateRejected(ValueError):
@@ -196,6 +204,9 @@ class GraphOverlay:
                 400, index, f"each operation is an object whose type is one of {OPERATION_TYPES}"
             )
         kind = operation["type"]
+        unknown = sorted(str(field) for field in set(operation) - OPERATION_FIELDS[kind])
+        if unknown:
+            raise UpdateRejected(400, index, f"unknown field(s) {unknown} in a {kind} operation")
         if kind == "add_node":
             self._add_node(index, operation, undo)
         elif kind == "set_features":

@@ -156,6 +156,16 @@ def test_invalid_request_changes_nothing_and_names_the_item(store):
         ([{"type": "add_edge", "src": 3, "dst": 3}], 400, 0),
         ([{"type": "remove_node", "id": 500}, {"type": "nonsense"}], 400, 1),
         ([{"type": "add_node", "id": 0, "x": [0.0] * FEATURES}], 409, 0),
+        # An unknown field is refused, whatever it holds (infinity cannot even be logged).
+        (
+            [
+                {"type": "add_edge", "src": 500, "dst": 2},
+                {"type": "remove_node", "id": 4, "label": float("inf")},
+            ],
+            400,
+            1,
+        ),
+        ([{"type": "add_edge", "src": 500, "dst": 2, "weight": 1}], 400, 0),
     ]
     for operations, status, index in cases:
         with pytest.raises(UpdateRejected) as rejected:
