@@ -200,7 +200,6 @@ class GIN(NodeClassifier):
     ) -> None:
         super().__init__(_WideGIN(in_dim, hidden_dim, num_layers, out_dim, dropout=dropout))
 
-
     def _trimmed_layer(
         self, conv: torch.nn.Module, x: Tensor, rows: int, edge_index: Tensor
     ) -> Tensor:

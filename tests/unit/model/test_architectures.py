@@ -10,8 +10,8 @@ from model.architectures import (
     GCN,
     GIN,
     GraphSAGE,
-    runs_stock_propagate,
     gcn_norm_with_degree,
+    runs_stock_propagate,
 )
 
 ARCH_CLASSES = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
