@@ -425,6 +425,21 @@ def update_doc(doc: Path, profile: str, body: str) -> None:
     doc.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
+def memory_by_mode(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
+    """Memory rows by worker mode and worker count (rows from before pre-forking are plain)."""
+    by_mode: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in results["memory"]:
+        by_mode.setdefault(row.get("mode", "plain"), {})[row["workers"]] = row
+    return by_mode
+
+
+def pss_ratio(rows: dict[int, dict[str, Any]]) -> float | None:
+    """Total PSS with 4 workers over that with 1, after load."""
+    if 1 not in rows or 4 not in rows:
+        return None
+    return float(rows[4]["loaded"]["pss"] / rows[1]["loaded"]["pss"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("results", type=Path, help="results-<profile>.json from bench.suite")
@@ -442,18 +457,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def memory_by_mode(results: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
-    """Memory rows by worker mode and worker count (rows from before pre-forking are plain)."""
-    by_mode: dict[str, dict[int, dict[str, Any]]] = {}
-    for row in results["memory"]:
-        by_mode.setdefault(row.get("mode", "plain"), {})[row["workers"]] = row
-    return by_mode
-
-
-def pss_ratio(rows: dict[int, dict[str, Any]]) -> float | None:
-    """Total PSS with 4 workers over that with 1, after load."""
-    if 1 not in rows or 4 not in rows:
-        return None
-    return float(rows[4]["loaded"]["pss"] / rows[1]["loaded"]["pss"])
