@@ -1,9 +1,11 @@
 """Folds a base store and its update log into a new store, for the next archive version.
 
 ``python -m graph_assets.compact --store BASE --log STATE/<checksum>/updates.log --out NEW``
-writes a fresh store (new checksum, so a fresh, empty update log) while the running server keeps
-serving BASE plus its log: nothing running is touched. Build the next version from it with
-``./build_mar.sh --store NEW ...``.
+writes a fresh store (new checksum) while the running server keeps serving BASE plus its log:
+nothing running is touched. Build the next version from it with ``./build_mar.sh --store NEW
+...``. NEW continues the same log after the last record it folded in (its meta.json
+``update_log``), so both versions see every update sent to either, before and after
+``set-default``; compacting NEW again keeps that log (one log per lineage).
 """
 
 from __future__ import annotations
@@ -11,29 +13,43 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from graph_assets.errors import StoreError
+from graph_assets.log_lineage import open_update_log
 from graph_assets.overlay import GraphOverlay
 from graph_assets.store import StoreMeta, open_store
-from graph_assets.update_log import UpdateLog
-from graph_assets.writer import StoreBuilder, feature_block_rows
+from graph_assets.writer import LogContinuation, StoreBuilder, feature_block_rows
 
 
-def replay(store_dir: Path, log_path: Path) -> GraphOverlay:
-    """The base store with every intact record of the log applied."""
+@dataclass(frozen=True)
+class Replayed:
+    """A store with its log applied, and the log's byte offset after the last record applied."""
+
+    overlay: GraphOverlay
+    log_end: int
+
+
+def replay(store_dir: Path, log_path: Path) -> Replayed:
+    """The base store with every intact record of the log after the store's own applied."""
     overlay = GraphOverlay(open_store(store_dir))
-    records, _ = UpdateLog.open(log_path).read_from(0)
+    log, start = open_update_log(overlay.base, log_path)
+    try:
+        records, end = log.read_from(start)
+    finally:
+        log.close()
     for record in records:
         overlay.apply(record.operations, record.seq)
-    return overlay
+    return Replayed(overlay=overlay, log_end=end)
 
 
-def compact(overlay: GraphOverlay, out_dir: Path) -> StoreMeta:
-    """Writes the graph ``overlay`` describes as a plain store at ``out_dir``."""
-    base = overlay.base
+def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
+    """Writes the graph ``replayed`` describes as a store at ``out_dir`` that continues the
+    same update log after the records folded into it."""
+    overlay, base = replayed.overlay, replayed.overlay.base
     live = np.array(
         [n for n in range(overlay.num_nodes) if n not in overlay.removed], dtype=np.int64
     )
@@ -61,7 +77,19 @@ def compact(overlay: GraphOverlay, out_dir: Path) -> StoreMeta:
             num_classes=base.num_classes,
             class_names=base.class_names,
             undirected=bool(base.meta["stats"].get("undirected", False)),
+            continues=LogContinuation(
+                update_log={"base": base.log_base, "seq": overlay.seq, "offset": replayed.log_end},
+                removed_ids=_removed_ids(overlay),
+            ),
         )
+
+
+def _removed_ids(overlay: GraphOverlay) -> np.ndarray:
+    """Every ID removed in the lineage so far, sorted: the base's and the overlay's."""
+    removed = np.array(sorted(overlay.removed), dtype=np.int64)
+    return np.unique(
+        np.concatenate((np.asarray(overlay.base.removed_ids), _external_keys(overlay, removed)))
+    )
 
 
 def _external_keys(overlay: GraphOverlay, nodes: np.ndarray) -> np.ndarray:
@@ -69,7 +97,7 @@ def _external_keys(overlay: GraphOverlay, nodes: np.ndarray) -> np.ndarray:
     values = [overlay.external_id(int(n)) for n in nodes]
     if base.id_kind == "int":
         return np.array(values, dtype=np.int64)
-    return np.array([str(v).encode("utf-8") for v in values])
+    return np.array([str(v).encode("utf-8") for v in values], dtype=np.bytes_)
 
 
 def _edges(overlay: GraphOverlay, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -98,15 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        overlay = replay(args.store, args.log)
-        meta = compact(overlay, args.out)
+        replayed = replay(args.store, args.log)
+        meta = compact(replayed, args.out)
     except (StoreError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    seq = replayed.overlay.seq
     print(
-        f"compacted {args.store} + {overlay.seq} updates -> {args.out}: {meta['num_nodes']} "
-        f"nodes, {meta['num_edges']} edges, checksum {meta['checksum']} "
-        f"({time.perf_counter() - started:.1f} s)"
+        f"compacted {args.store} + updates up to seq {seq} -> {args.out}: {meta['num_nodes']} "
+        f"nodes, {meta['num_edges']} edges, checksum {meta['checksum']}; it continues "
+        f"{args.log} at seq {seq + 1} ({time.perf_counter() - started:.1f} s)"
     )
     return 0
 

@@ -1,4 +1,4 @@
-"""The two ways building or opening a graph store fails, each with a message a user can act on."""
+"""The ways building or opening a graph store fails, each with a message a user can act on."""
 
 from __future__ import annotations
 
@@ -25,3 +25,9 @@ class GraphInputError(ValueError):
 
 class StoreError(RuntimeError):
     """A graph store is missing, corrupt, of another format version, or cannot be written."""
+
+
+class UpdateLogMismatch(StoreError):
+    """A compacted store's update log does not continue where the store says its updates stop
+    (the log is shorter, or holds another record there): serving it would lose or misapply
+    updates."""

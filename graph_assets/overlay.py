@@ -54,7 +54,9 @@ class GraphOverlay:
     def __init__(self, base: GraphStore, max_new_nodes: int = 10_000_000) -> None:
         self.base = base
         self.max_new_nodes = max_new_nodes
-        self.seq = 0
+        # A compacted store already holds its lineage's records up to folded_seq.
+        self._base_seq = base.folded_seq
+        self.seq = self._base_seq
         self.new_ids: list[int | str] = []
         self.new_labels: list[int] = []
         self._new_index: dict[int | bytes, int] = {}
@@ -81,7 +83,8 @@ class GraphOverlay:
 
     @property
     def is_empty(self) -> bool:
-        return self.seq == 0
+        """No record applied on top of the base, so the base alone answers (the fast path)."""
+        return self.seq == self._base_seq
 
     def apply(
         self, operations: Sequence[Any], seq: int, commit: Callable[[], None] | None = None
@@ -259,6 +262,8 @@ class GraphOverlay:
             node = int(existing) if existing >= 0 else self._new_index[key]
             state = "was removed (IDs are not reused)" if node in self.removed else "already exists"
             raise UpdateRejected(409, index, f"node {node_id!r} {state}")
+        if self.base.was_removed(node_id):  # removed before the base was compacted
+            raise UpdateRejected(409, index, f"node {node_id!r} was removed (IDs are not reused)")
         if len(self.new_ids) >= self.max_new_nodes:
             raise UpdateRejected(413, index, f"the overlay holds {self.max_new_nodes} new nodes")
         vector = self._vector(index, operation)

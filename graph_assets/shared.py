@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from graph_assets.errors import StoreError
-from graph_assets.store import ARRAY_FILES, META_FILE, open_store, read_meta
+from graph_assets.store import META_FILE, open_store, read_meta, store_files
 
 
 def share_store(store_dir: Path, cache_root: Path) -> Path:
@@ -29,7 +29,8 @@ def share_store(store_dir: Path, cache_root: Path) -> Path:
     renamed into place, and a worker that loses the race uses the winner's.
     """
     store_dir = Path(store_dir)
-    checksum = read_meta(store_dir)["checksum"]
+    meta = read_meta(store_dir)
+    checksum = meta["checksum"]
     meta_bytes = (store_dir / META_FILE).read_bytes()
     target = Path(cache_root) / checksum
     if target.is_dir():
@@ -43,7 +44,7 @@ def share_store(store_dir: Path, cache_root: Path) -> Path:
     Path(cache_root).mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{checksum[:12]}-", dir=cache_root))
     try:
-        for name in (*ARRAY_FILES, META_FILE):
+        for name in (*store_files(meta), META_FILE):
             _link_or_copy(store_dir / name, staging / name)
         staging.chmod(0o755)
         try:

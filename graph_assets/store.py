@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypedDict, cast
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 
@@ -31,6 +31,8 @@ ARRAY_FILES = (
     "labels.npy",
     "out_degree.npy",
 )
+# Only in a compacted store (one whose meta.json has "update_log"): the IDs updates removed.
+REMOVED_IDS_FILE = "removed_ids.npy"
 REBUILD_HINT = (
     "rebuild the store with `python -m graph_assets build --graph DIR --out STORE` "
     "(or `python -m graph_assets synthetic ...`)"
@@ -43,6 +45,7 @@ _INDEX_DTYPES = (np.dtype("<i4"), _INT64)
 # Canonical decimal form of an int, as str(int) writes it: no sign on zero, no leading zeros.
 _CANONICAL_INT = re.compile(r"0|-?[1-9][0-9]*")
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
+_CHECKSUM = re.compile(r"[0-9a-f]{64}")
 
 IdKind = Literal["int", "str"]
 
@@ -65,8 +68,17 @@ class StoreStats(TypedDict):
     undirected: bool
 
 
+class UpdateLogMeta(TypedDict):
+    """Where a compacted store's updates continue: the log in ``<state_dir>/<base>/`` after the
+    record of ``seq``, which ends at byte ``offset`` (records up to it are folded in)."""
+
+    base: str  # checksum of the lineage's first store, whose state directory holds the log
+    seq: int
+    offset: int
+
+
 class StoreMeta(TypedDict):
-    """The content of meta.json (format version 1)."""
+    """The content of meta.json (format version 1); ``update_log`` only in a compacted store."""
 
     format_version: int
     num_nodes: int
@@ -78,6 +90,7 @@ class StoreMeta(TypedDict):
     files: dict[str, FileMeta]
     checksum: str
     stats: StoreStats
+    update_log: NotRequired[UpdateLogMeta]
 
 
 def index_dtype(count: int) -> np.dtype[Any]:
@@ -94,10 +107,22 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def combined_checksum(file_sha256: Mapping[str, str]) -> str:
-    """One digest naming the whole graph: sha256 over the files' hex digests in name order."""
+def combined_checksum(
+    file_sha256: Mapping[str, str], update_log: UpdateLogMeta | None = None
+) -> str:
+    """One digest naming the whole graph: sha256 over the files' hex digests in name order,
+    then a compacted store's ``update_log`` entry (so where its updates continue is covered)."""
     joined = "".join(file_sha256[name] for name in sorted(file_sha256))
+    if update_log is not None:
+        joined += json.dumps(update_log, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(joined.encode("ascii")).hexdigest()
+
+
+def store_files(meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """The array files a store with this meta.json has, in name order."""
+    if "update_log" not in meta:
+        return ARRAY_FILES
+    return tuple(sorted((*ARRAY_FILES, REMOVED_IDS_FILE)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,6 +143,8 @@ class GraphStore:
         in_degree: ``[N]`` int64 full-graph in-degree (no self-loops, no duplicates).
         out_degree: ``[N]`` int64 full-graph out-degree.
         ids: ``[N]`` sorted external IDs, int64 or UTF-8 bytes (``S<k>``).
+        removed_ids: sorted external IDs that updates removed before the store was compacted,
+            of ``ids``' kind; empty unless the store is compacted. They are never reused.
     """
 
     path: Path
@@ -129,6 +156,7 @@ class GraphStore:
     in_degree: np.ndarray
     out_degree: np.ndarray
     ids: np.ndarray
+    removed_ids: np.ndarray
 
     @property
     def num_nodes(self) -> int:
@@ -161,6 +189,24 @@ class GraphStore:
         """Digest of all arrays: names this exact graph (e.g. to seed deterministic sampling)."""
         return self.meta["checksum"]
 
+    @property
+    def update_log(self) -> UpdateLogMeta | None:
+        """Where a compacted store's updates continue in its lineage's log; None otherwise."""
+        return self.meta.get("update_log")
+
+    @property
+    def log_base(self) -> str:
+        """The checksum naming the state directory of this store's update log: the lineage's
+        first store for a compacted store (one log per lineage), else its own."""
+        lineage = self.update_log
+        return lineage["base"] if lineage is not None else self.checksum
+
+    @property
+    def folded_seq(self) -> int:
+        """Seq of the last update record folded into the arrays (0 for a store never updated)."""
+        lineage = self.update_log
+        return lineage["seq"] if lineage is not None else 0
+
     def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
         """Internal indices (int64) of external ``ids``; -1 marks an ID the graph does not have.
 
@@ -169,27 +215,40 @@ class GraphStore:
         (bools, floats, other strings) is reported missing rather than raising, since callers
         turn -1 into "node not found".
         """
-        keys, usable = self._keys(ids)
-        pos = np.searchsorted(self.ids, keys)
+        return self._find(self.ids, ids)
+
+    def was_removed(self, node_id: int | str) -> bool:
+        """Whether an update removed ``node_id`` before this store was compacted: such an ID
+        is refused by ``add_node``, as it was before compaction (IDs are not reused)."""
+        return bool(self._find(self.removed_ids, [node_id])[0] >= 0)
+
+    def _find(self, table: np.ndarray, ids: Sequence[int | str]) -> np.ndarray:
+        """Positions of ``ids`` in the sorted ID array ``table``, -1 where absent."""
+        if len(table) == 0:
+            return np.full(len(ids), -1, dtype=np.int64)
+        keys, usable = self._keys(ids, table.dtype)
+        pos = np.searchsorted(table, keys)
         # Positions past the end and unusable keys both mean missing; clip only to compare safely.
-        clipped = np.minimum(pos, self.num_nodes - 1)
-        found = usable & (pos < self.num_nodes) & (self.ids[clipped] == keys)
+        clipped = np.minimum(pos, len(table) - 1)
+        found = usable & (pos < len(table)) & (table[clipped] == keys)
         return np.where(found, pos, -1).astype(np.int64)
 
-    def _keys(self, ids: Sequence[int | str]) -> tuple[np.ndarray, np.ndarray]:
-        """The query IDs as an array of ``ids.dtype`` plus a mask of those that could match."""
+    def _keys(
+        self, ids: Sequence[int | str], dtype: np.dtype[Any]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The query IDs as an array of ``dtype`` plus a mask of those that could match."""
         if self.id_kind == "int":
             ints = [_as_int_id(x) for x in ids]
             usable = np.array([v is not None for v in ints], dtype=bool)
             keys = np.array([0 if v is None else v for v in ints], dtype=np.int64)
             return keys, usable
-        width = self.ids.dtype.itemsize
+        width = dtype.itemsize
         raw = [_as_str_id(x) for x in ids]
         # Longer keys would be truncated by the S<k> dtype and could falsely match a prefix.
         usable = np.array([b is not None and len(b) <= width for b in raw], dtype=bool)
         keys = np.array(
             [b if ok and b is not None else b"" for b, ok in zip(raw, usable, strict=True)],
-            dtype=self.ids.dtype,
+            dtype=dtype,
         )
         return keys, usable
 
@@ -253,13 +312,15 @@ def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
     """
     path = Path(path)
     meta = read_meta(path)
-    for name in ARRAY_FILES:
+    names = store_files(meta)
+    for name in names:
         _check_size(path, name, meta["files"][name])
     if verify_checksum:
         _verify_checksums(path, meta)
     expected = _expected_layout(meta)
-    arrays = {name: _load(path, name, meta["files"][name], expected[name]) for name in ARRAY_FILES}
+    arrays = {name: _load(path, name, meta["files"][name], expected[name]) for name in names}
     _check_structure(path, meta, arrays)
+    removed = arrays.get(REMOVED_IDS_FILE, np.empty(0, dtype=arrays["ids.npy"].dtype))
     return GraphStore(
         path=path,
         meta=meta,
@@ -270,6 +331,7 @@ def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
         in_degree=arrays["in_degree.npy"],
         out_degree=arrays["out_degree.npy"],
         ids=arrays["ids.npy"],
+        removed_ids=removed,
     )
 
 
@@ -320,10 +382,13 @@ def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
         raise bad("checksum is missing")
     if not isinstance(meta.get("stats"), dict):
         raise bad("stats is missing")
+    if "update_log" in meta:
+        _check_update_log(meta["update_log"], bad)
     files = meta.get("files")
-    if not isinstance(files, dict) or sorted(files) != list(ARRAY_FILES):
+    names = list(store_files(meta))
+    if not isinstance(files, dict) or sorted(files) != names:
         listed = sorted(files) if isinstance(files, dict) else files
-        raise bad(f"files must list exactly {list(ARRAY_FILES)}, found {listed!r}")
+        raise bad(f"files must list exactly {names}, found {listed!r}")
     for name, entry in files.items():
         if not (
             isinstance(entry, dict)
@@ -334,6 +399,24 @@ def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
             and isinstance(entry.get("sha256"), str)
         ):
             raise bad(f"files[{name!r}] must hold dtype, shape, bytes and sha256, found {entry!r}")
+
+
+def _check_update_log(entry: object, bad: Callable[[str], StoreError]) -> None:
+    """A compacted store's ``update_log``: the lineage's checksum, a seq and a byte offset."""
+    if not (
+        isinstance(entry, dict)
+        and sorted(entry) == ["base", "offset", "seq"]
+        and isinstance(entry["base"], str)
+        and _CHECKSUM.fullmatch(entry["base"])
+        and all(
+            isinstance(entry[key], int) and not isinstance(entry[key], bool) and entry[key] >= 0
+            for key in ("seq", "offset")
+        )
+    ):
+        raise bad(
+            "update_log must hold base (a 64-digit hex checksum), seq and offset (integers "
+            f">= 0), found {entry!r}"
+        )
 
 
 def _check_size(path: Path, name: str, entry: FileMeta) -> None:
@@ -350,7 +433,7 @@ def _check_size(path: Path, name: str, entry: FileMeta) -> None:
 
 def _verify_checksums(path: Path, meta: StoreMeta) -> None:
     digests = {}
-    for name in ARRAY_FILES:
+    for name in store_files(meta):
         digest = sha256_file(path / name)
         if digest != meta["files"][name]["sha256"]:
             raise StoreError(
@@ -359,7 +442,7 @@ def _verify_checksums(path: Path, meta: StoreMeta) -> None:
                 f"{REBUILD_HINT}"
             )
         digests[name] = digest
-    combined = combined_checksum(digests)
+    combined = combined_checksum(digests, meta.get("update_log"))
     if combined != meta["checksum"]:
         raise StoreError(
             f"{path / META_FILE}: checksum is {meta['checksum']}, the files combine to "
@@ -375,7 +458,7 @@ def _expected_layout(meta: StoreMeta) -> dict[str, tuple[tuple[np.dtype[Any], ..
     else:
         # Any width: S<k> is as wide as the longest ID. Checked by kind in _load.
         id_dtypes = (np.dtype("S1"),)
-    return {
+    layout = {
         "features.npy": ((np.dtype("<f4"),), [n, f]),
         "ids.npy": (id_dtypes, [n]),
         "in_degree.npy": ((_INT64,), [n]),
@@ -384,6 +467,9 @@ def _expected_layout(meta: StoreMeta) -> dict[str, tuple[tuple[np.dtype[Any], ..
         "labels.npy": ((_INT64,), [n]),
         "out_degree.npy": ((_INT64,), [n]),
     }
+    if REMOVED_IDS_FILE in meta["files"]:  # 1-D, as long as meta.json records
+        layout[REMOVED_IDS_FILE] = (id_dtypes, meta["files"][REMOVED_IDS_FILE]["shape"][:1])
+    return layout
 
 
 def _load(
@@ -459,6 +545,8 @@ def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray])
                 f"source indices must be in [0, {n}), found values from {block.min()} to "
                 f"{block.max()}",
             )
+    if REMOVED_IDS_FILE in arrays:
+        _check_removed_ids(path, arrays["ids.npy"], arrays[REMOVED_IDS_FILE])
     out_degree = np.bincount(indices, minlength=n)
     if not np.array_equal(out_degree, arrays["out_degree.npy"]):
         raise bad("out_degree.npy", "out_degree disagrees with the edges in indices.npy")
@@ -470,6 +558,22 @@ def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray])
                 "labels.npy",
                 f"labels must be -1 (unlabelled) or in [0, {num_classes}), found values from "
                 f"{block.min()} to {block.max()}",
+            )
+
+
+def _check_removed_ids(path: Path, ids: np.ndarray, removed: np.ndarray) -> None:
+    """Sorted, unique, and none of them a node of the store (a removed node is gone)."""
+    file = path / REMOVED_IDS_FILE
+    hint = "compact the source store again with `python -m graph_assets.compact`"
+    if not np.all(removed[1:] > removed[:-1]):
+        raise StoreError(f"{file}: removed IDs must be sorted ascending without duplicates; {hint}")
+    if len(removed):
+        pos = np.minimum(np.searchsorted(ids, removed), len(ids) - 1)
+        both = removed[ids[pos] == removed]
+        if len(both):
+            raise StoreError(
+                f"{file}: {len(both)} removed IDs are also nodes of the store (first: "
+                f"{both[0]!r}); {hint}"
             )
 
 

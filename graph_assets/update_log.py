@@ -1,13 +1,18 @@
 """The append-only, checksummed, fsync'd log of graph updates that every worker replays.
 
 One log per base graph (``<state_dir>/<graph checksum>/updates.log``), shared by every worker of
-every archive version that serves that graph. A record is acknowledged only after it is on disk.
-Writers hold an exclusive ``flock`` while they append; readers hold a shared one while they read,
-so a reader never sees a record that is being written. A record cut short by a crash (a torn
-tail) is found at open time, reported and cut off, never half-applied.
+every archive version that serves that graph or a store compacted from it. A record is
+acknowledged only after it is on disk. Writers hold an exclusive ``flock`` while they append;
+readers hold a shared one while they read, so a reader never sees a record that is being written.
+A record cut short by a crash (a torn tail) is found at open time, reported and cut off, never
+half-applied.
 
 Record layout: ``b"GNUP"`` | payload length (uint32, little endian) | CRC-32 of the payload
 (uint32) | payload (UTF-8 JSON).
+
+A log started for a compacted store on a fresh state directory begins with a start marker: a
+record with no operations whose ``seq`` is the last one folded into that store (graph_assets.
+log_lineage). Update requests always carry operations, so no other record looks like it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import json
 import logging
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +43,11 @@ class LogRecord:
 
     seq: int
     operations: list[dict[str, Any]]
+
+    @property
+    def is_start_marker(self) -> bool:
+        """Whether this is the first record of a log started at ``seq + 1`` (no operations)."""
+        return not self.operations
 
 
 @dataclass(frozen=True)
@@ -78,6 +89,33 @@ class UpdateLog:
                 )
         return log
 
+    @classmethod
+    def create_starting_after(cls, path: Path, seq: int) -> bool:
+        """Creates the log at ``path`` holding only a start marker for ``seq``, unless a log is
+        there already; True if this call created it.
+
+        The marker is written and fsync'd in a private file that is then linked into place, so
+        a log that exists is never seen without it, even by workers starting at once.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        staging.unlink(missing_ok=True)  # left by a crashed process that had this pid
+        try:
+            fresh = cls(staging)
+            try:
+                fresh.append([], seq)
+            finally:
+                fresh.close()
+            try:
+                os.link(staging, path)
+            except FileExistsError:
+                return False
+            _fsync_dir(path.parent)
+            return True
+        finally:
+            staging.unlink(missing_ok=True)
+
     def close(self) -> None:
         os.close(self._fd)
 
@@ -94,6 +132,20 @@ class UpdateLog:
                 records = list(self._records(offset))
         end = records[-1][1] if records else offset
         return [record for record, _ in records], end
+
+    def record_at(self, offset: int) -> tuple[LogRecord, int] | None:
+        """The record that starts at byte ``offset`` and the offset after it; None at the end.
+
+        Raises ValueError when no intact record starts there.
+        """
+        with self._locked(fcntl.LOCK_SH):
+            size = os.fstat(self._fd).st_size
+            if offset >= size:
+                return None
+            parsed = self._parse_at(offset, size)
+        if isinstance(parsed, str):
+            raise ValueError(f"no intact update record starts at byte {offset} ({parsed})")
+        return parsed
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -161,3 +213,12 @@ class UpdateLog:
         except (ValueError, KeyError, TypeError):
             return "unparsable payload"
         return record, offset + _HEADER.size + length
+
+
+def _fsync_dir(path: Path) -> None:
+    """Makes a new entry in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -16,6 +16,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -25,18 +26,33 @@ import numpy as np
 from graph_assets.errors import StoreError
 from graph_assets.reader import RawGraph
 from graph_assets.store import (
-    ARRAY_FILES,
     FORMAT_VERSION,
     META_FILE,
+    REMOVED_IDS_FILE,
     FileMeta,
     StoreMeta,
     StoreStats,
+    UpdateLogMeta,
     combined_checksum,
     index_dtype,
     sha256_file,
 )
 
 _FEATURE_BLOCK_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class LogContinuation:
+    """What a compacted store records so that it continues its source's update log.
+
+    Attributes:
+        update_log: the lineage's log and the position after the last folded record.
+        removed_ids: every ID removed so far (sorted, unique, the ``ids`` dtype's kind), so
+            the new store refuses to re-add them exactly as its source does.
+    """
+
+    update_log: UpdateLogMeta
+    removed_ids: np.ndarray
 
 
 def feature_block_rows(feature_dim: int) -> int:
@@ -133,6 +149,7 @@ class StoreBuilder:
         num_classes: int,
         class_names: Sequence[str] | None,
         undirected: bool,
+        continues: LogContinuation | None = None,
     ) -> StoreMeta:
         """Finish the store and move it into place; return its meta.
 
@@ -140,6 +157,7 @@ class StoreBuilder:
         and duplicates are dropped and counted in ``meta["stats"]``. ``labels`` are class
         indices in internal order (-1 unlabelled); ``class_names[k]`` names class ``k``.
         ``undirected`` is only recorded: the caller has already added the reverse edges.
+        ``continues`` (compaction only, default None) makes the store continue an update log.
         """
         if self._features is None:
             raise RuntimeError("this StoreBuilder was committed or aborted already")
@@ -163,9 +181,14 @@ class StoreBuilder:
             "labels.npy": labels,
             "out_degree.npy": np.bincount(indices, minlength=n).astype(np.int64),
         }
+        if continues is not None:
+            arrays[REMOVED_IDS_FILE] = continues.removed_ids
         for name, array in arrays.items():
             _save(self._staging / name, array)
-        files = {name: _file_meta(self._staging / name) for name in ARRAY_FILES}
+        files = {
+            name: _file_meta(self._staging / name) for name in sorted({*arrays, "features.npy"})
+        }
+        update_log = continues.update_log if continues is not None else None
         stats: StoreStats = {
             "input_edges": len(src),
             "self_loops_dropped": self_loops,
@@ -181,9 +204,13 @@ class StoreBuilder:
             "class_names": None if class_names is None else list(class_names),
             "id_kind": "int" if self.ids.dtype.kind == "i" else "str",
             "files": files,
-            "checksum": combined_checksum({name: f["sha256"] for name, f in files.items()}),
+            "checksum": combined_checksum(
+                {name: f["sha256"] for name, f in files.items()}, update_log
+            ),
             "stats": stats,
         }
+        if update_log is not None:
+            meta["update_log"] = update_log
         with (self._staging / META_FILE).open("w", encoding="utf-8") as f:
             json.dump(meta, f, indent=2)
             f.write("\n")

@@ -20,6 +20,7 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from graph_assets import GraphStore, open_store, share_store
+from graph_assets.log_lineage import update_log_path
 from handler.batch_metrics import GAUGES, BatchMetrics
 from handler.engine import NodeClassificationEngine, Response, StageTimes
 from handler.graph_engine import GraphEngine
@@ -260,7 +261,7 @@ def open_live_graph(
     state = Path(settings.update_state_dir or Path(tempfile.gettempdir()) / STATE_DIR)
     live = LiveGraph(
         store,
-        state / store.checksum / "updates.log",
+        update_log_path(store, state),
         follow_interval_s=settings.update_follow_interval_ms / 1000,
     )
     return live, UpdatePolicy(secret=secret, max_operations=settings.max_update_operations)

@@ -1,7 +1,8 @@
 """The served graph as of now: the memory-mapped base plus the replayed update log.
 
 Every worker of every archive version that serves the same base graph shares one update log
-(``<state_dir>/<base checksum>/updates.log``). A follower thread applies the records other
+(``<state_dir>/<base checksum>/updates.log``); a store compacted from it continues that log after
+the records folded into it (graph_assets.log_lineage). A follower thread applies the records other
 workers append between batches, and each batch still reads whatever is left (one ``fstat`` when
 there is nothing) before it looks anything up, so an update acknowledged by any worker is seen by
 every later request on every worker (read-your-writes) without the request usually paying for
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from graph_assets import GraphStore
+from graph_assets.log_lineage import open_update_log
 from graph_assets.overlay import GraphOverlay, UpdateRejected
 from graph_assets.update_log import LogRecord, UpdateLog
 from handler.errors import ApiError, BadRequest, Conflict, Forbidden, NotFound, TooLarge
@@ -94,7 +96,8 @@ class LiveGraph:
     """Base store + overlay, kept in step with the shared update log.
 
     With ``follow_interval_s`` > 0 a daemon thread checks the log that often (one ``fstat``) and
-    applies new records while no batch holds the graph; :meth:`close` stops it.
+    applies new records while no batch holds the graph; :meth:`close` stops it. A compacted
+    store starts at the seq and byte offset it folded its lineage's log up to.
     """
 
     def __init__(
@@ -102,8 +105,10 @@ class LiveGraph:
     ) -> None:
         self.store = store
         self.overlay = GraphOverlay(store)
-        self.log = UpdateLog.open(log_path) if log_path is not None else None
+        self.log: UpdateLog | None = None
         self._offset = 0
+        if log_path is not None:
+            self.log, self._offset = open_update_log(store, log_path)
         # Re-entrant: a batch holds it from lookup to formatting, and the updates inside that
         # batch (``update``) take it again.
         self._lock = threading.RLock()

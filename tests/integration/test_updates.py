@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
+import sys
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +17,7 @@ import psutil
 import pytest
 import requests
 
-from .conftest import build_archive, write_small_graph
+from .conftest import ROOT, build_archive, write_small_graph
 from .server import TorchServe
 
 pytestmark = pytest.mark.integration
@@ -60,21 +64,21 @@ def live_server(tmp_path_factory, updates_store) -> Iterator[TorchServe]:
         os.environ.pop("GNNSERVE_UPDATE_SECRET", None)
 
 
-def update(server: TorchServe, operations: list[dict], key: str | None = SECRET):
+def update(server: TorchServe, operations: list[dict], key: str | None = SECRET, path: str = "gnn"):
     headers = server.auth("inference")
     if key is not None:
         headers["X-Gnnserve-Update-Key"] = key
     return requests.post(
-        f"{server.inference_url}/predictions/gnn",
+        f"{server.inference_url}/predictions/{path}",
         json={"op": "update", "operations": operations},
         headers=headers,
         timeout=60,
     )
 
 
-def predict(server: TorchServe, node) -> requests.Response:
+def predict(server: TorchServe, node, path: str = "gnn") -> requests.Response:
     return requests.post(
-        f"{server.inference_url}/predictions/gnn",
+        f"{server.inference_url}/predictions/{path}",
         json={"node_id": node},
         headers=server.auth("inference"),
         timeout=60,
@@ -128,6 +132,69 @@ def test_removed_node_answers_404(live_server):
     assert update(live_server, [{"type": "remove_node", "id": "acct_9"}]).status_code == 200
     gone = predict(live_server, "acct_9")
     assert gone.status_code == 404 and gone.json()["type"] == "NodeNotFound"
+
+
+def build_next_version(model_store: Path, state: Path, work: Path) -> str:
+    """Compacts 1.0's graph and log, then builds gnn_v2.0.mar from it (same weights); returns
+    the new graph's checksum."""
+    with zipfile.ZipFile(model_store / "gnn.mar") as archive:
+        archive.extractall(work / "v1")
+    log = next(state.glob("*/updates.log"))
+    compacted = work / "v2_graph"
+    compact = [sys.executable, "-m", "graph_assets.compact", "--store", str(work / "v1" / "graph")]
+    subprocess.run(
+        [*compact, "--log", str(log), "--out", str(compacted)], check=True, cwd=ROOT, timeout=300
+    )
+    serving = "--fanouts -1,-1 --batch-size 1 --min-workers 1 --max-workers 1 --enable-updates"
+    build = [str(ROOT / "build_mar.sh"), "--store", str(compacted), "--version", "2.0"]
+    weights = ["--weights", str(work / "v1" / "model.pt"), "--arch", "gcn"]
+    paths = ["--update-state-dir", str(state), "--export-path", str(model_store)]
+    subprocess.run(
+        [*build, *weights, *serving.split(), *paths],
+        check=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        timeout=600,
+    )
+    return str(json.loads((compacted / "meta.json").read_text())["checksum"])
+
+
+def test_after_compaction_neither_version_loses_an_update(live_server, updates_store, tmp_path):
+    model_store, state = updates_store
+    management = live_server.auth("management")
+    assert update(live_server, [{"type": "remove_node", "id": "acct_8"}]).status_code == 200
+    checksum = build_next_version(model_store, state, tmp_path)
+    # acknowledged by 1.0 after compaction read the log: 2.0 must still see it
+    late = update(live_server, [{"type": "add_node", "id": "acct_late", "x": [0.5] * 8}])
+    assert late.status_code == 200, late.text
+    registered = requests.post(
+        f"{live_server.management_url}/models",
+        params={"url": "gnn_v2.0.mar", "initial_workers": 1, "synchronous": "true"},
+        headers=management,
+        timeout=300,
+    )
+    assert registered.status_code == 200, registered.text
+    moved = requests.put(
+        f"{live_server.management_url}/models/gnn/2.0/set-default", headers=management, timeout=60
+    )
+    assert moved.status_code == 200, moved.text
+    answer = predict(live_server, "acct_late")
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model_version"] == "2.0"
+    assert answer.json()["graph_version"] == f"{checksum[:12]}+{late.json()['seq']}"
+    assert predict(live_server, "acct_8").status_code == 404  # removed before compaction
+
+    # sent to 2.0 (now the default), read on 1.0; a removed ID is refused by both
+    sent = update(live_server, [{"type": "add_node", "id": "acct_from_v2", "x": [1.0] * 8}])
+    assert sent.status_code == 200 and sent.json()["seq"] == late.json()["seq"] + 1, sent.text
+    read = predict(live_server, "acct_from_v2", path="gnn/1.0")
+    assert read.status_code == 200, read.text
+    assert read.json()["graph_version"].endswith(f"+{sent.json()['seq']}")
+    for path in ("gnn/1.0", "gnn/2.0"):
+        again = update(
+            live_server, [{"type": "add_node", "id": "acct_8", "x": [0.0] * 8}], path=path
+        )
+        assert again.status_code == 409 and "IDs are not reused" in again.json()["message"]
+    assert len(list(state.glob("*/updates.log"))) == 1  # one log for the whole lineage
 
 
 def kill_everything(server: TorchServe) -> None:
