@@ -186,7 +186,8 @@ class GraphOverlay:
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
         """Current feature rows of ``nodes`` (float32 ``[len(nodes), F]``)."""
         base_rows = np.minimum(nodes, self.base.num_nodes - 1)
-        rows = np.asarray(self._features[base_rows], dtype=np.float32)  # a fresh copy
+        # np.take, not fancy indexing: half the time for a sampled subgraph's rows (a copy).
+        rows = np.take(self._features, base_rows, axis=0).astype(np.float32, copy=False)
         if self.features:
             for position, node in enumerate(nodes.tolist()):
                 replaced = self.features.get(node)
