@@ -269,9 +269,11 @@ class NeighbourSampler:
         """Floyd's algorithm: ``fanout`` distinct offsets in ``[0, count)`` per node, O(fanout²).
 
         The random draws are hashes of (node, hop, step, seed, graph), so they are repeatable.
-        All ``fanout`` draws are hashed at once, as an ``[n, fanout]`` matrix; only the collision
-        fix-up is sequential over steps (a few array ops per step, not a whole hash: per-op
-        overhead dominates at these sizes).
+        All ``fanout`` draws are hashed at once; only the collision fix-up is sequential over
+        steps (a few array ops per step, not a whole hash: per-op overhead dominates at these
+        sizes). The work is laid out step-major, ``[fanout, n]``, so that each step's check
+        reduces over earlier steps' contiguous rows instead of along short strided rows (half
+        the time for 320 nodes, a quarter for 3,200); the result is the ``[n, fanout]`` view.
         """
         ops = self.ops
         key = _mix(nodes ^ self._base_key)
@@ -281,13 +283,13 @@ class NeighbourSampler:
                 [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)]
             )
             self._salts[(hop, fanout)] = salts
-        draws = _mix(key[:, None] + salts)
+        draws = _mix(salts[:, None] + key)
         # Step s draws uniformly from [0, limit_s], limit_s = count - fanout + s.
-        limits = counts[:, None] + ops.arange(-fanout, 0)
+        limits = ops.arange(-fanout, 0)[:, None] + counts
         chosen = (draws & _LOW_63) % (limits + 1)
         # Floyd keeps step s's draw unless an earlier step chose it, then takes limit_s.
         for step in range(1, fanout):
-            candidate = chosen[:, step]
-            seen = (chosen[:, :step] == candidate[:, None]).any(1)
-            chosen[:, step] = ops.where(seen, limits[:, step], candidate)
-        return chosen
+            candidate = chosen[step]
+            seen = (chosen[:step] == candidate).any(0)
+            chosen[step] = ops.where(seen, limits[step], candidate)
+        return chosen.T
