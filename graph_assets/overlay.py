@@ -19,8 +19,8 @@ import numpy as np
 
 from graph_assets.store import GraphStore, node_key
 
-OPERATION_TYPES = ("add_node", "add_edge", "remove_edge", "set_features", "remove_node")
-# The fields each operation may carry: anything else is refused, not stored in the log unread.
+# Each operation type and the fields it may carry: anything else is refused, not stored in the
+# log unread.
 OPERATION_FIELDS = {
     "add_node": {"type", "id", "x", "label"},
     "add_edge": {"type", "src", "dst"},
@@ -28,6 +28,7 @@ OPERATION_FIELDS = {
     "set_features": {"type", "id", "x"},
     "remove_node": {"type", "id"},
 }
+OPERATION_TYPES = tuple(OPERATION_FIELDS)
 
 
 class UpdateRejected(ValueError):
