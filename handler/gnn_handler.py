@@ -24,6 +24,7 @@ from graph_assets.log_lineage import update_log_path
 from handler.batch_metrics import GAUGES, BatchMetrics
 from handler.engine import NodeClassificationEngine, Response, StageTimes
 from handler.graph_engine import GraphEngine
+from handler.json_body import encode_body
 from handler.link_engine import LinkEngine
 from handler.live_graph import (
     UPDATE_KEY_HEADER,
@@ -44,6 +45,7 @@ from handler.tasks import (
     link_router,
     node_router,
 )
+from handler.worker_socket import buffer_frontend_reads
 from model.export import load_model
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,8 @@ class GNNHandler(BaseHandler):
         """
         try:
             drop_torchserve_batch_line()
+            if not buffer_frontend_reads():
+                logger.warning("TorchServe's message reader not found: reading field by field")
             self._initialize(context)
         except Exception as error:
             logger.error("gnn worker refuses to start: %s", error)
@@ -145,7 +149,7 @@ class GNNHandler(BaseHandler):
             list(settings.fanouts),
         )
 
-    def handle(self, data: list[Any], context: Context) -> list[str]:
+    def handle(self, data: list[Any], context: Context) -> list[bytes]:
         """TorchServe's entry point for a batch. With live updates, the graph is held still from
         the first lookup to the last ``graph_version`` (the follower thread waits meanwhile),
         after catching up with every update acknowledged before the batch."""
@@ -179,7 +183,7 @@ class GNNHandler(BaseHandler):
         """One forward pass for the batch, under ``torch.inference_mode()`` (in the engine)."""
         return self._router().run(data)
 
-    def postprocess(self, data: RoutedResult) -> list[str]:
+    def postprocess(self, data: RoutedResult) -> list[bytes]:
         """One JSON body per request, in order, each with its own HTTP status."""
         responses = self._router().respond(data)
         if self._updates:
@@ -191,7 +195,7 @@ class GNNHandler(BaseHandler):
             phrase = HTTPStatus(response.status).phrase
             self.context.set_response_status(code=response.status, phrase=phrase, idx=index)
             self.context.set_response_content_type(index, "application/json")
-        return [json.dumps(response.body) for response in responses]
+        return [encode_body(response.body) for response in responses]
 
     def _report(self, times: StageTimes, responses: list[Response]) -> None:
         """Batch figures as custom metrics (on TorchServe's Prometheus endpoint) and one log
@@ -217,7 +221,7 @@ class GNNHandler(BaseHandler):
         """A fresh list per call: TorchServe appends default dimensions to the one it is given."""
         return [Dimension("ModelName", self.context.model_name), Dimension("Level", "Model")]
 
-    def explain_handle(self, data_preprocess: RoutedBatch, raw_data: list[Any]) -> list[str]:
+    def explain_handle(self, data_preprocess: RoutedBatch, raw_data: list[Any]) -> list[bytes]:
         """TorchServe's ``/explanations`` path (``BaseHandler.handle`` takes it when the batch's
         first request is an explanation). ``preprocess`` already routed every request by its
         own header, so a batch mixing explanations and predictions is answered the same way
