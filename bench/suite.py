@@ -4,7 +4,8 @@
     python -m bench.suite --profile full    # `make bench-full`
 
 Experiments, in order: the in-process stage micro-benchmark; the serving floor (an echo archive
-and our archive at several batch sizes, in one TorchServe); latency and throughput per graph size
+and our archive at several batch sizes, in one TorchServe, then the two back to back in pairs for
+the floor target); latency and throughput per graph size
 and fanouts; worker memory (total PSS) with 1, 2 and 4 workers; the FastAPI baselines (the seed
 articles' whole-graph forward, and ``k_hop_subgraph``). Results go to one JSON file that
 ``python -m bench.report`` turns into docs/benchmarks.md's tables and plots.
@@ -66,6 +67,7 @@ class Profile:
     micro_batches: int
     memory_requests_per_worker: int
     warm_seconds: float  # unmeasured load on each model before its levels (JIT, caches, pages)
+    floor_pairs: int  # echo and ours back to back at 32 connections, for the floor target
 
     @property
     def max_requests(self) -> int:
@@ -86,6 +88,7 @@ PROFILES = {
         micro_batches=60,
         memory_requests_per_worker=12,
         warm_seconds=3.0,
+        floor_pairs=3,
     ),
     "full": Profile(
         name="full",
@@ -100,6 +103,7 @@ PROFILES = {
         micro_batches=200,
         memory_requests_per_worker=16,
         warm_seconds=5.0,
+        floor_pairs=5,
     ),
 }
 
@@ -260,6 +264,9 @@ class Suite:
                     )
                     if spec == specs[0]:
                         peak = max(peak, result.throughput)
+            main_cpu = CpuWatch.of(server, specs[0].name)
+            pair = {"graph": "1M", "batch": batch, "delay": delay}
+            self._floor_pairs(echo_target, echo_cpu, targets[specs[0]], main_cpu, **pair)
             # One worker per core for both: the worker no longer idles while the frontend
             # hands it the next batch (TorchServe's own default is one worker per core).
             main_name = specs[0].name
@@ -284,6 +291,24 @@ class Suite:
                 )
                 labels = {"graph": "1M", "batch": batch, "delay": delay, "fanouts": [10, 10]}
                 self._record(system, result, labels)
+
+    def _floor_pairs(
+        self,
+        echo: loadgen.Target,
+        echo_cpu: CpuWatch,
+        ours: loadgen.Target,
+        ours_cpu: CpuWatch,
+        **labels: Any,
+    ) -> None:
+        """The floor target's levels, measured in pairs: echo then ours at 32 connections, back
+        to back, so that both see the same phase of a machine whose speed drifts within minutes
+        (the sweep above measures all of echo's levels before any of ours)."""
+        labels["experiment"] = "floor_pairs"
+        for pair in range(self.profile.floor_pairs):
+            self.level("echo", echo, 32, echo_cpu, pair=pair, **labels)
+            self.level(
+                "gnnserve", ours, 32, ours_cpu, pair=pair, fanouts=[10, 10], threads=1, **labels
+            )
 
     def sizes(self) -> None:
         """Latency per graph size and fanouts (batch 16 / 5 ms, and batch 1 for [10,10])."""
