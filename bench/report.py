@@ -60,6 +60,11 @@ def _cpu_per_request(row: Row) -> str:
     return f"{row['worker_cpu_ms_per_request']:.3f} / {row['frontend_cpu_ms_per_request']:.3f}"
 
 
+def _steal(row: Row) -> str:
+    """The hypervisor's steal during the row's measurement (not recorded before 2026-12-03)."""
+    return f"{row['steal_pct']:.1f}" if "steal_pct" in row else ""
+
+
 def _run_suffix(row: Row) -> str:
     """Where the row's level differs from the sweep: more workers, or one of the floor pairs."""
     workers = row.get("workers", 1)
@@ -187,7 +192,12 @@ def tables(results: Row) -> str:
         f"Profile `{results['profile']}`, measured {m['date']} on {m['cores']} cores "
         f"({m['cpu']}), {m['memory_gib']} GiB, kernel {m['kernel']}, Python {m['python']}, "
         f"torch {m['torch']}; load average at start {load_average}; "
-        f"the run took {results.get('seconds', '?')} s.",
+        f"the run took {results.get('seconds', '?')} s"
+        + (
+            f", {results['steal_pct']}% of its CPU time stolen by the hypervisor."
+            if "steal_pct" in results
+            else "."
+        ),
         "### Targets",
         _table(["figure", "target", "measured", ""], [list(t) for t in targets(results)]),
         "### Throughput and latency per concurrency (closed loop; open loop where a rate is given)",
@@ -204,6 +214,7 @@ def tables(results: Row) -> str:
                 "errors",
                 "client CPU s",
                 "worker / frontend CPU ms per request",
+                "host steal %",
             ],
             [
                 [
@@ -218,6 +229,7 @@ def tables(results: Row) -> str:
                     r["errors"],
                     f"{r['client_cpu_s']:.1f}",
                     _cpu_per_request(r),
+                    _steal(r),
                 ]
                 for r in results["load"]
                 if r.get("experiment") != "sizes"
@@ -286,6 +298,7 @@ def tables(results: Row) -> str:
                 "s+g+f",
                 "s+g+f p90",
                 "sampled nodes",
+                "host steal %",
             ],
             [
                 [
@@ -297,6 +310,7 @@ def tables(results: Row) -> str:
                     f"{r['sample_gather_forward']:.3f}",
                     f"{r['sample_gather_forward_p90']:.3f}",
                     f"{r['sampled_nodes']:.0f}",
+                    _steal(r),
                 ]
                 for r in results["micro"]
             ],

@@ -51,6 +51,19 @@ class CpuWatch:
         return servers.cpu_seconds(self.workers), servers.cpu_seconds([self.frontend])
 
 
+def host_steal() -> tuple[int, int]:
+    """(steal, all) CPU ticks of this VM since boot, from /proc/stat: steal is time the
+    hypervisor ran other guests while ours wanted the CPU, the drift this page's caveat is about."""
+    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return ticks[7], sum(ticks)
+
+
+def steal_percent(before: tuple[int, int]) -> float:
+    """Share of the CPU ticks since ``before`` that the hypervisor stole, in percent."""
+    steal, total = host_steal()
+    return round(100 * (steal - before[0]) / max(total - before[1], 1), 1)
+
+
 @dataclass(frozen=True)
 class Profile:
     """How much of each experiment a run does."""
@@ -170,7 +183,9 @@ class Suite:
         CPU time the model's workers and the frontend spent per answered request."""
         p = self.profile
         before = cpu.read() if cpu else None
+        ticks = host_steal()
         result = loadgen.closed_loop(target, concurrency, p.seconds, p.max_requests, timeout_s=180)
+        labels["steal_pct"] = steal_percent(ticks)
         if cpu and before and result.ok:
             workers, frontend = (now - then for now, then in zip(cpu.read(), before, strict=True))
             labels["worker_cpu_ms_per_request"] = round(1000 * workers / result.ok, 4)
@@ -205,6 +220,7 @@ class Suite:
         # timing, not while the timed stages share the two cores with the writeback.
         os.sync()
         for graph, fanouts, threads in runs:
+            ticks = host_steal()
             rows = microbench.benchmark(
                 stores[graph],
                 model,
@@ -213,8 +229,9 @@ class Suite:
                 threads,
                 batches=self.profile.micro_batches,
             )
-            print(microbench.format_rows(rows), flush=True)
-            self.results["micro"] += [asdict(row) for row in rows]
+            steal = steal_percent(ticks)
+            print(microbench.format_rows(rows), f"\n  host steal {steal}%", flush=True)
+            self.results["micro"] += [asdict(row) | {"steal_pct": steal} for row in rows]
         torch.set_num_threads(os.cpu_count() or 1)
 
     def floor(self) -> None:
@@ -438,10 +455,11 @@ def main() -> None:
     # SIGTERM unwinds like Ctrl-C, so every server is stopped by its `finally`.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     suite = Suite(PROFILES[args.profile], args.work)
-    started = time.monotonic()
+    started, ticks = time.monotonic(), host_steal()
     for name in args.only or ("micro", "floor", "sizes", "memory", "baselines"):
         getattr(suite, name)()
     suite.results["seconds"] = round(time.monotonic() - started, 1)
+    suite.results["steal_pct"] = steal_percent(ticks)
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"results-{args.profile}.json"
     out.write_text(json.dumps(suite.results, indent=1))
