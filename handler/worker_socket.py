@@ -29,7 +29,9 @@ class SocketReader:
 
     def read(self, length: int) -> bytearray:
         """Exactly ``length`` bytes; like TorchServe's reader, exits the worker when the
-        frontend has closed the connection."""
+        frontend has closed the connection. A length below 1 reads nothing, as there."""
+        if length <= 0:
+            return bytearray()
         while len(self.buffer) - self.position < length:
             if self.position:
                 del self.buffer[: self.position]

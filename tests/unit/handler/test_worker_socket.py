@@ -98,6 +98,16 @@ def test_a_body_larger_than_a_chunk_arrives_whole() -> None:
         assert batch[0]["parameters"][0]["value"] == body
 
 
+def test_empty_and_negative_lengths_read_nothing_like_torchserve() -> None:
+    server, client = socket.socketpair()
+    client.sendall(b"abc")
+    for length in (0, -1, -7):
+        assert worker_socket.buffered_retrieve(server, length) == ORIGINAL_READER(server, length)
+    assert worker_socket.buffered_retrieve(server, 3) == b"abc"
+    server.close()
+    client.close()
+
+
 def test_the_worker_exits_when_the_frontend_disconnects() -> None:
     server, client = socket.socketpair()
     client.sendall(b"I" + struct.pack("!i", 10) + b"abc")  # cut off inside a request ID
