@@ -281,12 +281,12 @@ class Suite:
                     )
                     if spec == specs[0]:
                         peak = max(peak, result.throughput)
-            main_cpu = CpuWatch.of(server, specs[0].name)
+            main_name = specs[0].name
+            main_cpu = CpuWatch.of(server, main_name)
             pair = {"graph": "1M", "batch": batch, "delay": delay}
             self._floor_pairs(echo_target, echo_cpu, targets[specs[0]], main_cpu, **pair)
             # One worker per core for both: the worker no longer idles while the frontend
             # hands it the next batch (TorchServe's own default is one worker per core).
-            main_name = specs[0].name
             for model in ("echo", main_name):
                 servers.scale_workers(server, model, CORES)
             per_core: list[tuple[str, str, loadgen.Target, dict[str, Any]]] = [
