@@ -22,6 +22,7 @@ from graph_assets.errors import StoreError
 from graph_assets.log_lineage import open_update_log
 from graph_assets.overlay import GraphOverlay
 from graph_assets.store import StoreMeta, open_store
+from graph_assets.update_log import check_next
 from graph_assets.writer import LogContinuation, StoreBuilder, feature_block_rows
 
 
@@ -36,12 +37,13 @@ class Replayed:
 def replay(store_dir: Path, log_path: Path) -> Replayed:
     """The base store with every intact record of the log after the store's own applied."""
     overlay = GraphOverlay(open_store(store_dir))
-    log, start = open_update_log(overlay.base, log_path)
+    log, start = open_update_log(overlay.base, log_path, writable=False)
     try:
         records, end = log.read_from(start)
     finally:
         log.close()
     for record in records:
+        check_next(record, overlay.seq, log_path)
         overlay.apply(record.operations, record.seq)
     return Replayed(overlay=overlay, log_end=end)
 

@@ -31,3 +31,27 @@ class UpdateLogMismatch(StoreError):
     """A compacted store's update log does not continue where the store says its updates stop
     (the log is shorter, or holds another record there): serving it would lose or misapply
     updates."""
+
+
+class UpdateLogCorrupt(StoreError):
+    """A record in the middle of an update log is unreadable while intact records follow it, or
+    the records' seqs do not run 1, 2, 3, ...: the log was damaged or written by two writers at
+    once. Replaying past it would lose or misapply acknowledged updates, so nothing does."""
+
+
+class UpdateLogWriteFailed(OSError):
+    """Appending a record failed (a full disk or quota, an I/O error); the record was rolled back
+    (``rolled_back``), so no reader ever sees it. ``errno`` is the cause's."""
+
+    def __init__(self, errno: int | None, message: str, rolled_back: bool) -> None:
+        super().__init__(errno, message)
+        self.rolled_back = rolled_back
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+class UnsafeDirectory(StoreError):
+    """A directory that must be private to this user (the update state, the graph cache) is
+    not: another user could have planted what it holds (an update record, a graph) or could
+    read it, so nothing in it is used."""

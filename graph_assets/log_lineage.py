@@ -25,12 +25,13 @@ def update_log_path(store: GraphStore, state_dir: Path) -> Path:
     return Path(state_dir) / store.log_base / LOG_FILE
 
 
-def open_update_log(store: GraphStore, path: Path) -> tuple[UpdateLog, int]:
+def open_update_log(store: GraphStore, path: Path, writable: bool = True) -> tuple[UpdateLog, int]:
     """The store's log, and the byte offset of the first record not in the store.
 
     A compacted store's log that does not exist yet (a fresh state directory) is started
-    there at the store's seq + 1, with a warning; one that is shorter than the store's offset,
-    or holds another record there, raises `UpdateLogMismatch` naming the file. Any other store
+    there at the store's seq + 1, with a warning (``writable=False``, for compaction, opens only
+    a log that exists and never changes it); one that is shorter than the store's offset, or
+    holds another record there, raises `UpdateLogMismatch` naming the file. Any other store
     starts at byte 0, seq 0, so the same check refuses it a log started for a compacted store.
     """
     lineage = store.update_log
@@ -38,7 +39,8 @@ def open_update_log(store: GraphStore, path: Path) -> tuple[UpdateLog, int]:
         seq, offset = 0, 0
     else:
         seq, offset = lineage["seq"], lineage["offset"]
-        if not Path(path).exists() and UpdateLog.create_starting_after(path, seq):
+        missing = writable and not Path(path).exists()
+        if missing and UpdateLog.create_starting_after(path, seq):
             logger.warning(
                 "update log %s did not exist: started it as a new log at seq %d (store %s "
                 "holds updates 1-%d); workers on the updates' original state directory do not "
@@ -48,7 +50,7 @@ def open_update_log(store: GraphStore, path: Path) -> tuple[UpdateLog, int]:
                 store.checksum[:12],
                 seq,
             )
-    log = UpdateLog.open(path)
+    log = UpdateLog.open(path, writable=writable)
     try:
         return log, _start_offset(log, seq, offset)
     except BaseException:
@@ -59,8 +61,8 @@ def open_update_log(store: GraphStore, path: Path) -> tuple[UpdateLog, int]:
 def _start_offset(log: UpdateLog, seq: int, offset: int) -> int:
     """``offset``, once the log is known to hold nothing or the record of ``seq + 1`` there."""
     first = log.record_at(0)
-    if first is not None and first[0].is_start_marker and first[0].seq == seq:
-        return first[1]  # a log started for this store: it continues right after the marker
+    if first is not None and first.is_start_marker and first.seq == seq:
+        return first.end  # a log started for this store: it continues right after the marker
     size = log.size()
     where = f"the store's updates continue after seq {seq}, at byte {offset}"
     if size < offset:
@@ -72,9 +74,9 @@ def _start_offset(log: UpdateLog, seq: int, offset: int) -> int:
         record = log.record_at(offset)
     except ValueError as error:
         raise UpdateLogMismatch(f"update log {log.path}: {error}, but {where}") from None
-    if record is not None and record[0].seq != seq + 1:
+    if record is not None and record.seq != seq + 1:
         raise UpdateLogMismatch(
-            f"update log {log.path} holds seq {record[0].seq} at byte {offset}, expected seq "
+            f"update log {log.path} holds seq {record.seq} at byte {offset}, expected seq "
             f"{seq + 1} ({where}): it is not this store's log"
         )
     return offset

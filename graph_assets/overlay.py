@@ -29,6 +29,7 @@ OPERATION_FIELDS = {
     "remove_node": {"type", "id"},
 }
 OPERATION_TYPES = tuple(OPERATION_FIELDS)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class UpdateRejected(ValueError):
@@ -361,9 +362,18 @@ class GraphOverlay:
             raise UpdateRejected(400, index, f"x must be a list of {width} numbers, got {got}")
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
             raise UpdateRejected(400, index, "x must hold numbers only")
-        if not all(math.isfinite(v) for v in values):
+        # An int is checked before any conversion: 10**400 overflows float() itself.
+        if not all(
+            abs(v) <= FLOAT32_MAX if isinstance(v, int) else math.isfinite(v) for v in values
+        ):
             raise UpdateRejected(400, index, "x holds NaN or infinity; send finite numbers")
-        return np.array(values, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            vector = np.array(values, dtype=np.float64).astype(np.float32)
+        if not np.isfinite(vector).all():
+            raise UpdateRejected(
+                400, index, f"x holds a value outside float32's range (±{FLOAT32_MAX:.7g})"
+            )
+        return vector
 
     def _label(self, index: int, label: Any) -> int:
         if label is None:

@@ -71,3 +71,17 @@ class InternalError(ApiError):
 
     status = 500
     phrase = "Internal Server Error"
+
+
+class Unavailable(ApiError):
+    """503: this worker cannot take updates now (it could not apply a record of the log)."""
+
+    status = 503
+    phrase = "Service Unavailable"
+
+
+class InsufficientStorage(ApiError):
+    """507: the update could not be written (a full disk or quota); nothing was applied."""
+
+    status = 507
+    phrase = "Insufficient Storage"

@@ -11,9 +11,11 @@ the replay. A batch holds the graph still from lookup to formatting (:meth:`Live
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
 import os
+import stat
 import threading
 import weakref
 from collections.abc import Iterator
@@ -23,10 +25,21 @@ from pathlib import Path
 from typing import Any
 
 from graph_assets import GraphStore
+from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
 from graph_assets.log_lineage import open_update_log
 from graph_assets.overlay import GraphOverlay, UpdateRejected
-from graph_assets.update_log import LogRecord, UpdateLog
-from handler.errors import ApiError, BadRequest, Conflict, Forbidden, NotFound, TooLarge
+from graph_assets.update_log import LogRecord, UpdateLog, check_next
+from handler.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InsufficientStorage,
+    InternalError,
+    NotFound,
+    TooLarge,
+    Unavailable,
+)
 from handler.requests import body_of, decode_body
 
 logger = logging.getLogger(__name__)
@@ -38,6 +51,8 @@ FOLLOWER_RETRY_S = 1.0
 
 
 _REJECTION = {400: BadRequest, 404: NotFound, 409: Conflict, 413: TooLarge}
+# Write failures answered 507 (the operator frees or grows the state volume); others are 503.
+_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 @dataclass(frozen=True)
@@ -60,8 +75,18 @@ class UpdatePolicy:
 
 
 def read_secret(env_name: str, secret_file: str) -> str:
-    """The update secret from a file (preferred) or an environment variable; never the YAML."""
+    """The update secret from a file (preferred) or an environment variable; never the YAML.
+
+    The file must not be writable by group or others, nor readable by others (group-readable
+    is allowed: that is how Kubernetes mounts a Secret for a pod's ``fsGroup``).
+    """
     if secret_file:
+        mode = os.stat(secret_file).st_mode
+        if mode & (stat.S_IWGRP | stat.S_IRWXO):
+            raise ValueError(
+                f"update secret file {secret_file} has mode {stat.filemode(mode)}: anyone who "
+                f"can read or change it can change the graph; chmod 600 {secret_file} (or 640)"
+            )
         secret = Path(secret_file).read_text().strip()
     else:
         secret = os.environ.get(env_name, "").strip()
@@ -92,12 +117,28 @@ def parse_update(body: dict[str, Any], key: str | None, policy: UpdatePolicy) ->
     return UpdateRequest(operations=operations)
 
 
+@dataclass(frozen=True)
+class ReplayFailure:
+    """A log record this worker could not read or apply: it serves the version before it."""
+
+    seq: int | None  # None when the record could not be read at all
+    offset: int
+    reason: str
+
+    def describe(self) -> dict[str, Any]:
+        return {"seq": self.seq, "offset": self.offset, "reason": self.reason}
+
+
 class LiveGraph:
     """Base store + overlay, kept in step with the shared update log.
 
     With ``follow_interval_s`` > 0 a daemon thread checks the log that often (one ``fstat``) and
     applies new records while no batch holds the graph; :meth:`close` stops it. A compacted
     store starts at the seq and byte offset it folded its lineage's log up to.
+
+    A record that cannot be applied (or read) sets :attr:`failure`: the worker keeps serving the
+    last version it applied, refuses updates (503) and the follower retries the record; it is
+    never skipped. A log damaged before the worker starts refuses the start instead.
     """
 
     def __init__(
@@ -106,6 +147,7 @@ class LiveGraph:
         self.store = store
         self.overlay = GraphOverlay(store)
         self.log: UpdateLog | None = None
+        self.failure: ReplayFailure | None = None
         self._offset = 0
         if log_path is not None:
             self.log, self._offset = open_update_log(store, log_path)
@@ -114,16 +156,15 @@ class LiveGraph:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
-        self.sync()
-        if self.log is not None and self.log.torn_tail is not None:
-            tail = self.log.torn_tail
-            logger.warning(
-                "skipped a torn update record at byte %d of %s (%s); %d updates replayed",
-                tail.offset,
-                self.log.path,
-                tail.reason,
-                self.overlay.seq,
-            )
+        if self.log is not None:
+            try:
+                # Damage found before serving anything refuses the start (one line, the file
+                # and the byte offset); a record that fails to apply does not (``failure``).
+                self._apply(*self.log.read_from(self._offset), refuse_damage=True)
+            except UpdateLogCorrupt:
+                self.log.close()
+                raise
+            self._warn_about_torn_tail()
         if follow_interval_s > 0 and self.log is not None:
             self._follower = threading.Thread(
                 target=_follow,
@@ -143,6 +184,13 @@ class LiveGraph:
         """Whether the follower thread is running."""
         return self._follower is not None and self._follower.is_alive()
 
+    def describe(self) -> dict[str, Any]:
+        """The update state for ``describe``: the version served and any replay failure."""
+        return {
+            "graph_version": self.version,
+            "replay_failure": self.failure.describe() if self.failure is not None else None,
+        }
+
     @contextmanager
     def reading(self) -> Iterator[None]:
         """Catches up with the log, then holds the graph still until the block ends, so one
@@ -153,37 +201,56 @@ class LiveGraph:
             yield
 
     def sync(self) -> None:
-        """Applies records other workers appended since the last call."""
-        if self.log is None or self.log.size() == self._offset:
+        """Applies records other workers appended since the last call. After a replay failure
+        it does nothing: serving stays at the last version applied while the follower retries."""
+        if self.failure is not None or not self._behind():
             return
         with self._lock:
-            self._apply(*self.log.read_from(self._offset))
+            self._read_and_apply(locked=False)
 
     def follow_once(self) -> None:
         """One step of the follower: reads new records without the graph's lock (a writer's
         ``fsync`` is waited for here, not in a batch), then applies them under it."""
-        if self.log is None or self.log.size() == self._offset:
+        log = self.log
+        if log is None or not self._behind():
             return
-        records, end = self.log.read_from(self._offset)
+        start = self._offset
+        try:
+            records, end = log.read_from(start)
+        except Exception as error:
+            with self._lock:
+                self._fail(error, start, None)
+            return
         with self._lock:
-            self._apply(records, end)
+            if self._offset == start:  # else a batch applied them meanwhile: read again later
+                self._apply(records, end)
 
     def update(self, request: UpdateRequest) -> int:
-        """Validates, logs durably (fsync), then applies; returns the new graph version number."""
+        """Validates, logs durably (fsync), then applies; returns the new graph version number.
+
+        Refused with 503 while a replay failure stands, and with 507 (nothing applied, nothing
+        left in the log) when the record cannot be written.
+        """
         if self.log is None:
             raise Forbidden("updates are disabled for this archive")
         log = self.log
         with self._lock, log.exclusive():
-            self._apply(*log.read_from(self._offset, locked=True))
-            seq = self.overlay.seq + 1
+            if self.failure is None:
+                self._read_and_apply(locked=True)
+            if self.failure is not None:
+                raise Unavailable(self._refusal())
+            seq, at = self.overlay.seq + 1, self._offset
 
             def persist() -> None:
-                self._offset = log.append(request.operations, seq)
+                self._offset = log.append(request.operations, seq, at=at)
 
             try:
                 self.overlay.apply(request.operations, seq, commit=persist)
             except UpdateRejected as rejected:
                 raise _REJECTION.get(rejected.status, BadRequest)(str(rejected)) from None
+            except UpdateLogWriteFailed as failed:
+                error = InsufficientStorage if failed.errno in _FULL else Unavailable
+                raise error(str(failed)) from None
         return seq
 
     def close(self) -> None:
@@ -197,18 +264,80 @@ class LiveGraph:
                 self.log.close()
                 self.log = None
 
-    def _apply(self, records: list[LogRecord], end: int) -> None:
-        """Applies ``records`` (read from the log up to ``end``); call with the lock held.
+    def _behind(self) -> bool:
+        return self.log is not None and self.log.size() != self._offset
 
-        Records were read before the lock was taken, so another caller may have applied some
-        already: those (seq not above the overlay's) are skipped. The offset moves only once
-        every record applied, so a record that fails is retried by the next call, never
-        skipped, and none is applied twice.
-        """
+    def _read_and_apply(self, locked: bool) -> None:
+        """Reads and applies what follows the offset; call with the graph lock held. A failure
+        is recorded (:meth:`_fail`), never raised into the batch or the update."""
+        if self.log is None:
+            return
+        start = self._offset
+        try:
+            records, end = self.log.read_from(start, locked=locked)
+        except Exception as error:
+            self._fail(error, start, None)
+            return
+        self._apply(records, end)
+
+    def _apply(self, records: list[LogRecord], end: int, refuse_damage: bool = False) -> None:
+        """Applies ``records`` (read from the offset up to ``end``) in seq order; call with the
+        lock held. The offset moves past each record applied, so a record that fails stops
+        replay there, is retried later, never skipped, and none is applied twice. A seq out of
+        order raises with ``refuse_damage`` (at start), else it is a failure like any other."""
+        path = self.log.path if self.log is not None else Path()
         for record in records:
-            if record.seq > self.overlay.seq:
+            try:
+                check_next(record, self.overlay.seq, path)
                 self.overlay.apply(record.operations, record.seq)
-        self._offset = max(self._offset, end)
+            except Exception as error:
+                if refuse_damage and isinstance(error, UpdateLogCorrupt):
+                    raise
+                self._fail(error, record.offset, record.seq)
+                return
+            self._offset = record.end
+        self._offset = end
+        if self.failure is not None:
+            logger.warning("update log %s: replay resumed at %s", path, self.version)
+            self.failure = None
+
+    def _fail(self, error: Exception, offset: int, seq: int | None) -> None:
+        """Records a replay failure; logs it (one ERROR line with its traceback) when new."""
+        failure = ReplayFailure(seq=seq, offset=offset, reason=f"{type(error).__name__}: {error}")
+        if failure != self.failure:
+            logger.error(
+                "update log %s: cannot apply the record %s at byte %d (%s); this worker keeps "
+                "serving graph version %s and refuses updates until it can "
+                "(docs/dynamic-graphs.md, 'When a record cannot be applied')",
+                self.log.path if self.log is not None else "(closed)",
+                f"seq {seq}" if seq is not None else "(unreadable)",
+                offset,
+                failure.reason,
+                self.version,
+                exc_info=error,
+            )
+        self.failure = failure
+
+    def _refusal(self) -> str:
+        failure = self.failure
+        where = f"seq {failure.seq}" if failure and failure.seq is not None else "a record"
+        return (
+            f"this worker could not apply {where} of the update log and serves graph version "
+            f"{self.version}; updates are refused until it can (see the worker's log)"
+        )
+
+    def _warn_about_torn_tail(self) -> None:
+        tail = self.log.torn_tail if self.log is not None else None
+        if tail is not None and self.log is not None:
+            logger.warning(
+                "skipped a torn update record at byte %d of %s (%s, %d bytes): a writer "
+                "stopped mid-write, so it was never acknowledged; %d updates replayed",
+                tail.offset,
+                self.log.path,
+                tail.reason,
+                tail.size,
+                self.overlay.seq,
+            )
 
 
 def _follow(graph: weakref.ref[LiveGraph], stop: threading.Event, interval_s: float) -> None:
@@ -220,15 +349,12 @@ def _follow(graph: weakref.ref[LiveGraph], stop: threading.Event, interval_s: fl
             return
         try:
             live.follow_once()
-        except Exception:
-            logger.exception(
-                "the update follower could not apply the log of %s; retrying in %g s "
-                "(batches still replay it themselves)",
-                live.log.path if live.log is not None else "a closed graph",
-                FOLLOWER_RETRY_S,
-            )
-            stop.wait(FOLLOWER_RETRY_S)
+        except Exception:  # the log damaged under a running worker: keep serving, say so
+            logger.exception("the update follower of %s failed", live.store.checksum[:12])
+        failed = live.failure is not None
         del live
+        if failed:
+            stop.wait(FOLLOWER_RETRY_S)
 
 
 def update_body(item: Any) -> dict[str, Any] | None:
@@ -252,6 +378,10 @@ def answer_update(
     except ApiError as error:
         logger.info("update refused: %s %s", error.status, error.type_name)
         return error.status, error.body()
+    except Exception:  # one update's failure is its own answer, never the batch's
+        logger.exception("an update failed inside the handler; nothing was applied")
+        failed = InternalError("the update failed inside the handler; nothing was applied")
+        return failed.status, failed.body()
     return 200, {
         "status": "applied",
         "operations": len(request.operations),

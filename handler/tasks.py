@@ -277,6 +277,9 @@ def describe(engine: NodeClassificationEngine | LinkEngine | GraphEngine) -> dic
         }
     if isinstance(engine, (LinkEngine, GraphEngine)):
         described[settings.task] = engine.describe()
+    live = getattr(engine, "live", None)
+    if live is not None:
+        described["updates"] = live.describe()
     described["explanations"] = {
         "method": "IntegratedGradients",
         "steps": settings.explain_steps,

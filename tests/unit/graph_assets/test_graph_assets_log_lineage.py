@@ -35,7 +35,9 @@ def write_log(path: Path, seqs: list[int], operations: list[dict] | None = None)
     """Records of one size each (the same operations), so record boundaries are predictable."""
     log = UpdateLog.open(path)
     for seq in seqs:
-        log.append(operations or set_features(), seq)
+        with log.exclusive():
+            _, end = log.read_from(0, locked=True)
+            log.append(operations or set_features(), seq, at=end)
     log.close()
     return path
 
@@ -112,7 +114,8 @@ def test_a_missing_log_is_started_at_the_next_seq(base, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="graph_assets.log_lineage"):
         log, offset = open_update_log(store, fresh)
     assert f"update log {fresh} did not exist: started it as a new log at seq 4" in caplog.text
-    log.append(set_features(), 4)
+    with log.exclusive():
+        log.append(set_features(), 4, at=offset)
     log.close()
     caplog.clear()
     reopened, again = open_update_log(store, fresh)  # another worker, later: no new warning
@@ -122,14 +125,16 @@ def test_a_missing_log_is_started_at_the_next_seq(base, tmp_path, caplog):
         open_update_log(base, fresh)  # the source store cannot serve it: updates 1-3 are not there
 
 
-def test_a_torn_tail_after_the_folded_records_is_cut_off(base, tmp_path):
+def test_a_torn_tail_after_the_folded_records_is_not_written_yet(base, tmp_path):
     log_path = write_log(tmp_path / "updates.log", [1, 2, 3])
     store = compacted(base, log_path, tmp_path / "v2")
     folded = log_path.stat().st_size
     with log_path.open("ab") as tail:
         tail.write(b"GNUP\x40\x00\x00\x00garbage")
     log, offset = open_update_log(store, log_path)
-    assert offset == folded and log.torn_tail is not None and log.size() == folded
+    assert offset == folded and log.read_from(offset) == ([], folded)
+    assert log.torn_tail is not None and log.torn_tail.offset == folded
+    assert log.size() > folded  # left for the next writer, which replaces it
 
 
 def test_compacting_a_compacted_store_keeps_the_original_log(base, tmp_path):

@@ -1,24 +1,65 @@
-"""The update log: durable appends, replay, torn tails, concurrent writers."""
+"""The update log: durable appends, replay, torn tails, damage, failed writes, locking."""
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import multiprocessing
+import os
+import resource
+import threading
 from pathlib import Path
 
 import pytest
 
-from graph_assets.update_log import UpdateLog
+from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
+from graph_assets.update_log import UpdateLog, check_next
+
+
+def append(log: UpdateLog, operations: list, seq: int) -> int:
+    """One writer's step: catch up under the exclusive lock, then append at the end read."""
+    with log.exclusive():
+        _, end = log.read_from(0, locked=True)
+        return log.append(operations, seq, at=end)
+
+
+def seqs(path: Path) -> list[int]:
+    return [record.seq for record in UpdateLog.open(path, writable=False).read_from(0)[0]]
 
 
 def test_records_round_trip_in_order(tmp_path):
     log = UpdateLog.open(tmp_path / "updates.log")
     for seq in range(1, 4):
-        log.append([{"type": "add_edge", "src": seq, "dst": 0}], seq)
+        append(log, [{"type": "add_edge", "src": seq, "dst": 0}], seq)
     records, end = UpdateLog.open(tmp_path / "updates.log").read_from(0)
     assert [r.seq for r in records] == [1, 2, 3]
     assert records[2].operations == [{"type": "add_edge", "src": 3, "dst": 0}]
+    assert records[1].offset == records[0].end and records[2].end == end
     assert end == (tmp_path / "updates.log").stat().st_size
     assert log.read_from(end) == ([], end)
+
+
+def test_a_new_log_and_its_directory_are_private(tmp_path):
+    path = tmp_path / "state" / "abc" / "updates.log"
+    UpdateLog.open(path).close()
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_creating_a_log_fsyncs_its_directory(tmp_path, monkeypatch):
+    synced: list[str] = []
+    real_fsync = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    UpdateLog.open(tmp_path / "updates.log").close()
+    assert str(tmp_path) in synced  # the new entry is durable, not only later records
+    synced.clear()
+    UpdateLog.open(tmp_path / "updates.log").close()
+    assert synced == []  # reopening creates nothing
 
 
 @pytest.mark.parametrize(
@@ -30,33 +71,158 @@ def test_records_round_trip_in_order(tmp_path):
         (lambda data: data + b"XXXX" + bytes(8), "bad magic"),
     ],
 )
-def test_a_torn_tail_is_cut_off_and_reported(tmp_path, damage, reason, caplog):
+def test_a_torn_tail_is_not_written_yet_and_the_next_append_replaces_it(
+    tmp_path, damage, reason, caplog
+):
     path = tmp_path / "updates.log"
     log = UpdateLog.open(path)
-    log.append([{"type": "add_node", "id": 1}], 1)
-    intact = path.stat().st_size
-    log.append([{"type": "add_node", "id": 2}], 2)
-    data = path.read_bytes()
-    path.write_bytes(damage(data))
+    append(log, [{"type": "add_node", "id": 1}], 1)
+    append(log, [{"type": "add_node", "id": 2}], 2)
+    path.write_bytes(damage(path.read_bytes()))
+    damaged = path.stat().st_size
     # garbage after the second record keeps both; damage inside the second keeps only the first
     kept = 2 if reason in ("truncated header", "bad magic") else 1
     reopened = UpdateLog.open(path)
-    assert reopened.torn_tail is not None and reopened.torn_tail.reason == reason
-    assert reason in caplog.text
-    records, _ = reopened.read_from(0)
+    records, end = reopened.read_from(0)
     assert [r.seq for r in records] == list(range(1, kept + 1))
-    if kept == 1:
-        assert path.stat().st_size == intact
-    reopened.append([{"type": "add_node", "id": 3}], kept + 1)  # appends after the cut
-    assert [r.seq for r in UpdateLog.open(path).read_from(0)[0]] == list(range(1, kept + 2))
+    assert reopened.torn_tail is not None and reopened.torn_tail.reason == reason
+    assert reopened.torn_tail.offset == end
+    assert path.stat().st_size == damaged  # reading never truncates
+    append(reopened, [{"type": "add_node", "id": 3}], kept + 1)  # replaces the torn tail
+    assert "replaced an incomplete record" in caplog.text
+    assert seqs(path) == list(range(1, kept + 2))
+
+
+def test_an_unreadable_record_with_intact_records_after_it_is_refused(tmp_path):
+    path = tmp_path / "updates.log"
+    log = UpdateLog.open(path)
+    for seq in range(1, 4):
+        append(log, [{"type": "add_node", "id": seq}], seq)
+    second = log.read_from(0)[0][1].offset
+    data = bytearray(path.read_bytes())
+    data[second + 20] ^= 0xFF  # inside the second record's payload
+    path.write_bytes(bytes(data))
+    message = f"update log {path}: the record at byte {second} is unreadable (checksum mismatch)"
+    with pytest.raises(UpdateLogCorrupt, match="intact record follows") as refused:
+        UpdateLog.open(path).read_from(0)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+    with pytest.raises(UpdateLogCorrupt):  # a writer refuses too: it never appends past damage
+        append(UpdateLog.open(path), [{"type": "add_node", "id": 4}], 4)
+    assert path.read_bytes() == bytes(data)  # nothing was cut off
+
+
+def test_a_duplicate_or_missing_seq_stops_replay(tmp_path):
+    path = tmp_path / "updates.log"
+    log = UpdateLog.open(path)
+    append(log, [{"type": "add_node", "id": 1}], 1)
+    append(log, [{"type": "add_node", "id": 2}], 1)  # two writers that both read seq 0
+    first, second = log.read_from(0)[0]
+    check_next(first, 0, path)
+    with pytest.raises(UpdateLogCorrupt, match=f"byte {second.offset} has seq 1 where seq 2"):
+        check_next(second, 1, path)
+
+
+def _append_under_a_file_size_limit(path: str, limit: int, queue) -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    log = UpdateLog.open(Path(path))
+    try:
+        append(log, [{"type": "add_node", "id": "x" * 20_000}], 2)  # several pages
+        queue.put("acknowledged")
+    except UpdateLogWriteFailed as failed:
+        queue.put((failed.errno, failed.rolled_back, str(failed)))
+
+
+def test_a_short_write_is_rolled_back_and_never_acknowledged(tmp_path):
+    path = tmp_path / "updates.log"
+    log = UpdateLog.open(path)
+    end = append(log, [{"type": "add_node", "id": 1}], 1)
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_append_under_a_file_size_limit, args=(str(path), 8192, queue))
+    child.start()
+    answer = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert answer[0] == errno.EFBIG and answer[1] is True, answer
+    assert "nothing was applied" in answer[2]
+    assert path.stat().st_size == end  # the part that was written is gone again
+    assert log.torn_tail is None and seqs(path) == [1]
+    append(log, [{"type": "add_node", "id": 3}], 2)  # the next writer appends where it stopped
+    assert seqs(path) == [1, 2]
+
+
+def test_a_failed_fsync_leaves_no_record_behind(tmp_path, monkeypatch):
+    path = tmp_path / "updates.log"
+    log = UpdateLog.open(path)
+    end = append(log, [{"type": "add_node", "id": 1}], 1)
+    real_fsync, calls = os.fsync, []
+
+    def fails_once(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            raise OSError(errno.EIO, "injected")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fails_once)
+    with pytest.raises(UpdateLogWriteFailed) as failed:
+        append(log, [{"type": "add_node", "id": 2}], 2)
+    assert failed.value.errno == errno.EIO and failed.value.rolled_back
+    assert path.stat().st_size == end and seqs(path) == [1]
+
+
+def test_a_reader_thread_never_drops_a_writer_threads_exclusive_lock(tmp_path):
+    """flock belongs to the open file description that every thread shares: another thread's
+    shared lock and unlock on it used to turn the writer's lock into nothing."""
+    path = tmp_path / "updates.log"
+    log = UpdateLog.open(path)
+    append(log, [{"type": "add_node", "id": 1}], 1)
+    inside, leave = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with log.exclusive():
+            inside.set()
+            leave.wait(timeout=30)
+
+    def reader() -> None:
+        log.read_from(0)
+
+    threads = [threading.Thread(target=writer), threading.Thread(target=reader)]
+    threads[0].start()
+    assert inside.wait(timeout=10)
+    threads[1].start()
+    threads[1].join(timeout=0.2)  # the reader waits for the writer (with the fix)
+    other = os.open(path, os.O_RDWR)  # another worker's descriptor
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(other)
+        leave.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert not threads[1].is_alive()
+
+
+def test_a_read_only_log_is_never_changed(tmp_path):
+    path = tmp_path / "updates.log"
+    append(UpdateLog.open(path), [{"type": "add_node", "id": 1}], 1)
+    with path.open("ab") as tail:
+        tail.write(b"GNUP\x40\x00\x00\x00torn")
+    before = path.read_bytes()
+    log = UpdateLog.open(path, writable=False)
+    assert [r.seq for r in log.read_from(0)[0]] == [1]
+    with pytest.raises(PermissionError):
+        append(log, [{"type": "add_node", "id": 2}], 2)
+    assert path.read_bytes() == before
+    with pytest.raises(FileNotFoundError):
+        UpdateLog.open(tmp_path / "missing.log", writable=False)
 
 
 def _writer(path: str, worker: int, count: int) -> None:
     log = UpdateLog.open(Path(path))
     for i in range(count):
         with log.exclusive():
-            records, _ = log.read_from(0, locked=True)
-            log.append([{"worker": worker, "i": i}], len(records) + 1)
+            records, end = log.read_from(0, locked=True)
+            log.append([{"worker": worker, "i": i}], len(records) + 1, at=end)
 
 
 def test_concurrent_writers_never_interleave(tmp_path):
@@ -68,6 +234,7 @@ def test_concurrent_writers_never_interleave(tmp_path):
         process.start()
     for process in processes:
         process.join(timeout=60)
-    records, _ = UpdateLog.open(path).read_from(0)
-    assert [r.seq for r in records] == list(range(1, 101))
-    assert UpdateLog.open(path).torn_tail is None
+    log = UpdateLog.open(path)
+    assert seqs(path) == list(range(1, 101))
+    log.read_from(0)
+    assert log.torn_tail is None

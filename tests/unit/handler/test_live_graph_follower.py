@@ -195,8 +195,9 @@ def test_the_follower_survives_a_failing_apply_and_skips_nothing(graphs, monkeyp
     node = int(live.overlay.lookup([6])[0])
     assert list(live.overlay.in_list(node)) == list(writer.overlay.in_list(node))
     (logged,) = [record for record in caplog.records if record.exc_info]
-    assert "update follower" in logged.getMessage()
+    assert "cannot apply the record seq 2" in logged.getMessage()
     assert "injected replay failure" in str(logged.exc_info[1])
+    assert live.failure is None  # cleared once the record applied
 
 
 def test_close_stops_the_follower(graphs):
