@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -107,34 +108,47 @@ def test_read_your_writes_holds_when_the_follower_has_not_polled_yet(int_store, 
     assert answer.status == 200 and answer.body["graph_version"].endswith("+1")
 
 
-def test_a_batch_holding_the_graph_blocks_the_follower(int_store, graphs):
+class ContendedLock:
+    """A re-entrant lock that tells when a thread that does not hold it starts waiting for it.
+
+    Installed before the follower starts, so the test knows (no sleep, no race with the
+    follower's poll) that the follower has read the new records and waits for the graph."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self.contended = threading.Event()
+
+    def __enter__(self) -> None:
+        if not self._lock.acquire(blocking=False):
+            self.contended.set()
+            self._lock.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+
+def test_a_batch_holding_the_graph_blocks_the_follower(int_store, graphs, monkeypatch):
     model = random_model(int_store, "sage")
     writer = graphs()
     writer.update(edge(ISOLATED[0], 0))
+    lock = ContendedLock()
+    seam = SimpleNamespace(RLock=lambda: lock, Event=threading.Event, Thread=threading.Thread)
+    monkeypatch.setattr(live_graph, "threading", seam)  # this module's view only
     live = graphs(FAST)
+    monkeypatch.undo()
     engine = engine_over(live, model)
     request = [{"body": {"node_ids": [0, 3, 6]}}]
     (expected,) = engine_over(graphs(), model).handle(request)  # the answer at +1
-    tried = threading.Event()
-    follow_once = live.follow_once
-
-    def spied() -> None:
-        if live.log is not None and live.log.size() > live._offset:
-            tried.set()
-        follow_once()
-
-    live.follow_once = spied  # type: ignore[method-assign]
     with live.reading():
         version = live.version
         prepared = engine.prepare(request)
         for src in ISOLATED[1:4]:
             writer.update(edge(src, 0))  # node 0's neighbourhood changes meanwhile
-        assert tried.wait(timeout=5)
-        time.sleep(0.05)  # the follower has read the records and waits for the lock
+        assert lock.contended.wait(timeout=30)  # the follower read them and waits for the graph
         assert live.version == version == f"{int_store.checksum[:12]}+1"
         (answer,) = engine.respond(engine.run(prepared))
     assert answer.body == expected.body  # computed and labelled on the graph at +1
-    wait_for(lambda: live.overlay.seq == 4)
+    wait_for(lambda: live.overlay.seq == 4, timeout_s=30)
     (after,) = engine.handle(request)
     assert after.body["graph_version"].endswith("+4")
     assert after.body["predictions"][0] != expected.body["predictions"][0]  # node 0 changed

@@ -1,0 +1,191 @@
+"""What a failing update or a record that cannot be replayed does: its own answer, never the
+batch's, never a wedged worker, never a skipped record."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from ts.context import RequestProcessor
+
+from graph_assets import update_log
+from graph_assets.errors import UpdateLogCorrupt
+from graph_assets.update_log import UpdateLog
+from handler.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
+
+from .test_gnn_handler import model_dir, started  # noqa: F401 (model_dir is a fixture)
+
+SECRET = "update-secret-0123456789"
+POLICY = UpdatePolicy(secret=SECRET, max_operations=100)
+
+
+def new_node(node_id: int, width: int, value: float = 0.5) -> dict:
+    return {"type": "add_node", "id": node_id, "x": [value] * width}
+
+
+def update_body(*operations: dict) -> dict:
+    return {"op": "update", "operations": list(operations)}
+
+
+def raw_append(path: Path, operations: list, seq: int) -> None:
+    """A record as another writer would leave it, whatever it holds."""
+    log = UpdateLog.open(path)
+    with log.exclusive():
+        _, end = log.read_from(0, locked=True)
+        log.append(operations, seq, at=end)
+    log.close()
+
+
+@pytest.fixture()
+def log_path(tmp_path) -> Path:
+    return tmp_path / "updates.log"
+
+
+def test_a_full_disk_answers_507_and_applies_and_logs_nothing(int_store, log_path, monkeypatch):
+    live, other = LiveGraph(int_store, log_path), LiveGraph(int_store, log_path)
+    width = int_store.feature_dim
+    assert answer_update(update_body(new_node(900, width)), SECRET, live, POLICY)[0] == 200
+    size = log_path.stat().st_size
+    real_pwrite = os.pwrite
+
+    def full(fd: int, data, offset: int) -> int:  # half the record fits, then the disk is full
+        if len(data) > 40:
+            return real_pwrite(fd, bytes(data[: len(data) // 2]), offset)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(update_log.os, "pwrite", full)
+    status, body = answer_update(update_body(new_node(901, width)), SECRET, live, POLICY)
+    assert status == 507 and body["type"] == "InsufficientStorage"
+    assert "nothing was applied" in body["message"]
+    assert live.overlay.seq == 1 and int(live.overlay.lookup([901])[0]) == -1
+    assert log_path.stat().st_size == size
+    other.sync()  # another worker reads on: no torn record, no error
+    assert other.overlay.seq == 1 and other.failure is None
+    monkeypatch.undo()
+    assert answer_update(update_body(new_node(902, width)), SECRET, live, POLICY)[0] == 200
+    other.sync()
+    assert other.version == live.version and int(other.overlay.lookup([902])[0]) >= 0
+
+
+@pytest.mark.parametrize("value", [10**400, 2**200, 1e39, -1e39])
+def test_feature_values_outside_float32_are_400(int_store, log_path, value):
+    live = LiveGraph(int_store, log_path)
+    operation = new_node(900, int_store.feature_dim)
+    operation["x"][0] = value
+    status, body = answer_update(update_body(operation), SECRET, live, POLICY)
+    assert status == 400 and body["type"] == "BadRequest"
+    assert "float32" in body["message"] or "finite" in body["message"]
+    assert live.overlay.seq == 0 and log_path.stat().st_size == 0
+
+
+def test_an_unexpected_error_is_that_updates_500_only(int_store, log_path, monkeypatch):
+    live = LiveGraph(int_store, log_path)
+
+    def broken(*args, **kwargs):
+        raise OverflowError("injected")
+
+    monkeypatch.setattr(live.overlay, "apply", broken)
+    status, body = answer_update(update_body(new_node(900, 6)), SECRET, live, POLICY)
+    assert status == 500 and body["type"] == "InternalError"
+    assert log_path.stat().st_size == 0
+
+
+def test_a_record_that_cannot_be_applied_keeps_serving_and_refuses_updates(
+    int_store, log_path, caplog
+):
+    live = LiveGraph(int_store, log_path)
+    width = int_store.feature_dim
+    assert answer_update(update_body(new_node(900, width)), SECRET, live, POLICY)[0] == 200
+    raw_append(log_path, [{"type": "add_edge", "src": 123456, "dst": 0}], 2)  # no such node
+    raw_append(log_path, [new_node(901, width)], 3)
+    with caplog.at_level(logging.ERROR, logger="handler.live_graph"):
+        live.sync()
+    assert live.version.endswith("+1") and live.failure is not None
+    assert live.failure.seq == 2 and "123456" in live.failure.reason
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "cannot apply the record seq 2" in line and "serving graph version" in line
+    caplog.clear()
+    live.sync()  # the next batch: no new error line, still the last version applied
+    assert live.version.endswith("+1") and not caplog.records
+    status, body = answer_update(update_body(new_node(902, width)), SECRET, live, POLICY)
+    assert status == 503 and "seq 2" in body["message"]
+    assert live.describe()["replay_failure"]["seq"] == 2
+    # seq 3 is never applied before seq 2: the record is not skipped
+    assert int(live.overlay.lookup([901])[0]) == -1
+
+
+def test_the_handler_reports_a_replay_failure_and_keeps_answering(model_dir, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", SECRET)
+    handler, context = started(
+        model_dir,
+        2,
+        updates_enabled=True,
+        update_state_dir=str(tmp_path / "state"),
+        metrics_interval_s=0,
+    )
+    path = handler.live.log.path
+    raw_append(path, [{"type": "remove_edge", "src": 0, "dst": 0}], 1)  # fails: a self-loop
+    context.request_processor = [
+        RequestProcessor({"x-gnnserve-update-key": SECRET}),
+        RequestProcessor({}),
+    ]
+    data = [
+        {"body": update_body({"type": "add_edge", "src": 3, "dst": 6})},
+        {"body": {"node_id": 3}},
+    ]
+    bodies = [json.loads(item) for item in handler.handle(data, context)]
+    assert [context.get_response_status(i)[0] for i in range(2)] == [503, 200]
+    assert bodies[1]["graph_version"].endswith("+0")
+    assert dict(context.metrics.recorded)["GnnUpdateReplayFailed"] == 1
+    described = json.loads(handler.describe_handle())
+    assert described["updates"]["replay_failure"]["seq"] == 1
+
+
+def test_a_duplicate_seq_refuses_the_start_naming_the_file_and_offset(int_store, log_path):
+    raw_append(log_path, [new_node(900, int_store.feature_dim)], 1)
+    raw_append(log_path, [new_node(901, int_store.feature_dim)], 1)  # two writers, one seq
+    with pytest.raises(
+        UpdateLogCorrupt, match=f"update log {log_path}: the record at byte \\d+ has seq 1"
+    ):
+        LiveGraph(int_store, log_path)
+
+
+def test_a_duplicate_seq_after_the_start_stops_replay_without_skipping(int_store, log_path):
+    live = LiveGraph(int_store, log_path)
+    raw_append(log_path, [new_node(900, int_store.feature_dim)], 1)
+    raw_append(log_path, [new_node(901, int_store.feature_dim)], 1)
+    raw_append(log_path, [new_node(902, int_store.feature_dim)], 2)
+    live.follow_once()
+    assert live.version.endswith("+1") and live.failure is not None
+    assert "where seq 2 was expected" in live.failure.reason
+    assert int(live.overlay.lookup([901])[0]) == -1 and int(live.overlay.lookup([902])[0]) == -1
+
+
+def test_damage_inside_the_log_refuses_the_start(int_store, log_path):
+    for seq in (1, 2, 3):
+        raw_append(log_path, [new_node(900 + seq, int_store.feature_dim)], seq)
+    data = bytearray(log_path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    log_path.write_bytes(bytes(data))
+    with pytest.raises(UpdateLogCorrupt, match=f"update log {log_path}: the record at byte \\d+"):
+        LiveGraph(int_store, log_path)
+
+
+@pytest.mark.parametrize(
+    ("mode", "accepted"),
+    [(0o600, True), (0o640, True), (0o400, True), (0o644, False), (0o620, False), (0o602, False)],
+)
+def test_the_secret_file_must_be_private(tmp_path, mode, accepted):
+    secret = tmp_path / "secret"
+    secret.write_text(SECRET)
+    secret.chmod(mode)
+    if accepted:
+        assert read_secret("UNUSED", str(secret)) == SECRET
+    else:
+        with pytest.raises(ValueError, match=f"{secret} has mode {stat.filemode(0o100000 | mode)}"):
+            read_secret("UNUSED", str(secret))
