@@ -34,6 +34,10 @@ class Management:
         self.url = url.rstrip("/")
         self.key_file = key_file
         self.timeout = timeout
+        # Never through HTTP(S)_PROXY or ALL_PROXY from the environment: the management key
+        # would go to the proxy, and the management API is on this host (loopback).
+        self.session = requests.Session()
+        self.session.trust_env = False
 
     def keys(self) -> dict[str, Any]:
         if not self.key_file.is_file():
@@ -47,7 +51,7 @@ class Management:
     def call(self, method: str, path: str, params: dict[str, Any] | None = None) -> Any:
         """One call; an HTTP error exits with TorchServe's message."""
         key = self.keys()["API" if path.startswith("/token") else "management"]["key"]
-        response = requests.request(
+        response = self.session.request(
             method,
             f"{self.url}{path}",
             params=params,

@@ -14,9 +14,22 @@ export PATH="$VENV_BIN:$PATH"
 # "Worker memory"); GNNSERVE_PREFORK=0 starts each worker as a fresh interpreter instead.
 export PYTHONPATH="$ROOT/prefork${PYTHONPATH:+:$PYTHONPATH}"
 
-inference_key() {
-  "$VENV_BIN/python" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["key"])' \
+# auth_config KIND: curl config (for `curl --config -`) sending the KIND key from key_file.json, so
+# the key travels through a pipe and never appears on a command line (ps shows those to all).
+auth_config() {
+  "$VENV_BIN/python" -c 'import json,sys; print("header = \"Authorization: Bearer %s\"" % json.load(open(sys.argv[1]))[sys.argv[2]]["key"])' \
     "$STATE/key_file.json" "$1"
+}
+
+# private_dir DIR: creates DIR 0700, or refuses (one line) one that is not this user's alone.
+private_dir() {
+  PYTHONPATH="$ROOT" "$VENV_BIN/python" -c 'import sys
+from graph_assets.errors import UnsafeDirectory
+from graph_assets.private_dir import ensure_private_dir
+try:
+    ensure_private_dir(sys.argv[1])
+except UnsafeDirectory as error:
+    sys.exit(f"serve.sh: {error}")' "$1"
 }
 
 # start [resume]: with the repo's config and the demo archive, or from the last snapshot.
@@ -31,7 +44,8 @@ start() {
       exit 1
     fi
   done
-  mkdir -p "$STATE/tmp" "$STATE/logs"
+  private_dir "$STATE/tmp"
+  mkdir -p "$STATE/logs"
   if [ "${1:-}" = resume ]; then
     ls "$STATE"/logs/config/*.cfg >/dev/null 2>&1 || { echo "no snapshot in $STATE/logs/config; use 'make serve'" >&2; exit 1; }
     echo "==> resuming TorchServe from its last snapshot in $STATE/logs/config"
@@ -42,14 +56,15 @@ start() {
        --model-store "$ROOT/model_store" --models "$MODEL=$ARCHIVE" >"$STATE/logs/start.out" 2>&1)
   fi
   for _ in $(seq 1 120); do
-    if [ -f "$STATE/key_file.json" ] && curl -sf -H "Authorization: Bearer $(inference_key management)" \
+    if [ -f "$STATE/key_file.json" ] && auth_config management | curl -sf --config - \
         "http://127.0.0.1:8081/models/$MODEL" 2>/dev/null | grep -q '"status": "READY"'; then
       cat <<MSG
 
-TorchServe is serving '$MODEL'. Query it (the token is read from $STATE/key_file.json):
+TorchServe is serving '$MODEL'. Query it (the token is read from $STATE/key_file.json and
+handed to curl as a header file, so it never shows in ps):
 
   curl -X POST http://127.0.0.1:8080/predictions/$MODEL \\
-       -H "Authorization: Bearer \$(python3 -c 'import json; print(json.load(open("$STATE/key_file.json"))["inference"]["key"])')" \\
+       -H @<(python3 -c 'import json; print("Authorization: Bearer " + json.load(open("$STATE/key_file.json"))["inference"]["key"])') \\
        -H 'Content-Type: application/json' -d '{"node_id": 42}'
 
 Management API: port 8081 with the "management" key; Prometheus metrics: http://127.0.0.1:8082/metrics

@@ -1,0 +1,90 @@
+"""gnnctl: management calls go straight to the management API, never through a proxy."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+GNNCTL = Path(__file__).resolve().parents[3] / "scripts" / "gnnctl.py"
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def load_gnnctl() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gnnctl", GNNCTL)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class Recording(ThreadingHTTPServer):
+    """A loopback server that answers every GET with ``answer`` and records what it was sent."""
+
+    def __init__(self, status: int, body: object) -> None:
+        super().__init__(("127.0.0.1", 0), Recorder)
+        self.answer = (status, body)
+        self.seen: list[tuple[str, dict[str, str]]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class Recorder(BaseHTTPRequestHandler):
+    server: Recording
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.requestline, dict(self.headers)))
+        status, body = self.server.answer
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(body).encode())
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def server() -> Iterator[Callable[[int, object], Recording]]:
+    """Starts loopback servers on free ports; stops them after the test."""
+    servers: list[Recording] = []
+
+    def make(status: int, body: object) -> Recording:
+        httpd = Recording(status, body)
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+        servers.append(httpd)
+        return httpd
+
+    yield make
+    for httpd in servers:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_management_calls_ignore_proxy_variables(server, tmp_path, monkeypatch):
+    management = server(200, [{"modelName": "gnn"}])
+    proxy = server(502, {"message": "this is the proxy"})
+    for name in PROXY_VARIABLES:
+        monkeypatch.setenv(name, proxy.url)
+        monkeypatch.setenv(name.lower(), proxy.url)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({"management": {"key": "management-key-1"}}))
+    gnnctl = load_gnnctl()
+    args = gnnctl._parser().parse_args(
+        ["--management", management.url, "--key-file", str(key_file), "status"]
+    )
+    assert gnnctl.run(args) == [{"modelName": "gnn"}]
+    assert proxy.seen == []  # the key never went to the proxy
+    ((line, headers),) = management.seen
+    assert line.startswith("GET /models ")
+    assert headers["Authorization"] == "Bearer management-key-1"
