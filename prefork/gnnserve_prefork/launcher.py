@@ -7,7 +7,7 @@ contract while the real worker is forked from the zygote: it hands over its argv
 working directory, ``sys.path``, its standard streams and the read end of a pipe the worker
 watches (the worker exits when the launcher is gone), then exits with the worker's exit code.
 Only if no zygote can be reached before anything was handed over does the process go on as a
-plain worker.
+plain worker. It talks only to a zygote of its own user (see ``protocol``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from gnnserve_prefork.protocol import LineReader, send_request, zygote_address
+from gnnserve_prefork.protocol import (
+    LineReader,
+    Refused,
+    check_peer,
+    send_request,
+    zygote_address,
+)
 
 WORKER_SCRIPT = "model_service_worker.py"
 # Set to 0 in TorchServe's environment to start plain workers with the hook still on the path.
@@ -39,14 +45,22 @@ def hand_over_to_zygote() -> None:
     try:
         sock = _connect(os.getppid())
         reader, worker_pid = _start_worker(sock)
+    except Refused as refusal:
+        _fall_back(f"refused: {refusal}")
+        return
     except (OSError, ValueError, subprocess.SubprocessError) as error:
-        print(
-            f"gnnserve prefork: no zygote ({error}); this worker starts as a plain interpreter",
-            file=sys.stderr,
-            flush=True,
-        )
+        _fall_back(f"no zygote ({error})")
         return
     os._exit(_wait_for(reader, worker_pid))
+
+
+def _fall_back(reason: str) -> None:
+    """One line in the worker's log; pre-forking never stops a worker from starting."""
+    print(
+        f"gnnserve prefork: {reason}; this worker starts as a plain interpreter",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _connect(frontend_pid: int) -> socket.socket:
@@ -65,19 +79,25 @@ def _connect(frontend_pid: int) -> socket.socket:
 
 
 def _try_connect(address: str) -> socket.socket | None:
+    """A connection to the zygote at ``address``, or None while nobody listens there. What
+    follows carries the environment (secrets included): a listener of another uid is refused."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(address)
+        check_peer(sock, "the zygote")
     except (ConnectionRefusedError, FileNotFoundError):
         sock.close()
         return None
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
 def _spawn_zygote(frontend_pid: int) -> None:
     """Starts the zygote for this frontend and waits until it has imported everything (it
     fails here if it could not). Several launchers racing here leave one zygote: the others
-    find its address taken and return at once."""
+    find its lock taken and return at once."""
     log_dir = Path(os.environ.get("LOG_LOCATION") or os.environ.get("TMPDIR") or "/tmp")
     log_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "gnnserve_prefork.zygote", "--frontend-pid", str(frontend_pid)]
@@ -94,7 +114,16 @@ def _spawn_zygote(frontend_pid: int) -> None:
 
 
 def _start_worker(sock: socket.socket) -> tuple[LineReader, int]:
-    """Hands this process over; returns once the zygote says which PID the worker has."""
+    """Hands this process over; returns once the zygote says which PID the worker has. On any
+    failure the connection is closed: a plain worker keeps nothing of the zygote's."""
+    try:
+        return _request_worker(sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+def _request_worker(sock: socket.socket) -> tuple[LineReader, int]:
     alive_read, _alive_write = os.pipe()  # the write end is open until this process dies
     request = {"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd(), "path": sys.path}
     try:
@@ -104,6 +133,8 @@ def _start_worker(sock: socket.socket) -> tuple[LineReader, int]:
     sock.settimeout(_START_WAIT_S)
     reader = LineReader(sock)
     started = reader.next()
+    if started is not None and "error" in started:
+        raise Refused(f"the zygote refused this worker: {started['error']}")
     if started is None or not isinstance(started.get("pid"), int):
         raise ConnectionError(f"the zygote did not start the worker (it answered {started})")
     sock.settimeout(None)

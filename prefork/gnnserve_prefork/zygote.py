@@ -4,6 +4,8 @@ Forked workers share the imported modules' pages copy-on-write (``gc.freeze()`` 
 collector from touching them), so each further worker costs what it writes, not a whole
 interpreter. The zygote lives as long as its TorchServe frontend; its workers are killed if it
 dies (``PR_SET_PDEATHSIG``), which their launchers report to the frontend as a worker exit.
+It forks nothing but the installed TorchServe's worker script, started with the arguments
+TorchServe's frontend gives it, for launchers of its own user.
 """
 
 from __future__ import annotations
@@ -11,24 +13,34 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import errno
+import fcntl
 import gc
 import importlib
+import importlib.util
 import logging
 import os
+import reprlib
 import runpy
 import select
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TypeGuard
 
-from gnnserve_prefork.protocol import receive_request, send_line, zygote_address
+from gnnserve_prefork.protocol import (
+    Refused,
+    check_peer,
+    close_all,
+    receive_request,
+    send_line,
+    zygote_address,
+)
 
 logger = logging.getLogger("gnnserve_prefork")
 
@@ -40,6 +52,35 @@ DEFAULT_IMPORTS = (
 )
 _PR_SET_PDEATHSIG = 1
 _POLL_S = 0.5
+# How TorchServe 0.12's frontend starts a Python worker (WorkerLifeCycle.startWorkerPython):
+#   <ts home>/ts/model_service_worker.py --sock-type unix --sock-name PATH
+#       --metrics-config PATH [--async]
+# with ``--sock-type tcp --port N`` instead where Unix sockets are not used.
+_ADDRESS_FLAG = {"unix": "--sock-name", "tcp": "--port"}
+
+
+@dataclass(frozen=True)
+class WorkerRequest:
+    """What a launcher hands over, checked: the worker runs with these, and nothing else."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    path: list[str]
+
+
+@dataclass(frozen=True)
+class Zygote:
+    """What a forked worker must close (the listening socket, the lock that makes this the
+    frontend's only zygote) and the only script it may run."""
+
+    listener: socket.socket
+    lock: IO[bytes]
+    script: str
+
+    def close(self) -> None:
+        self.listener.close()
+        self.lock.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,14 +94,55 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(asctime)s zygote %(process)d %(message)s", level=logging.INFO)
     frontend = Frontend(args.frontend_pid)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        listener.bind(zygote_address(args.frontend_pid))
-    except OSError as error:
-        if error.errno == errno.EADDRINUSE:
+        script = worker_script()
+        address = zygote_address(args.frontend_pid)
+    except Refused as refusal:
+        logger.error("refusing to start: %s", refusal)
+        return 1
+    with _first_zygote(address) as lock:
+        if lock is None:
             return 0  # another launcher started this frontend's zygote first
-        raise
-    listener.listen(64)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(address)
+        listener.listen(64)
+        return _prepare_and_serve(args, frontend, Zygote(listener, lock, script))
+
+
+def worker_script() -> str:
+    """The real path of the installed TorchServe's worker script, found the way the workers'
+    interpreter finds ``ts``: the only code this zygote runs in what it forks."""
+    spec = importlib.util.find_spec("ts")
+    if spec is None or spec.origin is None:
+        raise Refused("TorchServe (the ts package) is not installed for this interpreter")
+    return os.path.realpath(Path(spec.origin).parent / "model_service_worker.py")
+
+
+@contextlib.contextmanager
+def _first_zygote(address: str) -> Iterator[IO[bytes] | None]:
+    """Holds ``<address>.lock`` while this zygote serves (None: another one holds it) and removes
+    the socket and the lock at the end. Under the lock a socket file left by a zygote that was
+    killed is stale and is replaced."""
+    lock_path = f"{address}.lock"
+    with open(lock_path, "ab") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield None
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(address)
+        try:
+            yield lock
+        finally:
+            for path in (address, lock_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+
+def _prepare_and_serve(args: argparse.Namespace, frontend: Frontend, zygote: Zygote) -> int:
+    """Detaches, imports, tells the launcher that started it, then serves until the frontend
+    exits."""
     ready_read, ready_write = os.pipe()
     if os.fork() > 0:  # detach; the launcher that started us waits until the imports are done
         os.close(ready_write)
@@ -96,47 +178,99 @@ def main(argv: list[str] | None = None) -> int:
         time.perf_counter() - start,
         args.imports,
     )
-    serve(listener, frontend)
+    serve(zygote, frontend)
     logger.info("frontend %d is gone; exiting", args.frontend_pid)
     return 0
 
 
-def serve(listener: socket.socket, frontend: Frontend) -> None:
+def serve(zygote: Zygote, frontend: Frontend) -> None:
     """Forks a worker per launcher and reports each worker's exit to its launcher, until the
     frontend exits. Single-threaded: forking from a threaded process is unsafe."""
     launchers: dict[int, socket.socket] = {}
     while frontend.alive():
-        readable, _, _ = select.select([listener], [], [], _POLL_S)
+        readable, _, _ = select.select([zygote.listener], [], [], _POLL_S)
         _reap(launchers)
         if readable:
-            _accept(listener, launchers)
+            accept(zygote, launchers)
 
 
-def _accept(listener: socket.socket, launchers: dict[int, socket.socket]) -> None:
-    conn, _ = listener.accept()
+def accept(zygote: Zygote, launchers: dict[int, socket.socket]) -> None:
+    """Forks the worker that one launcher asks for, or refuses it with an ``error`` answer."""
+    conn, _ = zygote.listener.accept()
     try:
-        conn.settimeout(10)
-        _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if uid != os.getuid():
-            raise PermissionError(f"a launcher of uid {uid}; this zygote serves uid {os.getuid()}")
-        request, fds = receive_request(conn)
+        request, fds = _receive(conn, zygote.script)
+    except Refused as refusal:
+        logger.warning("refused a launcher: %s", refusal)
+        with contextlib.suppress(OSError):
+            send_line(conn, {"error": str(refusal)})
+        conn.close()
+        return
     except (OSError, ValueError) as error:
-        logger.warning("refused a launcher: %s", error)
+        logger.warning("dropped a launcher: %s", error)
         conn.close()
         return
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
-        _become_worker(request, fds, [listener, conn, *launchers.values()])
-    for fd in fds:
-        os.close(fd)
+        _become_worker(request, zygote, fds, [conn, *launchers.values()])
+    close_all(fds)
     try:
         send_line(conn, {"pid": pid})
     except OSError:
         logger.warning("launcher of worker %d went away before it started", pid)
     launchers[pid] = conn
-    logger.info("forked worker %d for %s", pid, request.get("cwd"))
+    logger.info("forked worker %d for %s", pid, request.cwd)
+
+
+def _receive(conn: socket.socket, script: str) -> tuple[WorkerRequest, list[int]]:
+    """One launcher's request, from a peer of this user, for TorchServe's worker only."""
+    conn.settimeout(10)
+    pid = check_peer(conn, "the launcher")
+    raw, fds = receive_request(conn)
+    try:
+        return check_request(raw, script), fds
+    except Refused as refusal:
+        close_all(fds)
+        raise Refused(f"pid {pid}: {refusal}") from None
+
+
+def check_request(raw: dict[str, Any], script: str) -> WorkerRequest:
+    """A request with the types the worker needs and TorchServe's worker command line."""
+    argv, env, cwd, path = (raw.get(key) for key in ("argv", "env", "cwd", "path"))
+    if not (
+        _strings(argv)
+        and isinstance(env, dict)
+        and _strings([*env, *env.values()])
+        and isinstance(cwd, str)
+        and _strings(path)
+    ):
+        raise Refused("a malformed worker request")
+    check_worker_argv(argv, script)
+    return WorkerRequest(argv=argv, env=env, cwd=cwd, path=path)
+
+
+def check_worker_argv(argv: list[str], script: str) -> None:
+    """Refuses anything but ``script`` (compared by real path) with the arguments TorchServe's
+    frontend passes: a same-uid peer must not get other code run in a forked worker."""
+    if not argv or not os.path.isabs(argv[0]) or os.path.realpath(argv[0]) != script:
+        raise Refused(f"{reprlib.repr(argv[:1])} is not TorchServe's worker script {script}")
+    args = argv[1:-1] if argv[-1] == "--async" else argv[1:]
+    if not (
+        len(args) == 6
+        and args[0] == "--sock-type"
+        and args[2] == _ADDRESS_FLAG.get(args[1])
+        and args[4] == "--metrics-config"
+        and all(value and not value.startswith("-") for value in (args[3], args[5]))
+        and (args[1] != "tcp" or args[3].isdigit())
+    ):
+        raise Refused(
+            f"arguments {reprlib.repr(argv[1:])} are not those TorchServe starts its worker with"
+        )
+
+
+def _strings(value: object) -> TypeGuard[list[str]]:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
 
 
 def _reap(launchers: dict[int, socket.socket]) -> None:
@@ -183,12 +317,16 @@ class Frontend:
         return state is not None and state[0] not in ("Z", "X") and state[1] == self._started
 
 
-def _become_worker(request: dict[str, Any], fds: list[int], inherited: list[socket.socket]) -> None:
-    """In the forked child: take over the launcher's streams, environment and paths, run
-    TorchServe's worker script as ``__main__``, and never return into the zygote's loop."""
+def _become_worker(
+    request: WorkerRequest, zygote: Zygote, fds: list[int], launchers: list[socket.socket]
+) -> None:
+    """In the forked child: drop the zygote's files, take over the launcher's streams,
+    environment and paths, run TorchServe's worker script as ``__main__``, and never return
+    into the zygote's loop."""
     code = 1
     try:
-        for sock in inherited:
+        zygote.close()
+        for sock in launchers:
             sock.close()
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         stdin, stdout, stderr, launcher_alive = fds
@@ -199,7 +337,7 @@ def _become_worker(request: dict[str, Any], fds: list[int], inherited: list[sock
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _adopt(request)
-        code = _run_worker_script(request["argv"][0])
+        code = _run_worker_script(zygote.script)
     finally:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):
@@ -207,15 +345,14 @@ def _become_worker(request: dict[str, Any], fds: list[int], inherited: list[sock
         os._exit(code)
 
 
-def _adopt(request: dict[str, Any]) -> None:
+def _adopt(request: WorkerRequest) -> None:
     """What a fresh ``python model_service_worker.py ...`` would have: argv, environment, working
     directory, ``sys.path`` (script folder first), an unconfigured root logger, fresh seeds."""
     os.environ.clear()
-    os.environ.update(request["env"])
-    os.chdir(request["cwd"])
-    argv = [str(part) for part in request["argv"]]
-    sys.argv = argv
-    sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])), *request["path"]]
+    os.environ.update(request.env)
+    os.chdir(request.cwd)
+    sys.argv = list(request.argv)
+    sys.path[:] = [os.path.dirname(request.argv[0]), *request.path]
     tempfile: Any = sys.modules.get("tempfile")
     if tempfile is not None:
         tempfile.tempdir = None  # recomputed from the worker's TMPDIR

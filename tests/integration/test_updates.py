@@ -231,3 +231,84 @@ def test_kill_9_right_after_an_acknowledged_update_loses_nothing(tmp_path, updat
     finally:
         server.stop()
         os.environ.pop("GNNSERVE_UPDATE_SECRET", None)
+
+
+@pytest.fixture()
+def tiny_state_volume(tmp_path: Path) -> Iterator[Path]:
+    """A 3 MiB tmpfs for the update log, as a small or full state volume would be."""
+    mount = tmp_path / "state-volume"
+    mount.mkdir(mode=0o700)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m,mode=0700", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"mounting a tmpfs needs root: {mounted.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        if subprocess.run(["umount", str(mount)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def write_until_full(server: TorchServe, writer: int) -> dict[str, list]:
+    """One client sending 150-node updates (~13 KB records) until the volume has refused it
+    three times; returns the acknowledged requests' node IDs and every status seen."""
+    acknowledged: list[list[str]] = []
+    statuses: list[int] = []
+    for i in range(400):
+        ids = [f"w{writer}_{i}_{j}" for j in range(150)]
+        answer = update(server, [{"type": "add_node", "id": n, "x": [0.5] * 8} for n in ids])
+        statuses.append(answer.status_code)
+        if answer.status_code == 200:
+            acknowledged.append(ids)
+        else:
+            assert answer.json()["type"] == "InsufficientStorage", answer.text
+        if statuses[-3:] == [507, 507, 507]:
+            break
+    return {"acknowledged": acknowledged, "statuses": statuses}
+
+
+def test_a_full_state_volume_loses_no_acknowledged_update(tmp_path, tiny_state_volume):
+    graph = write_small_graph(tmp_path / "graph")
+    options = ["--arch", "gcn", "--epochs", "2", "--fanouts", "-1,-1", "--batch-size", "4"]
+    workers = ["--min-workers", "2", "--max-workers", "2", "--enable-updates"]
+    store = build_archive(
+        tmp_path / "model_store",
+        graph,
+        *options,
+        *workers,
+        "--update-state-dir",
+        str(tiny_state_volume),
+    )
+    os.environ["GNNSERVE_UPDATE_SECRET"] = SECRET
+    server = TorchServe(home=tmp_path / "server", model_store=store)
+    try:
+        server.start("gnn=gnn.mar")
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(lambda w: write_until_full(server, w), range(8)))
+        statuses = [status for result in results for status in result["statuses"]]
+        assert set(statuses) == {200, 507}, "the volume never filled, or another status came"
+        acknowledged = [ids for result in results for ids in result["acknowledged"]]
+        probes = [ids[k] for ids in acknowledged for k in (0, -1)]  # each record's ends
+
+        def answered(node: str) -> tuple[int, str]:
+            answer = predict(server, node)
+            return answer.status_code, answer.json().get("graph_version", answer.text)
+
+        with ThreadPoolExecutor(8) as pool:  # both workers, while the volume is still full
+            seen = list(pool.map(answered, probes * 2))
+        assert {status for status, _ in seen} == {200}
+        assert len({version for _, version in seen}) == 1
+        model_log = (server.home / "logs" / "model_log.log").read_text()
+        assert "unreadable" not in model_log and "cannot apply" not in model_log
+
+        kill_everything(server)
+        server.start("gnn=gnn.mar")
+        with ThreadPoolExecutor(8) as pool:
+            after = list(pool.map(answered, probes))
+        assert after == [seen[0]] * len(probes)  # every acknowledged node, same graph version
+    finally:
+        server.stop()
+        os.environ.pop("GNNSERVE_UPDATE_SECRET", None)

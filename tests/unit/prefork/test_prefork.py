@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -24,86 +22,28 @@ from gnnserve_prefork.protocol import (
 )
 from gnnserve_prefork.zygote import Frontend
 
-PREFORK = Path(__file__).resolve().parents[3] / "prefork"
-
-# Stands in for TorchServe's worker script: reports what a worker would see, then behaves as
-# the test asks through its arguments.
-FAKE_WORKER = textwrap.dedent(
-    """
-    import json, os, sys, time
-    print(json.dumps({
-        "pid": os.getpid(), "ppid": os.getppid(), "argv": sys.argv, "cwd": os.getcwd(),
-        "path0": sys.path[0], "marker": os.environ.get("PREFORK_TEST_MARKER"),
-        "torch_loaded": "json" in sys.modules,
-    }), flush=True)
-    print("to stderr", file=sys.stderr, flush=True)
-    if sys.argv[1] == "sleep":
-        time.sleep(60)
-    sys.exit(int(sys.argv[2]))
-    """
+from .standins import (
+    TS_ARGS,
+    launcher_and_worker,
+    launcher_pid,
+    prefork_env,
+    reported,
+    run_frontend,
+    start_frontend,
+    zygote_log,
 )
-
-# Stands in for the Java frontend: starts one worker, relays its exit status, and lives only
-# as long as that (so the zygote, keyed by this PID, exits after it).
-FAKE_FRONTEND = textwrap.dedent(
-    """
-    import subprocess, sys
-    worker = subprocess.Popen([sys.executable, *sys.argv[1:]], cwd=sys.argv[1].rsplit("/", 2)[0])
-    print(f"launcher {worker.pid}", flush=True)
-    sys.exit(worker.wait())
-    """
-)
-
-
-@pytest.fixture
-def worker_script(tmp_path: Path) -> Path:
-    script = tmp_path / "ts" / "model_service_worker.py"
-    script.parent.mkdir()
-    script.write_text(FAKE_WORKER)
-    return script
-
-
-def prefork_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "PYTHONPATH": str(PREFORK),
-        "GNNSERVE_PREFORK_IMPORTS": "json",  # light: these tests are about the plumbing
-        "LOG_LOCATION": str(tmp_path / "logs"),
-        "PREFORK_TEST_MARKER": "from-the-frontend",
-        **extra,
-    }
-
-
-def run_frontend(
-    tmp_path: Path, worker_script: Path, *args: str, **env: str
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", FAKE_FRONTEND, str(worker_script), *args],
-        env=prefork_env(tmp_path, **env),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def reported(output: str) -> dict:
-    return json.loads(next(line for line in output.splitlines() if line.startswith("{")))
-
-
-def zygote_log(tmp_path: Path) -> str:
-    return (tmp_path / "logs" / "gnnserve_prefork.log").read_text()
 
 
 def test_the_worker_runs_forked_with_the_launchers_streams_env_and_exit_status(
     tmp_path: Path, worker_script: Path
 ) -> None:
-    result = run_frontend(tmp_path, worker_script, "exit", "3")
+    result = run_frontend(tmp_path, worker_script, "exit 3")
     assert result.returncode == 3
     worker = reported(result.stdout)
-    launcher_pid = int(result.stdout.split("launcher ")[1].split()[0])
-    assert worker["pid"] != launcher_pid  # it ran in another process: the zygote's child
-    assert worker["ppid"] != launcher_pid
-    assert worker["argv"] == [str(worker_script), "exit", "3"]
+    launcher = launcher_pid(result.stdout)
+    assert worker["pid"] != launcher  # it ran in another process: the zygote's child
+    assert worker["ppid"] != launcher
+    assert worker["argv"] == [str(worker_script), *TS_ARGS]
     assert worker["cwd"] == str(tmp_path)
     assert worker["path0"] == str(worker_script.parent)
     assert worker["marker"] == "from-the-frontend"
@@ -112,28 +52,24 @@ def test_the_worker_runs_forked_with_the_launchers_streams_env_and_exit_status(
     assert f"forked worker {worker['pid']}" in zygote_log(tmp_path)
 
 
-def test_the_zygote_exits_with_its_frontend(tmp_path: Path, worker_script: Path) -> None:
-    run_frontend(tmp_path, worker_script, "exit", "0")
+def test_the_zygote_exits_with_its_frontend_and_removes_its_socket(
+    tmp_path: Path, worker_script: Path, short_tmpdir: Path
+) -> None:
+    run_frontend(tmp_path, worker_script, "exit 0")
+    sockets = short_tmpdir / f"gnnserve-prefork-{os.getuid()}"
     deadline = time.monotonic() + 10
-    while "is gone; exiting" not in zygote_log(tmp_path):
-        assert time.monotonic() < deadline, zygote_log(tmp_path)
+    while "is gone; exiting" not in zygote_log(tmp_path) or any(sockets.iterdir()):
+        assert time.monotonic() < deadline, (zygote_log(tmp_path), list(sockets.iterdir()))
         time.sleep(0.1)
 
 
 def test_killing_the_launcher_kills_its_worker(tmp_path: Path, worker_script: Path) -> None:
     """TorchServe stops a worker with SIGKILL on the process it started: the launcher."""
-    frontend = subprocess.Popen(
-        [sys.executable, "-c", FAKE_FRONTEND, str(worker_script), "sleep", "0"],
-        env=prefork_env(tmp_path),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    frontend = start_frontend(tmp_path, worker_script, "sleep")
     try:
-        assert frontend.stdout is not None
-        launcher_pid = int(frontend.stdout.readline().split()[1])
-        worker_pid = reported(frontend.stdout.readline())["pid"]
-        worker = psutil.Process(worker_pid)
-        os.kill(launcher_pid, signal.SIGKILL)
+        launcher, reported_worker = launcher_and_worker(frontend)
+        worker = psutil.Process(reported_worker["pid"])
+        os.kill(launcher, signal.SIGKILL)
         worker.wait(timeout=10)  # raises TimeoutExpired if the worker outlived its launcher
         assert frontend.wait(timeout=10) == 256 - signal.SIGKILL  # sys.exit(-9) of the stand-in
     finally:
@@ -142,17 +78,10 @@ def test_killing_the_launcher_kills_its_worker(tmp_path: Path, worker_script: Pa
 
 
 def test_sigterm_to_the_launcher_reaches_the_worker(tmp_path: Path, worker_script: Path) -> None:
-    frontend = subprocess.Popen(
-        [sys.executable, "-c", FAKE_FRONTEND, str(worker_script), "sleep", "0"],
-        env=prefork_env(tmp_path),
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    frontend = start_frontend(tmp_path, worker_script, "sleep")
     try:
-        assert frontend.stdout is not None
-        launcher_pid = int(frontend.stdout.readline().split()[1])
-        reported(frontend.stdout.readline())
-        os.kill(launcher_pid, signal.SIGTERM)
+        launcher, _ = launcher_and_worker(frontend)
+        os.kill(launcher, signal.SIGTERM)
         assert frontend.wait(timeout=10) == 128 + signal.SIGTERM
     finally:
         frontend.kill()
@@ -162,12 +91,11 @@ def test_sigterm_to_the_launcher_reaches_the_worker(tmp_path: Path, worker_scrip
 def test_the_switch_and_other_scripts_leave_python_alone(
     tmp_path: Path, worker_script: Path
 ) -> None:
-    plain = run_frontend(tmp_path, worker_script, "exit", "0", GNNSERVE_PREFORK="0")
-    launcher_pid = int(plain.stdout.split("launcher ")[1].split()[0])
-    assert reported(plain.stdout)["pid"] == launcher_pid
+    plain = run_frontend(tmp_path, worker_script, "exit 0", GNNSERVE_PREFORK="0")
+    assert reported(plain.stdout)["pid"] == launcher_pid(plain.stdout)
     other = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
-        env=prefork_env(tmp_path),
+        env=prefork_env(tmp_path, "exit 0"),
         capture_output=True,
         text=True,
         timeout=60,
@@ -180,11 +108,10 @@ def test_a_zygote_that_cannot_start_leaves_a_plain_worker(
     tmp_path: Path, worker_script: Path
 ) -> None:
     result = run_frontend(
-        tmp_path, worker_script, "exit", "0", GNNSERVE_PREFORK_IMPORTS="no_such_module_here"
+        tmp_path, worker_script, "exit 0", GNNSERVE_PREFORK_IMPORTS="no_such_module_here"
     )
     assert result.returncode == 0
-    launcher_pid = int(result.stdout.split("launcher ")[1].split()[0])
-    assert reported(result.stdout)["pid"] == launcher_pid
+    assert reported(result.stdout)["pid"] == launcher_pid(result.stdout)
     assert "starts as a plain interpreter" in result.stderr
     assert "no_such_module_here" in zygote_log(tmp_path)
 
