@@ -149,3 +149,13 @@ def test_compacting_a_compacted_store_keeps_the_original_log(base, tmp_path):
     np.testing.assert_array_equal(
         third.features[third.lookup([1])[0]], np.full(FEATURES, 0.5, dtype=np.float32)
     )
+
+
+def test_compaction_reads_the_live_log_without_changing_it(base, tmp_path):
+    log_path = write_log(tmp_path / "updates.log", [1, 2])
+    with log_path.open("ab") as tail:  # a writer died mid-record: compaction must not cut it
+        tail.write(b"GNUP\x40\x00\x00\x00torn")
+    before = log_path.read_bytes()
+    store = compacted(base, log_path, tmp_path / "v2")
+    assert store.update_log is not None and store.update_log["seq"] == 2
+    assert log_path.read_bytes() == before
