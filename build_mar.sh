@@ -50,9 +50,12 @@ Serving (written to the archive's model-config YAML)
                           exactly the full-graph answer
   --batch-size N          TorchServe batchSize (default 8)
   --max-batch-delay MS    TorchServe maxBatchDelay (default 5)
-  --min-workers N         minWorkers (default 1)
-  --max-workers N         maxWorkers (default 1)
-  --response-timeout S    responseTimeout (default 60)
+  --min-workers N         minWorkers and maxWorkers, given together (default: neither is
+  --max-workers N         written). Written, they win over a register call's initial_workers
+                          and over default_workers_per_model in config.properties (1 here);
+                          unwritten, initial_workers applies, else default_workers_per_model
+  --response-timeout S    responseTimeout (default 60); --batch-size x --explain-budget-ms
+                          must stay below it, or the build is refused
   --startup-timeout S     startupTimeout (default 300)
   --device auto|cpu|gpu   deviceType; auto = gpu when this machine has CUDA (default auto)
   --sampling-seed N       seed of the deterministic neighbour sampler (default 0)

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         replayed = replay(args.store, args.log)
         meta = compact(replayed, args.out)
-    except (StoreError, ValueError) as error:
+    except (StoreError, ValueError, OSError) as error:  # a missing log, a damaged one, ...
         print(f"error: {error}", file=sys.stderr)
         return 2
     seq = replayed.overlay.seq

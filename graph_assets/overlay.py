@@ -233,7 +233,7 @@ class GraphOverlay:
                     raise UpdateRejected(
                         409,
                         index,
-                        f"edge {operation['src']!r} -> {operation['dst']!r} already exists",
+                        f"edge {_edge(operation)} already exists",
                     )
                 added = np.array([src], dtype=np.int64)
                 grown = np.concatenate((current[:at], added, current[at:]))
@@ -243,7 +243,7 @@ class GraphOverlay:
                     raise UpdateRejected(
                         404,
                         index,
-                        f"edge {operation['src']!r} -> {operation['dst']!r} does not exist",
+                        f"edge {_edge(operation)} does not exist",
                     )
                 self._set_in_list(dst, current[current != src], undo)
 
@@ -253,20 +253,22 @@ class GraphOverlay:
         node_id = operation.get("id")
         if isinstance(node_id, bool) or not isinstance(node_id, int | str):
             raise UpdateRejected(
-                400, index, f"add_node needs an integer or string id, got {node_id!r}"
+                400, index, f"add_node needs an integer or string id, got {_shown(node_id)}"
             )
         key = node_key(self.base.id_kind, node_id)
         if key is None or (isinstance(node_id, str) and not node_id):
-            raise UpdateRejected(400, index, f"{node_id!r} cannot be a node ID of this graph")
+            raise UpdateRejected(400, index, f"{_shown(node_id)} cannot be a node ID of this graph")
         existing = self._base_index.get(node_id)
         if existing is None:
             existing = int(self.base.lookup([node_id])[0])
         if existing >= 0 or key in self._new_index:
             node = int(existing) if existing >= 0 else self._new_index[key]
             state = "was removed (IDs are not reused)" if node in self.removed else "already exists"
-            raise UpdateRejected(409, index, f"node {node_id!r} {state}")
+            raise UpdateRejected(409, index, f"node {_shown(node_id)} {state}")
         if self.base.was_removed(node_id):  # removed before the base was compacted
-            raise UpdateRejected(409, index, f"node {node_id!r} was removed (IDs are not reused)")
+            raise UpdateRejected(
+                409, index, f"node {_shown(node_id)} was removed (IDs are not reused)"
+            )
         if len(self.new_ids) >= self.max_new_nodes:
             raise UpdateRejected(413, index, f"the overlay holds {self.max_new_nodes} new nodes")
         vector = self._vector(index, operation)
@@ -351,7 +353,9 @@ class GraphOverlay:
             raise UpdateRejected(400, index, f"{field} must be an integer or string node ID")
         node = self._node_of(node_id)
         if node < 0:
-            raise UpdateRejected(404, index, f"node {node_id!r} ({field}) is not in the graph")
+            raise UpdateRejected(
+                404, index, f"node {_shown(node_id)} ({field}) is not in the graph"
+            )
         return node
 
     def _vector(self, index: int, operation: dict[str, Any]) -> np.ndarray:
@@ -387,7 +391,7 @@ class GraphOverlay:
             and 0 <= label < max(self.base.num_classes, 1)
         ):
             return label
-        raise UpdateRejected(400, index, f"label {label!r} is not a class of this graph")
+        raise UpdateRejected(400, index, f"label {_shown(label)} is not a class of this graph")
 
 
 def _contains(ascending: np.ndarray, value: int) -> bool:
@@ -395,3 +399,14 @@ def _contains(ascending: np.ndarray, value: int) -> bool:
     cost ~150 us per edge operation)."""
     at = int(ascending.searchsorted(value))
     return at < len(ascending) and int(ascending[at]) == value
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a client's value for an error message, cut short: a 400-digit ID is quoted
+    by its ends, not in full."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]} ({len(text)} characters)"
+
+
+def _edge(operation: dict[str, Any]) -> str:
+    return f"{_shown(operation['src'])} -> {_shown(operation['dst'])}"

@@ -1,7 +1,9 @@
 """Writes an archive's model-config YAML: TorchServe's batching/worker keys plus our ``gnn:``.
 
-TorchServe reads timeouts from this YAML, not from the register call, so every key is written
-explicitly. ``build_mar.sh`` calls ``python -m handler.archive_config``.
+TorchServe reads timeouts from this YAML, not from the register call, so those keys are always
+written. minWorkers/maxWorkers are written only when the builder asks for them: in the YAML they
+override the register call's ``initial_workers`` and ``default_workers_per_model``.
+``build_mar.sh`` calls ``python -m handler.archive_config``.
 """
 
 from __future__ import annotations
@@ -14,14 +16,20 @@ from typing import Any
 
 import yaml
 
-from handler.settings import TASKS, ServingSettings, default_fanouts, parse_fanouts
+from handler.settings import (
+    TASKS,
+    ServingSettings,
+    check_explain_budget,
+    default_fanouts,
+    parse_fanouts,
+)
 
 
 def torchserve_section(
     batch_size: int,
     max_batch_delay_ms: int,
-    min_workers: int,
-    max_workers: int,
+    min_workers: int | None,
+    max_workers: int | None,
     response_timeout_s: int,
     startup_timeout_s: int,
     device_type: str,
@@ -30,8 +38,7 @@ def torchserve_section(
     values = {
         "batchSize": batch_size,
         "maxBatchDelay": max_batch_delay_ms,
-        "minWorkers": min_workers,
-        "maxWorkers": max_workers,
+        **worker_keys(min_workers, max_workers),
         "responseTimeout": response_timeout_s,
         "startupTimeout": startup_timeout_s,
     }
@@ -39,11 +46,25 @@ def torchserve_section(
         floor = 0 if key == "maxBatchDelay" else 1
         if value < floor:
             raise ValueError(f"{key} must be >= {floor}; got {value}")
-    if min_workers > max_workers:
-        raise ValueError(f"minWorkers ({min_workers}) must not exceed maxWorkers ({max_workers})")
     if device_type not in ("cpu", "gpu"):
         raise ValueError(f"deviceType must be cpu or gpu; got {device_type!r}")
     return {**values, "deviceType": device_type}
+
+
+def worker_keys(min_workers: int | None, max_workers: int | None) -> dict[str, int]:
+    """minWorkers/maxWorkers when the builder gave both, else none, so that TorchServe's own
+    settings choose. TorchServe ignores a pair unless 0 < minWorkers <= maxWorkers (logging only
+    a warning), so a pair it would ignore fails the build instead."""
+    if min_workers is None and max_workers is None:
+        return {}
+    if min_workers is None or max_workers is None:
+        raise ValueError(
+            "give --min-workers and --max-workers together (e.g. --min-workers 2 "
+            "--max-workers 2), or neither to let TorchServe's settings choose"
+        )
+    if min_workers > max_workers:
+        raise ValueError(f"minWorkers ({min_workers}) must not exceed maxWorkers ({max_workers})")
+    return {"minWorkers": min_workers, "maxWorkers": max_workers}
 
 
 def detect_device_type() -> str:
@@ -62,8 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fanouts", help="comma list, -1 = all; default 25 then 10 per hop")
     parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batchSize")
     parser.add_argument("--max-batch-delay", type=int, default=5, help="maxBatchDelay in ms")
-    parser.add_argument("--min-workers", type=int, default=1, help="minWorkers")
-    parser.add_argument("--max-workers", type=int, default=1, help="maxWorkers")
+    parser.add_argument(
+        "--min-workers", type=int, help="minWorkers (with --max-workers); default: not written"
+    )
+    parser.add_argument(
+        "--max-workers", type=int, help="maxWorkers (with --min-workers); default: not written"
+    )
     parser.add_argument("--response-timeout", type=int, default=60, help="responseTimeout, s")
     parser.add_argument("--startup-timeout", type=int, default=300, help="startupTimeout, s")
     parser.add_argument(
@@ -154,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             args.response_timeout,
             args.startup_timeout,
             device,
+        )
+        check_explain_budget(
+            args.batch_size, args.response_timeout, settings.explain_time_budget_ms
         )
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)

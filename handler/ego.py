@@ -267,8 +267,8 @@ class BatchEngine(ABC, Generic[R]):
         if len(positions) > 1:
             try:
                 return [Group(positions, self.make_group(positions, outcomes))]
-            except SubgraphTooLarge:
-                pass  # some request alone is too large: find it
+            except (SubgraphTooLarge, ApiError):
+                pass  # some request alone is too large or refused: find it, with no traceback
             except Exception as error:
                 self._raise_if_fatal(error)
                 logger.exception("preparing a group failed; preparing its requests one by one")

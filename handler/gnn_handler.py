@@ -21,6 +21,7 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from graph_assets import GraphStore, open_store, share_store
 from graph_assets.log_lineage import update_log_path
+from graph_assets.private_dir import ensure_private_dir
 from handler.batch_metrics import GAUGES, BatchMetrics
 from handler.engine import NodeClassificationEngine, Response, StageTimes
 from handler.graph_engine import GraphEngine
@@ -34,7 +35,7 @@ from handler.live_graph import (
     read_secret,
     update_body,
 )
-from handler.settings import ServingSettings
+from handler.settings import ServingSettings, worker_settings
 from handler.tasks import (
     RoutedBatch,
     RoutedResult,
@@ -96,7 +97,7 @@ class GNNHandler(BaseHandler):
         properties = context.system_properties
         model_dir = Path(properties["model_dir"])
         self.device = select_device(properties.get("gpu_id"))
-        settings = ServingSettings.from_yaml_section((context.model_yaml_config or {}).get("gnn"))
+        settings = worker_settings(context.model_yaml_config, int(properties["batch_size"]))
         self.batch_metrics = BatchMetrics(settings.metrics_interval_s)
         if settings.task == "graph":  # no stored graph: each request carries its own
             model, config = load_model(model_dir, map_location=self.device)
@@ -153,10 +154,25 @@ class GNNHandler(BaseHandler):
         """TorchServe's entry point for a batch. With live updates, the graph is held still from
         the first lookup to the last ``graph_version`` (the follower thread waits meanwhile),
         after catching up with every update acknowledged before the batch."""
+        self._describe_call = self.is_describe_call(data, context)
         if self.live is None:
             return super().handle(data, context)
         with self.live.reading():
             return super().handle(data, context)
+
+    def _is_describe(self) -> bool:
+        """``BaseHandler.handle`` asks this; ``handle`` decided it from the whole batch."""
+        return self._describe_call
+
+    @staticmethod
+    def is_describe_call(data: list[Any], context: Context) -> bool:
+        """The management API's describe call: a lone request with no payload and the header
+        ``describe: True``. ``BaseHandler`` trusts the header of the batch's first request
+        alone, and a client can send that header with a prediction: the batch would then get
+        one description for all its requests, and TorchServe would answer each of them 503. A
+        request with a body, or in a batch of several, is never a describe call."""
+        header = context.get_request_header(0, "describe") if data else None
+        return header == "True" and len(data) == 1 and not data[0]
 
     def preprocess(self, data: list[Any]) -> RoutedBatch:
         """Applies the batch's graph updates first (in order), then validates each prediction
@@ -216,6 +232,15 @@ class GNNHandler(BaseHandler):
         metrics.add_metric(
             "GnnErrorResponses", summary.errors, "Count", dimensions=self._dimensions()
         )
+        if self.live is not None:  # 1 while a log record cannot be applied (docs/operations.md)
+            stalled = int(self.live.failure is not None)
+            metrics.add_metric(
+                "GnnUpdateReplayFailed",
+                stalled,
+                "Count",
+                dimensions=self._dimensions(),
+                metric_type=_GAUGE,
+            )
 
     def _dimensions(self) -> list[Dimension]:
         """A fresh list per call: TorchServe appends default dimensions to the one it is given."""
@@ -258,16 +283,18 @@ def drop_torchserve_batch_line() -> None:
 def open_live_graph(
     store: GraphStore, settings: ServingSettings
 ) -> tuple[LiveGraph | None, UpdatePolicy]:
-    """The update log and policy when the archive takes updates; (None, disabled) otherwise."""
+    """The update log and policy when the archive takes updates; (None, disabled) otherwise.
+
+    The state directory and the log's own directory in it must be private to this user: every
+    worker replays the log without asking for the update key, so whoever can write there
+    controls the graph (graph_assets.private_dir)."""
     if not settings.updates_enabled:
         return None, UpdatePolicy(secret=None, max_operations=settings.max_update_operations)
     secret = read_secret(settings.update_secret_env, settings.update_secret_file)
-    state = Path(settings.update_state_dir or Path(tempfile.gettempdir()) / STATE_DIR)
-    live = LiveGraph(
-        store,
-        update_log_path(store, state),
-        follow_interval_s=settings.update_follow_interval_ms / 1000,
-    )
+    state = ensure_private_dir(settings.update_state_dir or Path(tempfile.gettempdir()) / STATE_DIR)
+    log_path = update_log_path(store, state)
+    ensure_private_dir(log_path.parent)
+    live = LiveGraph(store, log_path, follow_interval_s=settings.update_follow_interval_ms / 1000)
     return live, UpdatePolicy(secret=secret, max_operations=settings.max_update_operations)
 
 

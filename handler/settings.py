@@ -152,6 +152,33 @@ class ServingSettings:
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
 
 
+def check_explain_budget(batch_size: int, response_timeout_s: int, budget_ms: int) -> None:
+    """A worker answers a batch's explanations one after another, so a full batch of them may
+    take ``batch_size`` budgets; at ``responseTimeout`` TorchServe kills the worker mid-batch."""
+    needed_ms = batch_size * budget_ms
+    if needed_ms >= response_timeout_s * 1000:
+        raise ValueError(
+            f"a batch of {batch_size} explanations ({budget_ms} ms each) may take {needed_ms} ms, "
+            f"which reaches responseTimeout ({response_timeout_s} s) and gets the worker killed: "
+            "lower explain_time_budget_ms (--explain-budget-ms) below "
+            f"{math.ceil(response_timeout_s * 1000 / batch_size)}, lower batchSize "
+            f"(--batch-size), or raise responseTimeout (--response-timeout) above "
+            f"{needed_ms // 1000} s"
+        )
+
+
+def worker_settings(model_yaml: dict[str, Any] | None, batch_size: int) -> ServingSettings:
+    """The ``gnn:`` settings a worker starts with, checked against the batch size TorchServe
+    gave it and the archive's ``responseTimeout`` (without one, TorchServe's own default
+    applies, which the worker cannot see)."""
+    config = model_yaml or {}
+    settings = ServingSettings.from_yaml_section(config.get("gnn"))
+    if "responseTimeout" in config:
+        timeout = int(config["responseTimeout"])
+        check_explain_budget(batch_size, timeout, settings.explain_time_budget_ms)
+    return settings
+
+
 def parse_fanouts(value: object) -> tuple[int, ...]:
     """Accepts ``[25, 10]`` or ``"25,10"``; each entry a positive int or -1 (all neighbours)."""
     items = value.split(",") if isinstance(value, str) else value

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from handler.errors import BadRequest, TooLarge
-from handler.requests import NodeId, body_of, decode_body
+from handler.requests import NodeId, body_of, decode_body, show
 
 Direction = Literal["in", "out", "both"]
 M = TypeVar("M", bound="_Strict")
@@ -173,17 +173,41 @@ def _check_count(name: str, count: int, limit: int, setting: str) -> None:
         )
 
 
+def _beyond_float32(where: str) -> BadRequest:
+    return BadRequest(f"{where} holds a NaN, an infinity or a value beyond float32's range")
+
+
 def _features(values: list[Any], width: int, where: str) -> np.ndarray:
     """``values`` as finite float32, ``width`` wide."""
-    x = np.asarray(values, dtype=np.float64)
+    try:
+        x = np.asarray(values, dtype=np.float64)
+    except OverflowError:  # an integer beyond float64's range: JSON integers are unbounded
+        raise _beyond_float32(where) from None
     if x.shape[-1:] != (width,):
         raise BadRequest(
             f"{where} must hold {width} features per node (the graph's feature width); got "
             f"{x.shape[-1] if x.ndim else 0}"
         )
     if not (np.abs(x) <= _FLOAT32_MAX).all():  # NaN fails the comparison too
-        raise BadRequest(f"{where} holds a NaN, an infinity or a value beyond float32's range")
+        raise _beyond_float32(where)
     return x.astype(np.float32)
+
+
+def _edge_index(src: list[int], dst: list[int], num_nodes: int) -> np.ndarray:
+    """``[2, e]`` int64 node numbers, each in ``[0, num_nodes)``."""
+    try:
+        edge_index = np.array([src, dst], dtype=np.int64).reshape(2, -1)
+    except OverflowError:  # beyond int64: JSON integers are unbounded
+        edge_index = None
+    if edge_index is None or (
+        edge_index.size and (edge_index.min() < 0 or edge_index.max() >= num_nodes)
+    ):
+        numbers = src + dst
+        raise BadRequest(
+            f"graph.edge_index holds node numbers outside [0, {num_nodes - 1}] (the rows of "
+            f"graph.x): min {show(min(numbers))}, max {show(max(numbers))}"
+        )
+    return edge_index
 
 
 EMBEDDING_EXAMPLE = '{"node_id": 42, "return_embedding": true}'
@@ -246,10 +270,10 @@ def parse_link_request(item: Any, max_ids: int, max_top_k: int) -> PairRequest |
         return PairRequest(pairs=tuple((a, b) for a, b in pairs), single=False)
     if src is not None and top_k is not None and dst is None and pairs is None:
         if top_k < 1:
-            raise BadRequest(f"top_k must be a positive integer; got {top_k}")
+            raise BadRequest(f"top_k must be a positive integer; got {show(top_k)}")
         if top_k > max_top_k:
             raise TooLarge(
-                f"top_k is {top_k}; this archive returns at most {max_top_k} (raise "
+                f"top_k is {show(top_k)}; this archive returns at most {max_top_k} (raise "
                 "max_top_k in the model config)"
             )
         return TopKRequest(src, top_k, parsed.exclude_neighbors)
@@ -284,13 +308,8 @@ def parse_graph_request(
             f"graph.edge_index must be two lists of equal length [[src...], [dst...]]; got "
             f"{len(src)} and {len(dst)}"
         )
-    edge_index = np.array([src, dst], dtype=np.int64).reshape(2, -1)
     n = x.shape[0]
-    if edge_index.size and (edge_index.min() < 0 or edge_index.max() >= n):
-        raise BadRequest(
-            f"graph.edge_index holds node numbers outside [0, {n - 1}] (the rows of graph.x): "
-            f"min {int(edge_index.min())}, max {int(edge_index.max())}"
-        )
+    edge_index = _edge_index(src, dst, n)
     return GraphRequest(
         x=x, edge_index=clean_edges(edge_index, n), return_embedding=parsed.return_embedding
     )

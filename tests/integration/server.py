@@ -146,6 +146,23 @@ class TorchServe:
             time.sleep(1)
         raise TimeoutError(f"TorchServe not ready after {timeout} s; see {self.home / 'logs'}")
 
+    def wait_for_log(
+        self, *patterns: str, name: str = "model_log.log", timeout: float = 30.0
+    ) -> str:
+        """The text of ``logs/<name>`` once every regex in ``patterns`` matches it. A worker's log
+        line can reach the file after its response reached the client: TorchServe relays the
+        worker's output to its log files on a thread of its own."""
+        path = self.home / "logs" / name
+        deadline = time.monotonic() + timeout
+        while True:
+            text = path.read_text() if path.exists() else ""
+            missing = [pattern for pattern in patterns if not re.search(pattern, text)]
+            if not missing:
+                return text
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{missing} not in {path} after {timeout} s")
+            time.sleep(0.05)
+
     def _all_models_ready(self) -> bool:
         if not (self.home / "key_file.json").exists():
             return False

@@ -13,6 +13,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -39,8 +40,6 @@ def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "4",
         "--max-batch-delay",
         "20",
-        "--max-workers",
-        "4",
         # bounds how long a request lost by a scaled-down worker hangs (see the scaling test)
         "--response-timeout",
         "10",
@@ -123,10 +122,13 @@ class ClientLoop:
 
 
 def test_register_second_version_beside_the_first(ops_server):
-    registered = gnnctl(ops_server, "register", "gnn_v2.0.mar")
+    # POST /models?url=gnn_v2.0.mar&initial_workers=2: the archives name no worker count, so
+    # the register call's initial_workers applies, and the start's default_workers_per_model=1.
+    registered = gnnctl(ops_server, "register", "gnn_v2.0.mar", "--workers", "2")
     assert "registered" in json.dumps(registered).lower() or "2.0" in json.dumps(registered)
     described = gnnctl(ops_server, "status", "gnn")
-    assert sorted(entry["modelVersion"] for entry in described) == ["1.0", "2.0"]
+    workers = {entry["modelVersion"]: len(entry["workers"]) for entry in described}
+    assert workers == {"1.0": 1, "2.0": 2}
     for version in ("1.0", "2.0"):
         response = requests.post(
             f"{ops_server.inference_url}/predictions/gnn/{version}",
@@ -180,7 +182,7 @@ def test_scaling_up_under_load_fails_no_request(ops_server):
         gnnctl(ops_server, "scale", "gnn", "3")
         assert default_workers(ops_server) == 3
         wait_for_more_answers(loop, 40)
-    print(f"scale 1 -> 3: {dict(loop.statuses)}")
+    print(f"scale 2 -> 3: {dict(loop.statuses)}")
     assert loop.failures == [] and set(loop.statuses) == {200}
 
 
@@ -255,10 +257,30 @@ def test_errors_are_logged_with_index_and_reason_but_not_the_body(ops_server):
         timeout=60,
     )
     assert bad.status_code == 400
-    log = (ops_server.home / "logs" / "model_log.log").read_text()
-    assert re.search(r"request \d+: 404 NodeNotFound", log)
-    assert re.search(r"request \d+: 400 BadRequest", log)
+    log = ops_server.wait_for_log(r"request \d+: 404 NodeNotFound", r"request \d+: 400 BadRequest")
     assert SECRET not in log
+
+
+def test_a_describe_header_on_predictions_gets_predictions(ops_server):
+    """TorchServe's BaseHandler answers a batch whose first request carries `describe: True`
+    with one description, and the frontend then fails every request of the batch with 503."""
+    url = f"{ops_server.inference_url}/predictions/gnn"
+    headers = {**ops_server.auth("inference"), "describe": "True"}
+
+    def predict(node: int) -> requests.Response:
+        return requests.post(url, json={"node_id": f"acct_{node}"}, headers=headers, timeout=60)
+
+    with ThreadPoolExecutor(max_workers=8) as pool:  # batches of up to 4 (--batch-size 4)
+        answers = list(pool.map(predict, range(8)))
+    assert [answer.status_code for answer in answers] == [200] * 8
+    assert [answer.json()["node_id"] for answer in answers] == [f"acct_{i}" for i in range(8)]
+    described = requests.get(
+        f"{ops_server.management_url}/models/gnn?customized=true",
+        headers=ops_server.auth("management"),
+        timeout=30,
+    )
+    assert described.status_code == 200
+    assert described.json()[0]["customizedMetadata"]["task"] == "node"
 
 
 def test_token_refresh_issues_a_working_inference_key(ops_server):

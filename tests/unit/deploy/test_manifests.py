@@ -65,24 +65,34 @@ def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
 
 
 def apply_json_patch(doc: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
-    """The one JSON-patch operation the overlay uses: `add` at the end of a list."""
+    """The one JSON-patch operation the overlay uses: `add`, at the end of a list (`/-`) or as
+    a new member of an object."""
     patched = copy.deepcopy(doc)
     for operation in operations:
-        assert operation["op"] == "add" and operation["path"].endswith("/-"), operation
+        assert operation["op"] == "add", operation
+        *parents, last = operation["path"].strip("/").split("/")
         target: Any = patched
-        for part in operation["path"].strip("/").split("/")[:-1]:
+        for part in parents:
             target = target[int(part)] if isinstance(target, list) else target[part]
-        assert isinstance(target, list), f"{operation['path']} does not end at a list"
-        target.append(operation["value"])
+        if last == "-":
+            assert isinstance(target, list), f"{operation['path']} does not end at a list"
+            target.append(operation["value"])
+        else:
+            assert isinstance(target, dict) and last not in target, operation["path"]
+            target[last] = operation["value"]
     return patched
 
 
+def overlay_object(kind: str) -> dict[str, Any]:
+    """The base's `kind` object with the overlay's patch for it applied."""
+    (patch,) = [p for p in kustomization(OVERLAY)["patches"] if p["target"]["kind"] == kind]
+    doc = only(base_objects(), kind)
+    assert patch["target"]["name"] == doc["metadata"]["name"]
+    return apply_json_patch(doc, yaml.safe_load(patch["patch"]))
+
+
 def overlay_deployment() -> dict[str, Any]:
-    (patch,) = kustomization(OVERLAY)["patches"]
-    deployment = only(base_objects(), "Deployment")
-    assert patch["target"]["kind"] == "Deployment"
-    assert patch["target"]["name"] == deployment["metadata"]["name"]
-    return apply_json_patch(deployment, yaml.safe_load(patch["patch"]))
+    return overlay_object("Deployment")
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -132,6 +142,25 @@ def mount_of(deployment: dict[str, Any], path: str) -> tuple[dict[str, Any], dic
     return mount, volume
 
 
+def kserve_pod() -> dict[str, Any]:
+    """The predictor pod as KServe builds it from the InferenceService: the predictor's PodSpec
+    fields, and the model as the `kserve-container`, so the official schemas check them."""
+    (isvc,) = load_docs(KSERVE / "inferenceservice.yaml")
+    predictor = copy.deepcopy(isvc["spec"]["predictor"])
+    model = predictor.pop("model")
+    pod_fields = {k: v for k, v in predictor.items() if k not in ("minReplicas", "maxReplicas")}
+    kserve_only = ("modelFormat", "protocolVersion", "storageUri")
+    container = {"name": "kserve-container"} | {
+        k: v for k, v in model.items() if k not in kserve_only
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": isvc["metadata"]["name"]},
+        "spec": {**pod_fields, "containers": [container]},
+    }
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Any connection attempt fails the test: the schemas must come from the package."""
@@ -149,9 +178,11 @@ def all_kubernetes_objects() -> list[tuple[str, dict[str, Any]]]:
         (f"{name}:{doc['kind']}", doc) for name in STANDALONE for doc in load_docs(K8S / name)
     ]
     objects.append(("gateway-auth:Deployment", overlay_deployment()))
+    objects.append(("gateway-auth:NetworkPolicy", overlay_object("NetworkPolicy")))
     for name in kustomization(OVERLAY)["resources"]:
         if name.endswith(".yaml"):
             objects += [(f"gateway-auth:{doc['kind']}", doc) for doc in load_docs(OVERLAY / name)]
+    objects.append(("kserve:Pod", kserve_pod()))
     return objects
 
 
@@ -312,23 +343,43 @@ def test_the_pod_config_keeps_tokens_on_and_the_model_api_off():
     assert config["grpc_inference_address"] == config["grpc_management_address"] == "127.0.0.1"
 
 
-def test_the_gateway_overlay_trades_the_token_for_a_network_policy():
-    deployment = overlay_deployment()
-    assert server_container(deployment)["command"][-1] == "--disable-token-auth"
-    policy = only(load_docs(OVERLAY / "networkpolicy.yaml"), "NetworkPolicy")
+INFERENCE, METRICS = {"port": 8080, "protocol": "TCP"}, {"port": 8082, "protocol": "TCP"}
+
+
+def rules_for(policy: dict[str, Any], port: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rule for rule in policy["spec"]["ingress"] if port in rule["ports"]]
+
+
+def test_the_network_policy_admits_metrics_only_from_the_monitoring_selectors():
+    objects = base_objects()
+    deployment, policy = only(objects, "Deployment"), only(objects, "NetworkPolicy")
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"]
-    inference_rules = [
-        rule
-        for rule in policy["spec"]["ingress"]
-        if {"port": 8080, "protocol": "TCP"} in rule["ports"]
-    ]
-    assert inference_rules and all(
-        "podSelector" in peer and peer["podSelector"].get("matchLabels")
-        for rule in inference_rules
-        for peer in rule["from"]
-    )
+    # A rule without ports would admit every port; each admits exactly one.
+    assert [rule["ports"] for rule in policy["spec"]["ingress"]] == [[INFERENCE], [METRICS]]
+    (metrics,) = rules_for(policy, METRICS)
+    # One peer holding both selectors: the pod must match both (two peers would admit either).
+    (peer,) = metrics["from"]
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    assert peer["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    # Inference: any pod of the cluster (the token authorizes); management is loopback-only.
+    (inference,) = rules_for(policy, INFERENCE)
+    assert "from" not in inference
+    config = read_properties(K8S / "config.properties")
+    assert host_port(config["metrics_address"])[1] == METRICS["port"]
+    assert host_port(config["inference_address"])[1] == INFERENCE["port"]
+
+
+def test_the_gateway_overlay_trades_the_token_for_a_network_policy():
+    deployment = overlay_deployment()
+    assert server_container(deployment)["command"][-1] == "--disable-token-auth"
+    policy, base = overlay_object("NetworkPolicy"), only(base_objects(), "NetworkPolicy")
+    (inference,) = rules_for(policy, INFERENCE)
+    assert inference["from"] == [{"podSelector": {"matchLabels": {"gnnserve/client": "true"}}}]
+    assert rules_for(policy, METRICS) == rules_for(base, METRICS)
+    # NetworkPolicies add up: a second policy beside the base's would not narrow anything.
+    assert kustomization(OVERLAY)["resources"] == ["../kubernetes"]
 
 
 # --- the image -----------------------------------------------------------------------------
@@ -396,6 +447,10 @@ INFERENCE_SERVICE_SCHEMA = {
                     "properties": {
                         "minReplicas": {"type": "integer", "minimum": 0},
                         "maxReplicas": {"type": "integer", "minimum": 1},
+                        # PodSpec fields: kserve_pod() checks them against Kubernetes' schema.
+                        "automountServiceAccountToken": {"type": "boolean"},
+                        "securityContext": {"type": "object"},
+                        "volumes": {"type": "array"},
                         "model": {
                             "type": "object",
                             "required": ["modelFormat", "protocolVersion", "storageUri"],
@@ -438,6 +493,9 @@ INFERENCE_SERVICE_SCHEMA = {
                                     },
                                     "additionalProperties": False,
                                 },
+                                # Container fields, checked through kserve_pod() too.
+                                "securityContext": {"type": "object"},
+                                "volumeMounts": {"type": "array"},
                             },
                         },
                     },
@@ -515,3 +573,29 @@ def test_the_kserve_config_turns_tokens_off_only_behind_loopback():
         for key in ("grpc_inference_address", "grpc_management_address"):
             assert config[key] == "127.0.0.1", key
     assert config["enable_model_api"] == "false"
+
+
+def test_the_inference_service_runs_as_non_root_without_a_token_or_privileges():
+    pod = kserve_pod()["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] == 1000
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_every_path_torchserve_writes_in_the_kserve_pod_is_an_empty_dir():
+    pod = kserve_pod()
+    (container,) = pod["spec"]["containers"]
+    deployment_like = {"spec": {"template": pod}}
+    env = {item["name"]: item["value"] for item in container["env"]}
+    for name in ("TEMP", "TMPDIR", "LOG_LOCATION", "METRICS_LOCATION"):
+        mount, volume = mount_of(deployment_like, env[name])
+        assert "emptyDir" in volume and not mount.get("readOnly"), name
+    assert mount_of(deployment_like, env["TEMP"])[1] is mount_of(deployment_like, env["TMPDIR"])[1]
+    # The working directory stays read-only: with tokens off no key_file.json is written there.
+    config = read_properties(KSERVE / "config" / "config.properties")
+    assert config["disable_token_authorization"] == "true"

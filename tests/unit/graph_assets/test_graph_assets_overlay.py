@@ -184,3 +184,17 @@ def test_removed_nodes_are_gone_and_their_ids_not_reused(store):
     assert all(5 not in overlay.in_list(n).tolist() for n in range(store.num_nodes))
     with pytest.raises(UpdateRejected, match="was removed"):
         overlay.apply([{"type": "add_node", "id": 5, "x": [0.0] * FEATURES}], 2)
+
+
+def test_a_huge_id_is_refused_and_quoted_in_short(store):
+    overlay = GraphOverlay(store)
+    huge = 10**400
+    for operation, status in (
+        ({"type": "set_features", "id": huge, "x": [0.0] * FEATURES}, 404),
+        ({"type": "add_edge", "src": huge, "dst": 1}, 404),
+        ({"type": "add_node", "id": huge, "x": [0.0] * FEATURES}, 400),
+    ):
+        with pytest.raises(UpdateRejected) as rejected:
+            overlay.apply([operation], 1)
+        assert rejected.value.status == status
+        assert len(str(rejected.value)) < 150 and "(401 characters)" in str(rejected.value)

@@ -1,9 +1,10 @@
-"""The archive YAML of link and graph archives: task, limits, explanation budget."""
+"""The archive YAML: workers, the task of link and graph archives, limits, explanation budget."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from handler.archive_config import main as write_archive_config
@@ -34,3 +35,31 @@ def test_graph_archives_take_no_fanouts_and_no_updates(tmp_path, capsys):
     assert "a graph archive samples none" in capsys.readouterr().err
     assert written(tmp_path / "b", "--task", "link", "--enable-updates")[0] == 2
     assert "node archives only" in capsys.readouterr().err
+
+
+def test_workers_are_left_to_torchserve_unless_the_builder_names_them(tmp_path):
+    code, config = written(tmp_path)
+    assert code == 0 and config is not None
+    assert "minWorkers" not in config and "maxWorkers" not in config
+    code, config = written(tmp_path / "named", "--min-workers", "2", "--max-workers", "3")
+    assert code == 0 and config is not None
+    assert (config["minWorkers"], config["maxWorkers"]) == (2, 3)
+
+
+@pytest.mark.parametrize("option", ["--min-workers", "--max-workers"])
+def test_one_worker_option_alone_is_refused(tmp_path, capsys, option):
+    assert written(tmp_path, option, "2") == (2, None)
+    assert "give --min-workers and --max-workers together" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("timeout", "code"),
+    [("16", 2), ("17", 0)],  # 8 requests x 2000 ms = 16 s: not below 16 s
+)
+def test_a_batch_of_explanations_must_fit_in_the_response_timeout(tmp_path, capsys, timeout, code):
+    options = ["--batch-size", "8", "--explain-budget-ms", "2000", "--response-timeout", timeout]
+    assert written(tmp_path, *options)[0] == code
+    if code:
+        error = capsys.readouterr().err
+        assert "16000 ms, which reaches responseTimeout (16 s)" in error
+        assert "--explain-budget-ms) below 2000" in error and "above 16 s" in error

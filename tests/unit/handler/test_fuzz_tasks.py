@@ -22,7 +22,9 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 ids = st.integers(min_value=0, max_value=79).map(lambda i: i * 3) | json_values
-numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers() | json_values
+# JSON integers are unbounded: beyond int64, float64 and float32 (1e39 as an integer).
+huge = st.sampled_from([2**63, -(2**63) - 1, 2**70, 10**39, 10**400, -(10**400)])
+numbers = st.floats(allow_nan=True, allow_infinity=True) | st.integers() | huge | json_values
 rows = st.lists(numbers, max_size=FEATURES + 2)
 link_bodies = st.fixed_dictionaries(
     {},
@@ -41,7 +43,7 @@ graph_bodies = st.fixed_dictionaries(
             {},
             optional={
                 "x": st.lists(rows, max_size=6) | json_values,
-                "edge_index": st.lists(st.lists(st.integers(-3, 8), max_size=8), max_size=3)
+                "edge_index": st.lists(st.lists(st.integers(-3, 8) | huge, max_size=8), max_size=3)
                 | json_values,
             },
         )

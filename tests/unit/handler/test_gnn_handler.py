@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from graph_assets import StoreError
+from graph_assets import StoreError, open_store
+from graph_assets.errors import UnsafeDirectory
+from graph_assets.log_lineage import update_log_path
 from handler.gnn_handler import GNNHandler
 
 from .conftest import MockContext, random_model
@@ -159,6 +164,47 @@ def test_enabling_updates_without_a_secret_fails_at_start(model_dir, monkeypatch
         started(model_dir, 1, updates_enabled=True)
 
 
+@pytest.fixture()
+def shared_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A shared temp dir (mode 1777, like /tmp) as the workers' default temp dir."""
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", "update-secret-0123456789")
+    return shared
+
+
+def test_the_default_state_dir_and_its_log_dir_are_created_private(model_dir, shared_tmp):
+    handler, _ = started(model_dir, 1, updates_enabled=True)
+    state = shared_tmp / "gnnserve-state"
+    assert handler.live is not None and handler.live.log.path.parent.parent == state
+    for directory in (state, handler.live.log.path.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+def test_a_state_dir_another_user_could_write_is_refused(model_dir, shared_tmp):
+    state = shared_tmp / "gnnserve-state"
+    state.mkdir()
+    state.chmod(0o777)  # pre-created, so anyone can plant update records in it
+    with pytest.raises(UnsafeDirectory, match=r"gnnserve-state is writable by its group or others"):
+        started(model_dir, 1, updates_enabled=True)
+    assert list(state.iterdir()) == []  # no log was opened there
+
+
+def test_a_log_dir_another_user_could_write_is_refused(model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", "update-secret-0123456789")
+    state = tmp_path / "state"
+    lineage = update_log_path(open_store(model_dir / "graph"), state).parent
+    lineage.mkdir(parents=True)
+    state.chmod(0o700)
+    lineage.chmod(0o777)
+    with pytest.raises(
+        UnsafeDirectory, match=re.escape(f"{lineage} is writable by its group or others")
+    ):
+        started(model_dir, 1, updates_enabled=True, update_state_dir=str(state))
+
+
 def test_torchserves_per_batch_line_is_dropped_and_nothing_else(model_dir, caplog):
     started(model_dir, 1)
     with caplog.at_level(logging.INFO):
@@ -169,3 +215,37 @@ def test_torchserves_per_batch_line_is_dropped_and_nothing_else(model_dir, caplo
     assert "Backend received inference at: 1700000000" not in messages
     assert "Torch worker started." in messages
     assert "Backend received inference at: 1" in messages  # not on the root logger: kept
+
+
+def test_a_describe_header_on_predictions_never_turns_the_batch_into_a_description(model_dir):
+    from ts.context import RequestProcessor
+
+    handler, context = started(model_dir, 3)
+    context.request_processor = [RequestProcessor({"describe": "True"}) for _ in range(3)]
+    data = [{"body": {"node_id": 0}}, {"body": {"node_id": 3}}, {"body": {"node_id": 6}}]
+    bodies = [json.loads(item) for item in handler.handle(data, context)]
+    assert [body["node_id"] for body in bodies] == [0, 3, 6]
+    assert [context.get_response_status(i)[0] for i in range(3)] == [200, 200, 200]
+    (alone,) = handler.handle(data[:1], context)
+    assert json.loads(alone)["node_id"] == 0
+
+
+def test_the_management_describe_call_is_still_answered(model_dir):
+    from ts.context import RequestProcessor
+
+    handler, context = started(model_dir, 1)
+    # What TorchServe's frontend sends for GET /models/gnn?customized=true: no payload at all.
+    context.request_processor = [RequestProcessor({"describe": "True"})]
+    (described,) = handler.handle([{}], context)
+    assert json.loads(described)["graph"]["nodes"] == 80
+
+
+def test_a_worker_whose_explanations_outlast_the_response_timeout_refuses_to_start(
+    model_dir, caplog
+):
+    gnn = {"graph_cache_dir": str(model_dir.parent / "cache"), "explain_time_budget_ms": 3000}
+    config = {"batchSize": 4, "responseTimeout": 12, "gnn": gnn}
+    with caplog.at_level(logging.ERROR), pytest.raises(ValueError, match="reaches responseTimeout"):
+        GNNHandler().initialize(MockContext(model_dir, config, 4))
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "handler.gnn_handler"]
+    assert line.startswith("gnn worker refuses to start: a batch of 4 explanations")

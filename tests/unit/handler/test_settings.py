@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from handler.archive_config import main as write_archive_config
-from handler.settings import ServingSettings, default_fanouts, parse_fanouts
+from handler.settings import ServingSettings, default_fanouts, parse_fanouts, worker_settings
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_bad_settings_fail_the_worker_start(section, message):
         ServingSettings.from_yaml_section(section)
 
 
-def test_archive_yaml_sets_every_torchserve_key_explicitly(tmp_path):
+def test_archive_yaml_sets_every_torchserve_key_but_the_workers_explicitly(tmp_path):
     model_config = tmp_path / "model_config.json"
     model_config.write_text(json.dumps({"num_layers": 2}))
     out = tmp_path / "model-config.yaml"
@@ -65,8 +65,6 @@ def test_archive_yaml_sets_every_torchserve_key_explicitly(tmp_path):
     for key in (
         "batchSize",
         "maxBatchDelay",
-        "minWorkers",
-        "maxWorkers",
         "responseTimeout",
         "startupTimeout",
         "deviceType",
@@ -112,3 +110,12 @@ def test_metrics_interval_must_be_seconds_at_least_zero(value):
 def test_metrics_interval_defaults_to_one_second_and_accepts_zero():
     assert ServingSettings().metrics_interval_s == 1.0
     assert ServingSettings.from_yaml_section({"metrics_interval_s": 0}).metrics_interval_s == 0
+
+
+def test_a_worker_refuses_explanations_that_cannot_fit_its_response_timeout():
+    config = {"responseTimeout": 10, "gnn": {"explain_time_budget_ms": 2500}}
+    assert worker_settings(config, batch_size=3).explain_time_budget_ms == 2500
+    with pytest.raises(ValueError, match=r"reaches responseTimeout \(10 s\)"):
+        worker_settings(config, batch_size=4)
+    # Without responseTimeout in the YAML, TorchServe's default applies, unknown to the worker.
+    assert worker_settings({"gnn": config["gnn"]}, batch_size=4).explain_time_budget_ms == 2500

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
+import torch
 
-from handler.errors import BadRequest, TooLarge
+from handler.ego import BatchEngine, EgoGraphs
+from handler.errors import BadRequest, NotFound, TooLarge
+from handler.graph_engine import GraphEngine
+from handler.node_extras import NodeExtrasEngine
+from handler.settings import ServingSettings
 from handler.task_requests import (
     EmbeddingRequest,
     NewNodeRequest,
@@ -17,6 +24,9 @@ from handler.task_requests import (
     parse_link_request,
     parse_node_extra,
 )
+from model import build_model
+
+from .conftest import FEATURES, make_engine
 
 
 def body(payload):
@@ -78,3 +88,83 @@ def test_inline_graph_is_checked_and_cleaned():
 
 def test_clean_edges_of_an_empty_graph():
     assert clean_edges(np.zeros((2, 0), dtype=np.int64), 4).shape == (2, 0)
+
+
+HUGE = 10**400  # a valid JSON integer, beyond float64 and int64
+
+
+@pytest.mark.parametrize(
+    "value",
+    [HUGE, -HUGE, 10**39, 1e39, -1e39],
+    ids=["1e400", "-1e400", "int-1e39", "1e39", "-1e39"],
+)
+def test_features_beyond_float32_are_refused(value):
+    with pytest.raises(BadRequest, match=r"new_node\.x holds .* beyond float32's range"):
+        parse_node_extra(body({"new_node": {"x": [value, 1.0], "neighbors": [3]}}), 2, 8)
+    graph = {"x": [[1.0, 1.0], [1.0, value]], "edge_index": [[0], [1]]}
+    with pytest.raises(BadRequest, match=r"graph\.x holds .* beyond float32's range"):
+        parse_graph_request(body({"graph": graph}), 2, 5, 5)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [HUGE, -HUGE, 2**70, 2**63, -(2**63) - 1],
+    ids=["1e400", "-1e400", "2**70", "2**63", "-2**63-1"],
+)
+def test_edge_numbers_beyond_int64_are_refused_as_out_of_range(value):
+    graph = {"x": [[1.0, 1.0], [0.0, 1.0]], "edge_index": [[0, value], [1, 0]]}
+    with pytest.raises(BadRequest, match=r"outside \[0, 1\]") as refused:
+        parse_graph_request(body({"graph": graph}), 2, 5, 5)
+    assert len(refused.value.message) < 200  # the number is quoted in short
+
+
+@pytest.mark.parametrize(("top_k", "error"), [(HUGE, TooLarge), (-HUGE, BadRequest)])
+def test_a_huge_top_k_is_quoted_in_short(top_k, error):
+    with pytest.raises(error, match="top_k") as refused:
+        parse_link_request(body({"src": 1, "top_k": top_k}), 8, 10)
+    assert len(refused.value.message) < 200
+
+
+def no_tracebacks(caplog) -> None:
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
+def test_huge_numbers_are_answered_400_with_no_traceback(int_store, caplog):
+    torch.manual_seed(0)
+    model = build_model({"task": "graph", "arch": "gin", "in_dim": 2, "out_dim": 2})
+    graphs = GraphEngine(
+        model, None, ServingSettings(task="graph"), torch.device("cpu"), model_version="1.0"
+    )
+    extras = NodeExtrasEngine(EgoGraphs.of_engine(make_engine(int_store)), "1.0")
+    graph = {"x": [[1.0, HUGE]], "edge_index": [[0], [HUGE]]}
+    new_node = {"new_node": {"x": [HUGE] * FEATURES, "neighbors": [0]}}
+    with caplog.at_level(logging.INFO):
+        answers = graphs.handle([{"body": {"graph": graph}}] * 2)
+        answers += extras.handle([{"body": new_node}] * 2)
+    assert [answer.status for answer in answers] == [400] * 4
+    no_tracebacks(caplog)
+
+
+class _RefusesGroups(BatchEngine[int]):
+    """Refuses every group it is asked to prepare, as a make_group may (a 4xx ApiError)."""
+
+    device = torch.device("cpu")
+
+    def parse(self, item):
+        return 0
+
+    def make_group(self, positions, outcomes):
+        raise NotFound("no such thing")
+
+    def run_group(self, group, batch):
+        raise AssertionError("never reached")
+
+    def body(self, request, result):
+        return {}
+
+
+def test_a_refused_group_logs_no_traceback(caplog):
+    with caplog.at_level(logging.INFO):
+        answers = _RefusesGroups().handle([{"body": {}}] * 3)
+    assert [answer.status for answer in answers] == [404] * 3
+    no_tracebacks(caplog)
