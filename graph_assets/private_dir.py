@@ -22,6 +22,7 @@ import os
 import stat
 from pathlib import Path
 
+from graph_assets.durable import fsync_dir
 from graph_assets.errors import UnsafeDirectory
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def _make_or_check_link(component: Path, path: Path) -> None:
         # Another worker may make it first: then it is checked like any existing one.
         with contextlib.suppress(FileExistsError):
             os.mkdir(component, 0o700)
-            _fsync_dir(component.parent)  # durable, like the update log written inside it
+            fsync_dir(component.parent)  # durable, like the update log written inside it
         info = os.lstat(component)
     if stat.S_ISLNK(info.st_mode):
         holder = os.stat(component.parent)
@@ -90,11 +91,3 @@ def _check_private(path: Path) -> None:
     if mode & _SHARED:
         logger.warning("%s was mode %04o: narrowed to 0700 (private to this user)", path, mode)
         os.chmod(path, 0o700)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from graph_assets.durable import fsync_dir
 from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
+from graph_assets.private_dir import ensure_private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +109,7 @@ class UpdateLog:
         """
         path = Path(path)
         staging = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        _make_dirs(path.parent)
+        ensure_private_dir(path.parent)
         staging.unlink(missing_ok=True)  # left by a crashed process that had this pid
         try:
             fresh = cls(staging)
@@ -120,7 +122,7 @@ class UpdateLog:
                 os.link(staging, path)
             except FileExistsError:
                 return False
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
             return True
         finally:
             staging.unlink(missing_ok=True)
@@ -316,25 +318,13 @@ def check_next(record: LogRecord, previous_seq: int, path: Path) -> None:
 def _open_log(path: Path) -> int:
     """Opens (creating if needed) a log read-write; a new file's directory entry is fsync'd so
     the log itself survives a crash, not only its records."""
-    _make_dirs(path.parent)
+    ensure_private_dir(path.parent)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return os.open(path, os.O_RDWR)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return fd
-
-
-def _make_dirs(directory: Path) -> None:
-    """Creates ``directory`` (0700) and any missing parent, fsyncing each new entry."""
-    if directory.is_dir():
-        return
-    _make_dirs(directory.parent)
-    try:
-        directory.mkdir(mode=0o700)
-    except FileExistsError:
-        return
-    _fsync_dir(directory.parent)
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
@@ -346,12 +336,3 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         if written <= 0:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         view, offset = view[written:], offset + written
-
-
-def _fsync_dir(path: Path) -> None:
-    """Makes a new entry in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
