@@ -21,6 +21,7 @@ import torch
 
 from graph_assets import GraphStore
 from graph_assets.overlay import GraphOverlay
+from handler.class_answer import class_answer
 from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
 from handler.kserve_v2 import v2_response
 from handler.live_graph import LiveGraph
@@ -469,13 +470,11 @@ class NodeClassificationEngine:
         return Response(status=200, body=body)
 
     def _prediction(self, node_id: NodeId, probabilities: list[float]) -> dict[str, Any]:
-        predicted = max(range(len(probabilities)), key=probabilities.__getitem__)
-        answer: dict[str, Any] = {"node_id": node_id, "predicted_class": predicted}
-        class_names = self.store.class_names
-        if class_names:
-            answer["predicted_label"] = class_names[predicted]
-        answer["probabilities"] = probabilities
-        answer["model_version"] = self.model_version
+        answer: dict[str, Any] = {
+            "node_id": node_id,
+            **class_answer(probabilities, self.store.class_names),
+            "model_version": self.model_version,
+        }
         if self.live is not None:
             answer["graph_version"] = self.live.version
         return answer

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from torch_geometric.explain import Explainer
 from torch_geometric.explain.algorithm import CaptumExplainer
 
+from handler.class_answer import class_answer
 from handler.ego import Batch, BatchEngine, EgoGraphs, Group, plain_module, seed_rows, timed
 from handler.errors import BadRequest
 from handler.graph_engine import GraphEngine
@@ -327,10 +328,4 @@ class ExplainEngine(BatchEngine[Target]):
 
 
 def _classes(logits: torch.Tensor, class_names: list[str] | None) -> dict[str, Any]:
-    probabilities = torch.softmax(logits.float(), dim=-1).cpu().tolist()
-    predicted = max(range(len(probabilities)), key=probabilities.__getitem__)
-    answer: dict[str, Any] = {"predicted_class": predicted}
-    if class_names:
-        answer["predicted_label"] = class_names[predicted]
-    answer["probabilities"] = probabilities
-    return answer
+    return class_answer(torch.softmax(logits.float(), dim=-1).cpu().tolist(), class_names)

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from handler.class_answer import class_answer
 from handler.ego import Batch, BatchEngine, Group, timed
 from handler.settings import ServingSettings
 from handler.task_requests import GraphRequest, parse_graph_request
@@ -71,12 +72,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
 
     def body(self, request: GraphRequest, result: Any) -> dict[str, Any]:
         probabilities, embedding = result
-        values = probabilities.tolist()
-        predicted = max(range(len(values)), key=values.__getitem__)
-        answer: dict[str, Any] = {"predicted_class": predicted}
-        if self.class_names:
-            answer["predicted_label"] = self.class_names[predicted]
-        answer["probabilities"] = values
+        answer = class_answer(probabilities.tolist(), self.class_names)
         if request.return_embedding:
             answer["embedding"] = embedding.tolist()
         answer["model_version"] = self.model_version

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from handler.class_answer import class_answer
 from handler.ego import Batch, BatchEngine, EgoGraphs, Group, plain_module, seed_rows, timed
 from handler.errors import ApiError
 from handler.sampler import NeighbourSampler, SubgraphTooLarge
@@ -229,20 +230,20 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         ]
         if inner.single:
             return predictions[0]
-        return {"predictions": predictions, "model_version": self.model_version}
+        body: dict[str, Any] = {"predictions": predictions, "model_version": self.model_version}
+        if self.ego.live is not None:
+            body["graph_version"] = self.ego.live.version
+        return body
 
     def _prediction(
         self, probabilities: list[float], embedding: torch.Tensor, with_embedding: bool
     ) -> dict[str, Any]:
-        predicted = max(range(len(probabilities)), key=probabilities.__getitem__)
-        answer: dict[str, Any] = {"predicted_class": predicted}
-        class_names = self.ego.store.class_names
-        if class_names:
-            answer["predicted_label"] = class_names[predicted]
-        answer["probabilities"] = probabilities
+        answer = class_answer(probabilities, self.ego.store.class_names)
         if with_embedding:
             answer["embedding"] = embedding.tolist()
         answer["model_version"] = self.model_version
+        if self.ego.live is not None:  # every prediction of a live graph says which version
+            answer["graph_version"] = self.ego.live.version
         return answer
 
 

@@ -170,3 +170,10 @@ def test_embeddings_and_cold_start_see_the_live_updates(int_store, tmp_path):
     assert plain.status == extra.status == cold.status == 200, (extra.body, cold.body)
     for before, after in zip(plain.body["predictions"], extra.body["predictions"], strict=True):
         assert np.allclose(before["probabilities"], after["probabilities"], atol=1e-6)
+    # every prediction of a live graph says which version it was computed on
+    version = live.version
+    assert extra.body["graph_version"] == version == plain.body["graph_version"]
+    assert all(p["graph_version"] == version for p in extra.body["predictions"])
+    assert cold.body["graph_version"] == version
+    (single,) = router.handle([{"body": {"node_id": 3, "return_embedding": True}}])
+    assert single.body["graph_version"] == version
