@@ -21,7 +21,8 @@ mar: install
 	./build_mar.sh
 
 # Rebuilt whenever the code or the demo graph changes, so `make serve` never serves a stale archive.
-model_store/gnn.mar: $(VENV)/.installed build_mar.sh $(wildcard graph_assets/*.py model/*.py handler/*.py graph_assets/demo/*)
+SERVED_CODE := $(shell find graph_assets model handler archive_build -name '*.py' -not -path '*/__pycache__/*')
+model_store/gnn.mar: $(VENV)/.installed build_mar.sh $(SERVED_CODE) $(wildcard graph_assets/demo/*)
 	./build_mar.sh
 
 serve: install model_store/gnn.mar

@@ -199,13 +199,14 @@ fi
 cp "$work/model/model_config.json" "$work/model/metrics.json" "$stage/"
 
 step "3/4 writing the model-config YAML and staging the code"
-"$PYTHON" -m handler.archive_config --out "$work/model-config.yaml" --task "$task" \
+"$PYTHON" -m archive_build.archive_config --out "$work/model-config.yaml" --task "$task" \
   --model-config "$stage/model_config.json" "${yaml_args[@]}"
-"$PYTHON" -m handler.build_info --name "$name" --version "$version" --graph "$graph_meta" \
+"$PYTHON" -m archive_build.build_info --name "$name" --version "$version" --graph "$graph_meta" \
   --metrics "$stage/metrics.json" --model-config "$stage/model_config.json" --out "$stage/build_info.json"
+# Every module of the three serving packages, subpackages included (never __pycache__ or data);
+# archive_build/ runs here only and stays out of the archive.
 for package in graph_assets model handler; do
-  mkdir -p "$stage/$package"
-  cp "$package"/*.py "$stage/$package/"
+  find "$package" -name '*.py' -not -path '*/__pycache__/*' -exec cp --parents {} "$stage/" \;
 done
 
 step "4/4 packaging $archive with torch-model-archiver"

@@ -91,11 +91,11 @@ def code_digest() -> str:
     digest = hashlib.sha256()
     files = [
         file
-        for package in ("graph_assets", "model", "handler")
-        for file in sorted((ROOT / package).glob("*.py"))
+        for package in ("graph_assets", "model", "handler", "archive_build")
+        for file in sorted((ROOT / package).rglob("*.py"))
     ]
     for file in [*files, ROOT / "bench" / "echo_handler.py", ROOT / "build_mar.sh"]:
-        digest.update(file.name.encode() + file.read_bytes())
+        digest.update(str(file.relative_to(ROOT)).encode() + file.read_bytes())
     return digest.hexdigest()[:12]
 
 

@@ -37,7 +37,7 @@ from handler.engine import (
 )
 from handler.errors import ApiError, InternalError, TooLarge
 from handler.live_graph import LiveGraph
-from handler.requests import NodeId
+from handler.node_requests import NodeId
 from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
 from handler.settings import ServingSettings
 

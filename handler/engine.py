@@ -25,7 +25,7 @@ from handler.class_answer import class_answer
 from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
 from handler.kserve_v2 import v2_response
 from handler.live_graph import LiveGraph
-from handler.requests import NodeId, NodeRequest, parse_node_request, show
+from handler.node_requests import NodeId, NodeRequest, parse_node_request, show
 from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
 from handler.settings import ServingSettings
 

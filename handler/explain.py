@@ -41,7 +41,7 @@ from handler.class_answer import class_answer
 from handler.ego import Batch, BatchEngine, EgoGraphs, Group, plain_module, seed_rows, timed
 from handler.errors import BadRequest
 from handler.graph_engine import GraphEngine
-from handler.requests import NodeId
+from handler.node_requests import NodeId
 from handler.task_requests import (
     GraphRequest,
     IdField,

@@ -40,7 +40,7 @@ from handler.errors import (
     TooLarge,
     Unavailable,
 )
-from handler.requests import body_of, decode_body
+from handler.node_requests import body_of, decode_body
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from handler.errors import BadRequest, TooLarge
-from handler.requests import NodeId, body_of, decode_body, show
+from handler.node_requests import NodeId, body_of, decode_body, show
 
 Direction = Literal["in", "out", "both"]
 M = TypeVar("M", bound="_Strict")

@@ -31,7 +31,7 @@ from handler.explain import ExplainEngine
 from handler.graph_engine import GraphEngine
 from handler.link_engine import LinkEngine
 from handler.node_extras import NodeExtrasEngine
-from handler.requests import body_of, decode_body
+from handler.node_requests import body_of, decode_body
 from handler.settings import ServingSettings
 from handler.task_requests import is_node_extra
 from model.config import ModelConfig

@@ -235,3 +235,56 @@ def test_weights_that_do_not_fit_are_refused(tmp_path):
     assert result.returncode != 0
     assert "do not match" in result.stderr
     assert not list((tmp_path / "out").glob("*.mar"))
+
+
+def served_modules(entry: str) -> set[str]:
+    """Every module of ours that ``entry`` can import, directly or through others (imports
+    inside functions included): what a worker may need from the archive."""
+    import ast
+
+    ours = ("graph_assets", "model", "handler")
+    found: set[str] = set()
+    pending = [entry]
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        path = ROOT / name.replace(".", "/")
+        file = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+        if not file.exists():
+            continue  # a name imported from a module, not a module
+        found.add(name)
+        package = name if file.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                pending += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                    base = f"{parent}.{base}" if base else parent
+                pending += [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        pending = [n for n in pending if n.split(".")[0] in ours]
+        for parent in range(1, name.count(".") + 1):  # importing a.b.c runs a and a.b too
+            pending.append(name.rsplit(".", parent)[0])
+    return found
+
+
+def test_the_archive_holds_every_module_the_handler_can_import(model_store):
+    with zipfile.ZipFile(model_store / "gnn.mar") as archive:
+        packed = {name for name in archive.namelist() if name.endswith(".py")}
+    needed = {
+        str((ROOT / m.replace(".", "/")).relative_to(ROOT))
+        + ("/__init__.py" if (ROOT / m.replace(".", "/")).is_dir() else ".py")
+        for m in served_modules("handler.gnn_handler")
+    }
+    assert len(needed) > 20 and "handler/gnn_handler.py" in needed
+    assert needed <= packed, f"missing from the archive: {sorted(needed - packed)}"
+    source = {
+        str(path.relative_to(ROOT))
+        for package in ("graph_assets", "model", "handler")
+        for path in (ROOT / package).rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert source <= packed  # subpackages too, not only each package's top-level files
+    assert not any(name.startswith("archive_build/") for name in packed)  # build time only

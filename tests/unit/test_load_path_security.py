@@ -36,7 +36,7 @@ def packed_packages() -> list[str]:
 
 
 def packed_modules() -> list[Path]:
-    return sorted(p for package in packed_packages() for p in (ROOT / package).glob("*.py"))
+    return sorted(p for package in packed_packages() for p in (ROOT / package).rglob("*.py"))
 
 
 def dotted(node: ast.AST) -> str:

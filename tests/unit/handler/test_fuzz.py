@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from handler.errors import ApiError
-from handler.requests import NodeRequest, parse_node_request
+from handler.node_requests import NodeRequest, parse_node_request
 from tests.strategies import encoded, json_values, request_objects
 
 from .conftest import make_engine

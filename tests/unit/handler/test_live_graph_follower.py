@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from archive_build.archive_config import main as write_archive_config
 from handler import live_graph
-from handler.archive_config import main as write_archive_config
 from handler.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 

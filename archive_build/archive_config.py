@@ -3,7 +3,7 @@
 TorchServe reads timeouts from this YAML, not from the register call, so those keys are always
 written. minWorkers/maxWorkers are written only when the builder asks for them: in the YAML they
 override the register call's ``initial_workers`` and ``default_workers_per_model``.
-``build_mar.sh`` calls ``python -m handler.archive_config``.
+``build_mar.sh`` calls ``python -m archive_build.archive_config``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import json
 import pytest
 import yaml
 
-from handler.archive_config import main as write_archive_config
+from archive_build.archive_config import main as write_archive_config
 from handler.settings import ServingSettings
 
 
