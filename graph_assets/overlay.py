@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 import numpy as np
@@ -32,12 +33,21 @@ OPERATION_TYPES = tuple(OPERATION_FIELDS)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
-class UpdateRejected(ValueError):
-    """An update request that cannot be applied; ``status`` is its HTTP status."""
+class Rejection(Enum):
+    """Why an update cannot be applied (the handler maps each to an HTTP status)."""
 
-    def __init__(self, status: int, index: int, message: str) -> None:
+    INVALID = "invalid"  # a malformed operation
+    MISSING = "missing"  # names a node or an edge the graph does not have
+    CONFLICT = "conflict"  # adds what exists, or reuses a removed ID
+    LIMIT = "limit"  # over one of the overlay's size limits
+
+
+class UpdateRejected(ValueError):
+    """An update request that cannot be applied: which operation, and why (``kind``)."""
+
+    def __init__(self, kind: Rejection, index: int, message: str) -> None:
         super().__init__(f"operation {index}: {message}")
-        self.status = status
+        self.kind = kind
         self.index = index
 
 
@@ -207,12 +217,16 @@ class GraphOverlay:
     def _apply_one(self, index: int, operation: Any, undo: list[Callable[[], None]]) -> None:
         if not isinstance(operation, dict) or operation.get("type") not in OPERATION_TYPES:
             raise UpdateRejected(
-                400, index, f"each operation is an object whose type is one of {OPERATION_TYPES}"
+                Rejection.INVALID,
+                index,
+                f"each operation is an object whose type is one of {OPERATION_TYPES}",
             )
         kind = operation["type"]
         unknown = sorted(str(field) for field in set(operation) - OPERATION_FIELDS[kind])
         if unknown:
-            raise UpdateRejected(400, index, f"unknown field(s) {unknown} in a {kind} operation")
+            raise UpdateRejected(
+                Rejection.INVALID, index, f"unknown field(s) {unknown} in a {kind} operation"
+            )
         if kind == "add_node":
             self._add_node(index, operation, undo)
         elif kind == "set_features":
@@ -224,14 +238,16 @@ class GraphOverlay:
             src = self._existing(index, operation, "src")
             dst = self._existing(index, operation, "dst")
             if src == dst:
-                raise UpdateRejected(400, index, "self-loops are not stored (src equals dst)")
+                raise UpdateRejected(
+                    Rejection.INVALID, index, "self-loops are not stored (src equals dst)"
+                )
             current = self.in_list(dst)
             at = int(current.searchsorted(src))  # one binary search: presence and insert point
             present = at < len(current) and int(current[at]) == src
             if kind == "add_edge":
                 if present:
                     raise UpdateRejected(
-                        409,
+                        Rejection.CONFLICT,
                         index,
                         f"edge {_edge(operation)} already exists",
                     )
@@ -241,7 +257,7 @@ class GraphOverlay:
             else:
                 if not present:
                     raise UpdateRejected(
-                        404,
+                        Rejection.MISSING,
                         index,
                         f"edge {_edge(operation)} does not exist",
                     )
@@ -253,24 +269,32 @@ class GraphOverlay:
         node_id = operation.get("id")
         if isinstance(node_id, bool) or not isinstance(node_id, int | str):
             raise UpdateRejected(
-                400, index, f"add_node needs an integer or string id, got {_shown(node_id)}"
+                Rejection.INVALID,
+                index,
+                f"add_node needs an integer or string id, got {_shown(node_id)}",
             )
         key = node_key(self.base.id_kind, node_id)
         if key is None or (isinstance(node_id, str) and not node_id):
-            raise UpdateRejected(400, index, f"{_shown(node_id)} cannot be a node ID of this graph")
+            raise UpdateRejected(
+                Rejection.INVALID, index, f"{_shown(node_id)} cannot be a node ID of this graph"
+            )
         existing = self._base_index.get(node_id)
         if existing is None:
             existing = int(self.base.lookup([node_id])[0])
         if existing >= 0 or key in self._new_index:
             node = int(existing) if existing >= 0 else self._new_index[key]
             state = "was removed (IDs are not reused)" if node in self.removed else "already exists"
-            raise UpdateRejected(409, index, f"node {_shown(node_id)} {state}")
+            raise UpdateRejected(Rejection.CONFLICT, index, f"node {_shown(node_id)} {state}")
         if self.base.was_removed(node_id):  # removed before the base was compacted
             raise UpdateRejected(
-                409, index, f"node {_shown(node_id)} was removed (IDs are not reused)"
+                Rejection.CONFLICT,
+                index,
+                f"node {_shown(node_id)} was removed (IDs are not reused)",
             )
         if len(self.new_ids) >= self.max_new_nodes:
-            raise UpdateRejected(413, index, f"the overlay holds {self.max_new_nodes} new nodes")
+            raise UpdateRejected(
+                Rejection.LIMIT, index, f"the overlay holds {self.max_new_nodes} new nodes"
+            )
         vector = self._vector(index, operation)
         label = self._label(index, operation.get("label"))
         node = self.num_nodes
@@ -350,11 +374,13 @@ class GraphOverlay:
     def _existing(self, index: int, operation: dict[str, Any], field: str) -> int:
         node_id = operation.get(field)
         if isinstance(node_id, bool) or not isinstance(node_id, int | str):
-            raise UpdateRejected(400, index, f"{field} must be an integer or string node ID")
+            raise UpdateRejected(
+                Rejection.INVALID, index, f"{field} must be an integer or string node ID"
+            )
         node = self._node_of(node_id)
         if node < 0:
             raise UpdateRejected(
-                404, index, f"node {_shown(node_id)} ({field}) is not in the graph"
+                Rejection.MISSING, index, f"node {_shown(node_id)} ({field}) is not in the graph"
             )
         return node
 
@@ -363,19 +389,25 @@ class GraphOverlay:
         width = self.base.feature_dim
         if not isinstance(values, list) or len(values) != width:
             got = len(values) if isinstance(values, list) else type(values).__name__
-            raise UpdateRejected(400, index, f"x must be a list of {width} numbers, got {got}")
+            raise UpdateRejected(
+                Rejection.INVALID, index, f"x must be a list of {width} numbers, got {got}"
+            )
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-            raise UpdateRejected(400, index, "x must hold numbers only")
+            raise UpdateRejected(Rejection.INVALID, index, "x must hold numbers only")
         # An int is checked before any conversion: 10**400 overflows float() itself.
         if not all(
             abs(v) <= FLOAT32_MAX if isinstance(v, int) else math.isfinite(v) for v in values
         ):
-            raise UpdateRejected(400, index, "x holds NaN or infinity; send finite numbers")
+            raise UpdateRejected(
+                Rejection.INVALID, index, "x holds NaN or infinity; send finite numbers"
+            )
         with np.errstate(over="ignore"):
             vector = np.array(values, dtype=np.float64).astype(np.float32)
         if not np.isfinite(vector).all():
             raise UpdateRejected(
-                400, index, f"x holds a value outside float32's range (±{FLOAT32_MAX:.7g})"
+                Rejection.INVALID,
+                index,
+                f"x holds a value outside float32's range (±{FLOAT32_MAX:.7g})",
             )
         return vector
 
@@ -391,7 +423,9 @@ class GraphOverlay:
             and 0 <= label < max(self.base.num_classes, 1)
         ):
             return label
-        raise UpdateRejected(400, index, f"label {_shown(label)} is not a class of this graph")
+        raise UpdateRejected(
+            Rejection.INVALID, index, f"label {_shown(label)} is not a class of this graph"
+        )
 
 
 def _contains(ascending: np.ndarray, value: int) -> bool:

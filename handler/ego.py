@@ -31,11 +31,11 @@ from handler.engine import (
     Response,
     StageTimes,
     gather_rows,
-    is_out_of_memory,
     lookup_nodes,
     raise_if_fatal,
 )
-from handler.errors import ApiError, InternalError, TooLarge
+from handler.error_table import api_error, internal_error
+from handler.errors import ApiError, InternalError
 from handler.live_graph import LiveGraph
 from handler.node_requests import NodeId
 from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
@@ -157,23 +157,6 @@ def seed_rows(seeds: torch.Tensor, nodes: np.ndarray) -> list[int]:
     return np.searchsorted(seeds.numpy(), nodes).tolist()
 
 
-def failure(error: Exception, stage: str) -> InternalError:
-    """The 500 body of one failed request; out-of-memory says how to make it smaller."""
-    if is_out_of_memory(error):
-        return InternalError(
-            f"the server ran out of memory during {stage} of this request; make the request "
-            "smaller or lower the fanouts (the error is in the server log)"
-        )
-    return InternalError(f"the {stage} failed on this request; the error is in the server log")
-
-
-def too_large(error: SubgraphTooLarge) -> TooLarge:
-    return TooLarge(
-        f"{error}; request fewer nodes, or lower the fanouts or raise "
-        "max_subgraph_nodes/max_subgraph_edges in the model config"
-    )
-
-
 @dataclass
 class Group:
     """Requests computed together, and what was prepared for them (an ego-graph, a batch)."""
@@ -277,13 +260,13 @@ class BatchEngine(ABC, Generic[R]):
             try:
                 groups.append(Group([position], self.make_group([position], outcomes)))
             except SubgraphTooLarge as error:
-                outcomes[position] = too_large(error)
+                outcomes[position] = api_error(error) or internal_error(error, "sampling")
             except ApiError as error:
                 outcomes[position] = error
             except Exception as error:
                 self._raise_if_fatal(error)
                 logger.exception("request %d: preparing it failed", position)
-                outcomes[position] = failure(error, "sampling")
+                outcomes[position] = internal_error(error, "sampling")
         return groups
 
     def _run(self, group: Group, batch: Batch[R]) -> None:
@@ -300,7 +283,7 @@ class BatchEngine(ABC, Generic[R]):
                 torch.cuda.empty_cache()
             if len(group.positions) == 1:
                 logger.exception("request %d: the computation failed", group.positions[0])
-                batch.outcomes[group.positions[0]] = failure(error, "model")
+                batch.outcomes[group.positions[0]] = internal_error(error, "model")
                 return
             logger.exception("a batched computation failed; retrying its requests one by one")
         for retry in self._make_groups_one_by_one(group.positions, batch.outcomes):

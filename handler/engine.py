@@ -22,7 +22,8 @@ import torch
 from graph_assets import GraphStore
 from graph_assets.overlay import GraphOverlay
 from handler.class_answer import class_answer
-from handler.errors import ApiError, InternalError, NodeNotFound, TooLarge
+from handler.error_table import api_error, internal_error, is_out_of_memory
+from handler.errors import ApiError, InternalError, NodeNotFound
 from handler.kserve_v2 import v2_response
 from handler.live_graph import LiveGraph
 from handler.node_requests import NodeId, NodeRequest, parse_node_request, show
@@ -84,13 +85,6 @@ def raise_if_fatal(error: Exception, device: torch.device) -> None:
         raise DeviceFailure(error) from error
 
 
-def is_out_of_memory(error: BaseException) -> bool:
-    """Host or device memory ran out: the request fails, the process stays usable."""
-    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
-        return True
-    return isinstance(error, RuntimeError) and "out of memory" in str(error)
-
-
 def is_fatal_device_error(error: BaseException) -> bool:
     """True for a CUDA error that leaves the device unusable (not an out-of-memory)."""
     if is_out_of_memory(error):
@@ -99,16 +93,6 @@ def is_fatal_device_error(error: BaseException) -> bool:
     if accelerator is not None and isinstance(error, accelerator):
         return True
     return isinstance(error, RuntimeError) and "CUDA error" in str(error)
-
-
-def _failure(error: Exception, stage: str) -> InternalError:
-    """The 500 body of one failed request; out-of-memory says how to make the request smaller."""
-    if is_out_of_memory(error):
-        return InternalError(
-            f"the server ran out of memory during {stage} of this request; request fewer nodes "
-            "or lower the fanouts (the error is in the server log)"
-        )
-    return InternalError(f"the {stage} failed on this request; the error is in the server log")
 
 
 def find_nodes(graph: GraphStore | GraphOverlay, node_ids: Sequence[NodeId]) -> np.ndarray:
@@ -372,14 +356,11 @@ class NodeClassificationEngine:
             try:
                 groups.append(self._sample_group(outcomes, [position]))
             except SubgraphTooLarge as error:
-                outcomes[position] = TooLarge(
-                    f"{error}; request fewer nodes, or lower the fanouts or raise "
-                    "max_subgraph_nodes/max_subgraph_edges in the model config"
-                )
+                outcomes[position] = api_error(error) or internal_error(error, "sampling")
             except Exception as error:
                 self._raise_if_fatal(error)
                 logger.exception("request %d: sampling failed", position)
-                outcomes[position] = _failure(error, "sampling")
+                outcomes[position] = internal_error(error, "sampling")
         return groups
 
     def _run_isolated(self, group: Group, result: BatchResult) -> None:
@@ -390,7 +371,7 @@ class NodeClassificationEngine:
             self._release_device_memory()
             position = group.positions[0]
             logger.exception("request %d: forward pass failed", position)
-            result.batch.outcomes[position] = _failure(error, "model")
+            result.batch.outcomes[position] = internal_error(error, "model")
 
     def _raise_if_fatal(self, error: Exception) -> None:
         raise_if_fatal(error, self.device)

@@ -11,7 +11,6 @@ the replay. A batch holds the graph still from lookup to formatting (:meth:`Live
 
 from __future__ import annotations
 
-import errno
 import hmac
 import logging
 import os
@@ -29,14 +28,12 @@ from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
 from graph_assets.log_lineage import open_update_log
 from graph_assets.overlay import GraphOverlay, UpdateRejected
 from graph_assets.update_log import LogRecord, UpdateLog, check_next
+from handler.error_table import api_error
 from handler.errors import (
     ApiError,
     BadRequest,
-    Conflict,
     Forbidden,
-    InsufficientStorage,
     InternalError,
-    NotFound,
     TooLarge,
     Unavailable,
 )
@@ -48,11 +45,6 @@ UPDATE_KEY_HEADER = "x-gnnserve-update-key"
 # After a failed replay the follower waits this long before it tries the same record again, so a
 # record that cannot be applied logs one traceback a second, not one per poll.
 FOLLOWER_RETRY_S = 1.0
-
-
-_REJECTION = {400: BadRequest, 404: NotFound, 409: Conflict, 413: TooLarge}
-# Write failures answered 507 (the operator frees or grows the state volume); others are 503.
-_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 @dataclass(frozen=True)
@@ -246,11 +238,8 @@ class LiveGraph:
 
             try:
                 self.overlay.apply(request.operations, seq, commit=persist)
-            except UpdateRejected as rejected:
-                raise _REJECTION.get(rejected.status, BadRequest)(str(rejected)) from None
-            except UpdateLogWriteFailed as failed:
-                error = InsufficientStorage if failed.errno in _FULL else Unavailable
-                raise error(str(failed)) from None
+            except (UpdateRejected, UpdateLogWriteFailed) as refused:
+                raise api_error(refused) or Unavailable(str(refused)) from None
         return seq
 
     def close(self) -> None:

@@ -9,9 +9,17 @@ import numpy as np
 import pytest
 
 from graph_assets import generate_synthetic, open_store
-from graph_assets.overlay import GraphOverlay, UpdateRejected
+from graph_assets.overlay import GraphOverlay, Rejection, UpdateRejected
 
 FEATURES = 4
+
+# The status each kind of rejection gets (handler/error_table.py; test_error_table.py checks it).
+KIND = {
+    400: Rejection.INVALID,
+    404: Rejection.MISSING,
+    409: Rejection.CONFLICT,
+    413: Rejection.LIMIT,
+}
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +178,7 @@ def test_invalid_request_changes_nothing_and_names_the_item(store):
     for operations, status, index in cases:
         with pytest.raises(UpdateRejected) as rejected:
             overlay.apply(operations, 2)
-        assert rejected.value.status == status and rejected.value.index == index
+        assert rejected.value.kind is KIND[status] and rejected.value.index == index
         assert f"operation {index}" in str(rejected.value)
         assert overlay.seq == 1
         assert {n: overlay.in_list(n).tolist() for n in range(store.num_nodes + 1)} == before
@@ -196,5 +204,5 @@ def test_a_huge_id_is_refused_and_quoted_in_short(store):
     ):
         with pytest.raises(UpdateRejected) as rejected:
             overlay.apply([operation], 1)
-        assert rejected.value.status == status
+        assert rejected.value.kind is KIND[status]
         assert len(str(rejected.value)) < 150 and "(401 characters)" in str(rejected.value)

@@ -1,0 +1,67 @@
+"""The one table from the domain's errors to the API's: the graph and the sampler say what went
+wrong, this module says which status and body a client gets for it."""
+
+from __future__ import annotations
+
+import errno
+
+import torch
+
+from graph_assets.errors import UpdateLogWriteFailed
+from graph_assets.overlay import Rejection, UpdateRejected
+from handler.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    InsufficientStorage,
+    InternalError,
+    NotFound,
+    TooLarge,
+    Unavailable,
+)
+from handler.sampler import SubgraphTooLarge
+
+_REJECTIONS: dict[Rejection, type[ApiError]] = {
+    Rejection.INVALID: BadRequest,
+    Rejection.MISSING: NotFound,
+    Rejection.CONFLICT: Conflict,
+    Rejection.LIMIT: TooLarge,
+}
+# A write that failed for lack of space is the operator's to fix (507); any other I/O error 503.
+_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def api_error(error: Exception) -> ApiError | None:
+    """The answer for a domain error a client's request caused; None for anything else (a bug
+    or a fault of the server, which the caller answers 500 and logs)."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, UpdateRejected):
+        return _REJECTIONS[error.kind](str(error))
+    if isinstance(error, SubgraphTooLarge):
+        return TooLarge(
+            f"{error}; request fewer nodes, or lower the fanouts or raise "
+            "max_subgraph_nodes/max_subgraph_edges in the model config"
+        )
+    if isinstance(error, UpdateLogWriteFailed):
+        full = error.errno in _FULL_ERRNOS
+        return (InsufficientStorage if full else Unavailable)(str(error))
+    return None
+
+
+def internal_error(error: Exception, stage: str) -> InternalError:
+    """The 500 of one request that failed unexpectedly (its traceback is in the server log);
+    running out of memory says how to make the request smaller."""
+    if is_out_of_memory(error):
+        return InternalError(
+            f"the server ran out of memory during {stage} of this request; request fewer nodes "
+            "or lower the fanouts (the error is in the server log)"
+        )
+    return InternalError(f"the {stage} failed on this request; the error is in the server log")
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Host or device memory ran out: the request fails, the process stays usable."""
+    if isinstance(error, (MemoryError, torch.OutOfMemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and "out of memory" in str(error)

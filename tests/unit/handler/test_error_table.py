@@ -1,0 +1,56 @@
+"""The one table from domain errors to statuses and bodies."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from graph_assets.errors import UpdateLogWriteFailed
+from graph_assets.overlay import Rejection, UpdateRejected
+from handler.error_table import api_error, internal_error
+from handler.sampler import SubgraphTooLarge
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "type_name"),
+    [
+        (Rejection.INVALID, 400, "BadRequest"),
+        (Rejection.MISSING, 404, "NotFound"),
+        (Rejection.CONFLICT, 409, "Conflict"),
+        (Rejection.LIMIT, 413, "TooLarge"),
+    ],
+)
+def test_each_kind_of_rejected_update_has_its_status(kind, status, type_name):
+    error = api_error(UpdateRejected(kind, 2, "what is wrong"))
+    assert error is not None
+    assert error.body() == {
+        "code": status,
+        "type": type_name,
+        "message": "operation 2: what is wrong",
+    }
+
+
+def test_every_rejection_kind_is_in_the_table():
+    for kind in Rejection:
+        assert api_error(UpdateRejected(kind, 0, "x")) is not None
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [(errno.ENOSPC, 507), (errno.EDQUOT, 507), (errno.EFBIG, 507), (errno.EIO, 503)],
+)
+def test_a_failed_log_write_is_507_when_the_volume_is_full_else_503(code, status):
+    error = api_error(UpdateLogWriteFailed(code, "could not write", rolled_back=True))
+    assert error is not None and error.status == status
+
+
+def test_an_oversized_ego_graph_is_413_and_says_how_to_fix_it():
+    error = api_error(SubgraphTooLarge(10, 20, 5, 5))
+    assert error is not None and error.status == 413 and "lower the fanouts" in error.message
+
+
+def test_anything_else_is_not_a_client_error():
+    assert api_error(RuntimeError("a bug")) is None
+    assert internal_error(RuntimeError("a bug"), "model").status == 500
+    assert "ran out of memory during model" in internal_error(MemoryError(), "model").message
