@@ -10,6 +10,7 @@ are identical (tests/unit/handler/test_sampler.py checks it).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -149,3 +150,11 @@ class TorchOps:
 def ops_for(device: torch.device) -> ArrayOps:
     """numpy on the CPU, torch elsewhere."""
     return NumpyOps() if device.type == "cpu" else TorchOps(device)
+
+
+def readonly_tensor(array: np.ndarray) -> torch.Tensor:
+    """Wraps a read-only memory map without copying; nothing ever writes through it (torch warns
+    that the array is not writable, which is the point)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)

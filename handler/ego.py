@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import torch
 
 from graph_assets import GraphStore
 from graph_assets.overlay import GraphOverlay
+from handler.array_ops import readonly_tensor
 from handler.engine import (
     NodeClassificationEngine,
     Response,
@@ -38,20 +38,13 @@ from handler.error_table import api_error, internal_error
 from handler.errors import ApiError, InternalError
 from handler.live_graph import LiveGraph
 from handler.node_requests import NodeId
-from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
+from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge, sampler_for
 from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
 
 R = TypeVar("R")
-
-
-def readonly_tensor(array: np.ndarray) -> torch.Tensor:
-    """Wraps a read-only memory map without copying; nothing ever writes through it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array)
 
 
 def plain_module(model: torch.nn.Module) -> torch.nn.Module:
@@ -84,22 +77,10 @@ class EgoGraphs:
         device: torch.device,
     ) -> EgoGraphs:
         """The same sampler a node engine builds (same seed, graph key and limits)."""
-        indptr, indices = readonly_tensor(store.indptr), readonly_tensor(store.indices)
-        if device.type != "cpu":
-            indptr, indices = indptr.to(device), indices.to(device)
-        sampler = NeighbourSampler(
-            indptr,
-            indices,
-            fanouts=settings.fanouts,
-            seed=settings.sampling_seed,
-            graph_key=int(store.checksum[:15], 16),
-            max_nodes=settings.max_subgraph_nodes,
-            max_edges=settings.max_subgraph_edges,
-        )
         return cls(
             store=store,
             model=model.to(device).eval(),
-            sampler=sampler,
+            sampler=sampler_for(store, settings, device),
             features=readonly_tensor(store.features),
             in_degree=readonly_tensor(store.in_degree),
             device=device,

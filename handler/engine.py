@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,13 +20,14 @@ import torch
 
 from graph_assets import GraphStore
 from graph_assets.overlay import GraphOverlay
+from handler.array_ops import readonly_tensor
 from handler.class_answer import class_answer
 from handler.error_table import api_error, internal_error, is_out_of_memory
 from handler.errors import ApiError, InternalError, NodeNotFound
 from handler.kserve_v2 import v2_response
 from handler.live_graph import LiveGraph
 from handler.node_requests import NodeId, NodeRequest, parse_node_request, show
-from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
+from handler.sampler import SampledSubgraph, SubgraphTooLarge, sampler_for
 from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
@@ -190,13 +190,6 @@ class Response:
     body: dict[str, Any]
 
 
-def _readonly_tensor(array: np.ndarray) -> torch.Tensor:
-    """Wraps a read-only memory map without copying; nothing ever writes through it."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(array)
-
-
 class NodeClassificationEngine:
     """Answers node classification requests from k-hop ego-graphs of a memory-mapped graph."""
 
@@ -220,24 +213,10 @@ class NodeClassificationEngine:
         self.settings = settings
         self.device = device
         self.model_version = model_version
-        self.features = _readonly_tensor(store.features)
-        self.in_degree = _readonly_tensor(store.in_degree)
-        # The structure is small next to the features: on a GPU it lives on the GPU so that
-        # sampling runs there; features stay memory-mapped and only sampled rows are copied.
-        indptr = _readonly_tensor(store.indptr)
-        indices = _readonly_tensor(store.indices)
-        if device.type != "cpu":
-            indptr, indices = indptr.to(device), indices.to(device)
-        self.sampler = NeighbourSampler(
-            indptr,
-            indices,
-            fanouts=settings.fanouts,
-            seed=settings.sampling_seed,
-            graph_key=int(store.checksum[:15], 16),
-            max_nodes=settings.max_subgraph_nodes,
-            max_edges=settings.max_subgraph_edges,
-            overlay=live.overlay if live is not None else None,
-        )
+        self.features = readonly_tensor(store.features)
+        self.in_degree = readonly_tensor(store.in_degree)
+        overlay = live.overlay if live is not None else None
+        self.sampler = sampler_for(store, settings, device, overlay)
 
     def prepare(self, items: Sequence[Any]) -> PreparedBatch:
         """Parses each request separately, then samples one subgraph for the batch's seeds."""

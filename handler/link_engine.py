@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from graph_assets import GraphStore
-from handler.ego import Batch, BatchEngine, EgoGraphs, Group, readonly_tensor, seed_rows, timed
+from handler.array_ops import readonly_tensor
+from handler.ego import Batch, BatchEngine, EgoGraphs, Group, seed_rows, timed
 from handler.errors import ApiError
 from handler.settings import ServingSettings
 from handler.task_requests import PairRequest, TopKRequest, parse_link_request

@@ -71,20 +71,7 @@ class ColdStartSubgraph:
 
 def one_hop_samplers(ego: EgoGraphs) -> list[NeighbourSampler]:
     """One single-hop sampler per configured fanout, on the node engine's arrays."""
-    base = ego.sampler
-    return [
-        NeighbourSampler(
-            base.indptr,
-            base.indices,
-            fanouts=[fanout],
-            seed=ego.settings.sampling_seed,
-            graph_key=int(ego.store.checksum[:15], 16),
-            max_nodes=ego.settings.max_subgraph_nodes,
-            max_edges=ego.settings.max_subgraph_edges,
-            overlay=base.overlay,  # live updates, as the node engine's sampler sees them
-        )
-        for fanout in ego.settings.fanouts
-    ]
+    return [ego.sampler.with_fanouts([fanout]) for fanout in ego.settings.fanouts]
 
 
 def sample_with_new_node(

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import torch
 
 from graph_assets.overlay import GraphOverlay
-from handler.array_ops import Array, ArrayOps, ops_for
-from handler.settings import parse_fanouts
+from graph_assets.store import GraphStore
+from handler.array_ops import Array, ArrayOps, ops_for, readonly_tensor
+from handler.settings import ServingSettings, parse_fanouts
 
 # splitmix64 constants, as signed int64 so that wrapping int64 arithmetic applies.
 _MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -128,6 +129,7 @@ class NeighbourSampler:
         self.max_nodes = max_nodes
         self.max_edges = max_edges
         self.overlay = overlay
+        self._seed, self._graph_key = seed, graph_key
         self._base_key = _as_int64(
             int(_mix(_mix(self.ops.of_ints([seed & _LOW_63])) ^ (graph_key & _LOW_63))[0])
         )
@@ -136,6 +138,21 @@ class NeighbourSampler:
     @property
     def num_hops(self) -> int:
         return len(self.fanouts)
+
+    def with_fanouts(self, fanouts: Sequence[int]) -> NeighbourSampler:
+        """A sampler of the same graph, seed, limits and live updates with other fanouts (cold
+        start samples one hop at a time), sharing this one's arrays."""
+        return NeighbourSampler(
+            self.indptr,
+            self.indices,
+            fanouts=fanouts,
+            seed=self._seed,
+            graph_key=self._graph_key,
+            max_nodes=self.max_nodes,
+            max_edges=self.max_edges,
+            overlay=self.overlay,
+            ops=self.ops,
+        )
 
     def sample(self, seeds: torch.Tensor) -> SampledSubgraph:
         """Samples the union ego-graph of ``seeds`` (unique global indices, any order)."""
@@ -293,3 +310,27 @@ class NeighbourSampler:
             seen = (chosen[:step] == candidate).any(0)
             chosen[step] = ops.where(seen, limits[step], candidate)
         return chosen.T
+
+
+def sampler_for(
+    store: GraphStore,
+    settings: ServingSettings,
+    device: torch.device,
+    overlay: GraphOverlay | None = None,
+) -> NeighbourSampler:
+    """The one way a serving sampler is built: the archive's fanouts, seed and limits, keyed on
+    the graph's checksum. The structure is small next to the features: on a GPU it moves there
+    so that sampling runs there; features stay memory-mapped and only sampled rows are copied."""
+    indptr, indices = readonly_tensor(store.indptr), readonly_tensor(store.indices)
+    if device.type != "cpu":
+        indptr, indices = indptr.to(device), indices.to(device)
+    return NeighbourSampler(
+        indptr,
+        indices,
+        fanouts=settings.fanouts,
+        seed=settings.sampling_seed,
+        graph_key=int(store.checksum[:15], 16),
+        max_nodes=settings.max_subgraph_nodes,
+        max_edges=settings.max_subgraph_edges,
+        overlay=overlay,
+    )
