@@ -1,7 +1,7 @@
 """Node-classification GNNs: architectures, training and export; ``build_model`` rebuilds one
 from its ``model_config.json``."""
 
-from model.architectures import build_model
 from model.config import Arch, ModelConfig, Task
+from model.registry import build_model
 
 __all__ = ["Arch", "ModelConfig", "Task", "build_model"]

@@ -27,9 +27,9 @@ import torch
 
 from graph_assets.errors import StoreError
 from graph_assets.store import GraphStore, open_store
-from model.architectures import build_model
 from model.config import Arch, ModelConfig
 from model.export import CONFIG_FILE, check_state_dict, export_model, write_model_files
+from model.registry import build_model
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
 from model.train import train_node_classifier
 

@@ -13,7 +13,7 @@ be checked against a plain PyG forward with the same ``state_dict`` (keys under 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,7 +23,7 @@ from torch_geometric.nn import models as pyg_models
 from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-from model.config import Arch, ModelConfig, Task
+from model.config import Arch, ModelConfig
 
 
 class NodeClassifier(torch.nn.Module):
@@ -292,29 +292,6 @@ def _gcn_edges_by_hop(
         for hop in range(len(hop_edges))
     ]
     return looped[:, index], weight[index], groups
-
-
-def build_model(config: ModelConfig | Mapping[str, Any]) -> torch.nn.Module:
-    """Builds the untrained module for a config or its ``model_config.json`` dict.
-
-    ``task`` picks the module: a :class:`NodeClassifier` (``node``), a
-    ``model.link.LinkPredictor`` (``link``) or a ``model.graph_level.GraphClassifier``
-    (``graph``). Load weights with ``load_state_dict`` (or ``model.export.load_model``) and call
-    ``eval()`` before serving: dropout is active in training mode.
-    """
-    if not isinstance(config, ModelConfig):
-        config = ModelConfig.from_dict(config)
-    # The link and graph modules build their encoders with this module, so they import it,
-    # and it imports them only here, when one is asked for.
-    if config.task is Task.LINK:
-        from model.link import LinkPredictor
-
-        return LinkPredictor(config)
-    if config.task is Task.GRAPH:
-        from model.graph_level import GraphClassifier
-
-        return GraphClassifier(config)
-    return build_node_classifier(config)
 
 
 def build_node_classifier(config: ModelConfig) -> NodeClassifier:

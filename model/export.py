@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from model.architectures import build_model
 from model.config import ModelConfig
+from model.registry import build_model
 from model.train import TrainResult
 
 WEIGHTS_FILE = "model.pt"

@@ -27,8 +27,9 @@ from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_poo
 from torch_geometric.nn.models import MLP
 from tqdm import tqdm
 
-from model.architectures import NodeClassifier, build_model, build_node_classifier
+from model.architectures import NodeClassifier, build_node_classifier
 from model.config import ModelConfig, Pooling, Task
+from model.early_stopping import EarlyStopping, check_schedule
 
 # A graph archive's class names (``{"class_names": [...]}``, null when labels were indices).
 CLASSES_FILE = "classes.json"
@@ -133,8 +134,7 @@ def train_graph_classifier(
     Graphs with ``y < 0`` are not used. The split and the batches are drawn with ``seed``; on
     the CPU the same inputs give the same weights.
     """
-    if epochs < 1 or patience < 1:
-        raise ValueError(f"epochs and patience must be >= 1, got {epochs} and {patience}")
+    check_schedule(epochs, patience)
     labels = torch.tensor([int(g.y) for g in graphs])
     classes = torch.unique(labels[labels >= 0])
     if classes.numel() < 2:
@@ -151,11 +151,11 @@ def train_graph_classifier(
     start = time.perf_counter()
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = build_model(config)
+        model = GraphClassifier(config)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(seed)
         loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator)
-        best_val, best_epoch, best_state = -1.0, 0, {}
+        early = EarlyStopping(patience)
         bar = tqdm(
             range(1, epochs + 1), desc=f"train {config.arch.value} graph", disable=not progress
         )
@@ -169,27 +169,25 @@ def train_graph_classifier(
                 optimizer.step()
                 total += float(loss.detach()) * batch.num_graphs
             val_acc = accuracy(model, val)
-            if val_acc > best_val:
-                best_val, best_epoch = val_acc, epoch
-                best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            stop = early.update(model, epoch, val_acc)
             bar.set_postfix(loss=f"{total / len(train):.4f}", val_acc=f"{val_acc:.3f}")
-            if epoch - best_epoch >= patience:
+            if stop:
                 break
         bar.close()
     seconds = time.perf_counter() - start
-    model.load_state_dict(best_state)
+    model.load_state_dict(early.best_state)
     metrics = {
         "arch": config.arch.value,
         "pooling": config.pooling.value,
         "test_accuracy": accuracy(model, test),
-        "val_accuracy": best_val,
+        "val_accuracy": early.best_score,
         "train_accuracy": accuracy(model, train),
         "graphs": {"train": len(train), "val": len(val), "test": len(test)},
         "epochs_run": epoch,
-        "best_epoch": best_epoch,
+        "best_epoch": early.best_epoch,
         "seconds": seconds,
     }
-    return GraphTrainResult(state_dict=best_state, metrics=metrics)
+    return GraphTrainResult(state_dict=early.best_state, metrics=metrics)
 
 
 def batch_of(graphs: Sequence[Data]) -> Batch:

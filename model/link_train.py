@@ -22,10 +22,11 @@ from torch import Tensor
 from torch_geometric.utils import negative_sampling
 from tqdm import tqdm
 
-from model.architectures import build_model
 from model.config import ModelConfig
+from model.early_stopping import EarlyStopping, check_schedule
 from model.link import LinkPredictor
 from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
+from model.registry import build_model
 
 HITS_AT = (10, 50)
 
@@ -193,8 +194,7 @@ def train_link_predictor(
     ``patience`` epochs without a better validation AUC and keeps the best epoch's weights.
     Metrics: test AUC, test hits@10/@50 and MRR (:func:`evaluate_link_predictor`).
     """
-    if epochs < 1 or patience < 1:
-        raise ValueError(f"epochs and patience must be >= 1, got {epochs} and {patience}")
+    check_schedule(epochs, patience)
     num_nodes = x.shape[0]
     split = split_edges(edge_index, num_nodes, val_fraction, test_fraction, seed)
     start = time.perf_counter()
@@ -203,7 +203,7 @@ def train_link_predictor(
         model = build_model(config)
         assert isinstance(model, LinkPredictor)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        best_auc, best_epoch, best_state = -1.0, 0, {}
+        early = EarlyStopping(patience)
         bar = tqdm(
             range(1, epochs + 1), desc=f"train {config.arch.value} link", disable=not progress
         )
@@ -227,15 +227,13 @@ def train_link_predictor(
             loss.backward()
             optimizer.step()
             val_auc = _auc(model, x, split.train, split.val_pos, split.val_neg)
-            if val_auc > best_auc:
-                best_auc, best_epoch = val_auc, epoch
-                best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            stop = early.update(model, epoch, val_auc)
             bar.set_postfix(loss=f"{loss.item():.4f}", val_auc=f"{val_auc:.3f}")
-            if epoch - best_epoch >= patience:
+            if stop:
                 break
         bar.close()
     seconds = time.perf_counter() - start
-    model.load_state_dict(best_state)
+    model.load_state_dict(early.best_state)
     test = evaluate_link_predictor(
         model, x, split.train, split.test_pos, split.test_neg, edge_index, seed=seed
     )
@@ -243,15 +241,15 @@ def train_link_predictor(
         "arch": config.arch.value,
         "decoder": config.decoder.value,
         **{f"test_{name}": value for name, value in test.items()},
-        "val_auc": best_auc,
+        "val_auc": early.best_score,
         "train_edges": int(split.train.shape[1]),
         "val_pairs": int(split.val_pos.shape[1]),
         "test_pairs": int(split.test_pos.shape[1]),
         "epochs_run": epoch,
-        "best_epoch": best_epoch,
+        "best_epoch": early.best_epoch,
         "seconds": seconds,
     }
-    return LinkTrainResult(state_dict=best_state, metrics=metrics)
+    return LinkTrainResult(state_dict=early.best_state, metrics=metrics)
 
 
 def _auc(

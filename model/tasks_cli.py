@@ -26,7 +26,6 @@ import torch
 
 from graph_assets.graph_dataset import open_graph_dataset
 from graph_assets.store import open_store
-from model.architectures import build_model
 from model.config import Arch, Decoder, ModelConfig, Pooling, Task
 from model.export import CONFIG_FILE, check_state_dict, write_model_files
 from model.graph_level import (
@@ -39,6 +38,7 @@ from model.graph_level import (
 from model.link import LinkPredictor
 from model.link_assets import LINK_DIR, write_link_assets
 from model.link_train import evaluate_link_predictor, split_edges, train_link_predictor
+from model.registry import build_model
 
 # The flags every training command shares (python -m model train|link|graph).
 MODEL_FLAGS = {

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from tqdm import tqdm
 
-from model.architectures import build_model
 from model.config import ModelConfig
+from model.early_stopping import EarlyStopping, check_schedule
+from model.registry import build_model
 
 
 @dataclass
@@ -64,8 +65,7 @@ def train_node_classifier(
     the same inputs and ``seed`` give the same weights; the global torch RNG is left untouched.
     """
     _check_inputs(x, edge_index, labels, config)
-    if epochs < 1 or patience < 1:
-        raise ValueError(f"epochs and patience must be >= 1, got {epochs} and {patience}")
+    check_schedule(epochs, patience)
     labels, edge_index = labels.to(x.device), edge_index.to(x.device)
     parts = _split_labelled(labels, split, seed)
     start = time.perf_counter()
@@ -73,8 +73,7 @@ def train_node_classifier(
         torch.manual_seed(seed)
         model = build_model(config).to(x.device)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-        best_val, best_epoch = -1.0, 0
-        best_state: dict[str, Tensor] = {}
+        early = EarlyStopping(patience)
         bar = tqdm(range(1, epochs + 1), desc=f"train {config.arch.value}", disable=not progress)
         for epoch in bar:
             model.train()
@@ -84,22 +83,20 @@ def train_node_classifier(
             loss.backward()
             optimizer.step()
             val_acc = _accuracy(model, x, edge_index, labels, parts.val)
-            if val_acc > best_val:
-                best_val, best_epoch = val_acc, epoch
-                best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+            stop = early.update(model, epoch, val_acc)
             bar.set_postfix(loss=f"{loss.item():.4f}", val_acc=f"{val_acc:.3f}")
-            if epoch - best_epoch >= patience:
+            if stop:
                 break
         bar.close()
     seconds = time.perf_counter() - start
-    model.load_state_dict(best_state)
+    model.load_state_dict(early.best_state)
     return TrainResult(
-        state_dict=best_state,
+        state_dict=early.best_state,
         test_accuracy=_accuracy(model, x, edge_index, labels, parts.test),
-        val_accuracy=best_val,
+        val_accuracy=early.best_score,
         train_accuracy=_accuracy(model, x, edge_index, labels, parts.train),
         epochs_run=epoch,
-        best_epoch=best_epoch,
+        best_epoch=early.best_epoch,
         seconds=seconds,
     )
 
