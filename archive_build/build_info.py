@@ -1,7 +1,7 @@
 """Writes ``build_info.json``: what an archive holds, so operators can tell versions apart.
 
 It records the model name and version, the graph's checksum and size, the architecture, the
-training metrics and the build time; the handler returns it from the management API.
+training metrics and the build time; it travels in the ``.mar`` (unzip it to read it).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ class ApiError(Exception):
         return type(self).__name__
 
     def body(self) -> dict[str, Any]:
-        """The JSON error body of design.md §3: ``{"code", "type", "message"}``."""
+        """The JSON error body of docs/api.md: ``{"code", "type", "message"}``."""
         return {"code": self.status, "type": self.type_name, "message": self.message}
 
 

@@ -14,6 +14,7 @@ pytest.importorskip("matplotlib", reason="matplotlib is not installed")
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = ROOT / "docs" / "bench-results" / "results-quick.json"
+FULL = ROOT / "docs" / "bench-results" / "results-full.json"
 
 
 def test_report_rewrites_the_tables_and_draws_the_plots(tmp_path):
@@ -44,7 +45,7 @@ def test_report_rewrites_the_tables_and_draws_the_plots(tmp_path):
         f"bench-quick-{name}.png"
         for name in sorted(
             (
-                "latency-cdf",
+                "latency-p50-p99",
                 "latency-vs-graph-size",
                 "memory-vs-workers",
                 "stages",
@@ -74,3 +75,22 @@ def test_the_floor_target_is_the_median_of_the_back_to_back_pairs():
     )
     assert rows[figure] == ("0.70", "met")
     assert rows["(the pairs' ratios, in order)"][0] == "0.70, 0.50, 0.80"
+
+
+def test_the_full_block_compares_the_systems_at_the_main_configuration():
+    from bench.report import _rate, main_rows, tables
+
+    results = json.loads(FULL.read_text())
+    body = tables(results)
+    for section in ("Main configuration", "Open loop", "batching settings", "graph size", "memory"):
+        assert section in body
+    for system in ("gnnserve", "echo", "fastapi-khop", "fastapi-whole"):
+        assert [r["concurrency"] for r in main_rows(results, system)] == [1, 8, 32, 128]
+    ours = main_rows(results, "gnnserve")  # not the pairs, 2 workers, default threads or sizes
+    assert all(
+        (r["batch"], r["delay"], r["threads"], r.get("workers", 1)) == (16, 5, 1, 1)
+        and "experiment" not in r
+        for r in ours
+    )
+    assert f"| 32 | {_rate(ours[2]['throughput'])} |" in body
+    assert "Main configuration" not in tables(json.loads(RESULTS.read_text()))  # quick: targets
