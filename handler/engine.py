@@ -1,18 +1,12 @@
-"""The node classification pipeline of one batch, free of TorchServe so it can be tested alone.
-
-``prepare`` parses every request on its own and samples ONE ego-graph for the union of the
-batch's seeds; ``run`` does the forward pass; ``respond`` makes exactly one response per request.
-A batch whose union ego-graph is over the limits, or whose forward pass fails unexpectedly, is
-served request by request, so one request never fails its neighbours. A CUDA error that leaves
-the device unusable ends the worker instead (:class:`DeviceFailure`), so TorchServe restarts it.
-"""
+"""Node classification, the batch core's main task: requests resolved to internal nodes in one
+lookup per batch, one ego-graph for the batch's seeds, one forward pass; plus the node lookup and
+feature gathering that the other node-level tasks share (handler.ego)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,35 +15,19 @@ import torch
 from graph_assets import GraphStore
 from graph_assets.overlay import GraphOverlay
 from handler.array_ops import readonly_tensor
+from handler.batch_core import Batch, BatchEngine, Group, Response, timed
 from handler.class_answer import class_answer
-from handler.error_table import api_error, internal_error, is_out_of_memory
 from handler.errors import ApiError, InternalError, NodeNotFound
 from handler.kserve_v2 import v2_response
 from handler.live_graph import LiveGraph
 from handler.node_requests import NodeId, NodeRequest, parse_node_request, show
-from handler.sampler import SampledSubgraph, SubgraphTooLarge, sampler_for
+from handler.sampler import SampledSubgraph, sampler_for
 from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_LISTED_MISSING = 20
-
-
-class DeviceFailure(SystemExit):
-    """The accelerator is unusable: this worker process must end so TorchServe starts a new one.
-
-    A CUDA error other than out-of-memory (an illegal address, a device-side assert, a launch
-    failure) is sticky: it poisons the CUDA context, and every later kernel in the process fails
-    too. Answering 500 forever is worse than losing the requests in flight, so the engine ends
-    the process. It is a ``SystemExit`` because TorchServe catches ``Exception`` around the
-    handler and would keep the broken worker alive; this passes through, the worker exits with
-    status 1, and TorchServe fails the batch in flight and restarts the worker.
-    """
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__(1)
-        self.error = error
 
 
 def gather_rows(
@@ -71,28 +49,6 @@ def gather_rows(
         x = torch.index_select(features, 0, rows)
         degree = torch.index_select(in_degree, 0, rows)
     return x.to(device, non_blocking=True), degree.to(device, non_blocking=True)
-
-
-def raise_if_fatal(error: Exception, device: torch.device) -> None:
-    """Ends the worker (``DeviceFailure``) on an unrecoverable device error; else returns."""
-    if is_fatal_device_error(error):
-        logger.critical(
-            "unrecoverable device error on %s (%s); ending this worker so that TorchServe "
-            "starts a fresh one",
-            device,
-            error,
-        )
-        raise DeviceFailure(error) from error
-
-
-def is_fatal_device_error(error: BaseException) -> bool:
-    """True for a CUDA error that leaves the device unusable (not an out-of-memory)."""
-    if is_out_of_memory(error):
-        return False
-    accelerator = getattr(torch, "AcceleratorError", None)
-    if accelerator is not None and isinstance(error, accelerator):
-        return True
-    return isinstance(error, RuntimeError) and "CUDA error" in str(error)
 
 
 def find_nodes(graph: GraphStore | GraphOverlay, node_ids: Sequence[NodeId]) -> np.ndarray:
@@ -141,57 +97,9 @@ class ResolvedRequest:
     nodes: np.ndarray
 
 
-@dataclass
-class Group:
-    """Requests answered from one sampled subgraph (the whole batch, or one request)."""
-
-    positions: list[int]
-    seeds: torch.Tensor
-    subgraph: SampledSubgraph
-
-
-@dataclass
-class StageTimes:
-    """Seconds spent per stage of one batch, and its sizes (reported as metrics)."""
-
-    batch_size: int = 0
-    seed_nodes: int = 0
-    sampled_nodes: int = 0
-    sampled_edges: int = 0
-    parse: float = 0.0
-    sample: float = 0.0
-    gather: float = 0.0
-    forward: float = 0.0
-    format: float = 0.0
-
-
-@dataclass
-class PreparedBatch:
-    """What ``prepare`` hands ``run``: per-request outcomes so far and the groups to run."""
-
-    outcomes: list[ResolvedRequest | ApiError]
-    groups: list[Group]
-    times: StageTimes
-
-
-@dataclass
-class BatchResult:
-    """What ``run`` hands ``respond``: class probabilities per request position."""
-
-    batch: PreparedBatch
-    probabilities: dict[int, np.ndarray] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Response:
-    """One request's answer: HTTP status and JSON body."""
-
-    status: int
-    body: dict[str, Any]
-
-
-class NodeClassificationEngine:
-    """Answers node classification requests from k-hop ego-graphs of a memory-mapped graph."""
+class NodeClassificationEngine(BatchEngine[ResolvedRequest]):
+    """Answers node classification requests from k-hop ego-graphs of a memory-mapped graph: the
+    batch core's node task (one ego-graph for the batch's seeds, one forward pass)."""
 
     def __init__(
         self,
@@ -218,79 +126,32 @@ class NodeClassificationEngine:
         overlay = live.overlay if live is not None else None
         self.sampler = sampler_for(store, settings, device, overlay)
 
-    def prepare(self, items: Sequence[Any]) -> PreparedBatch:
-        """Parses each request separately, then samples one subgraph for the batch's seeds."""
-        times = StageTimes(batch_size=len(items))
-        start = time.perf_counter()
-        if self.live is not None:
-            # Updates acknowledged by any worker are visible from here on; usually the follower
-            # thread has applied them already and this is one fstat.
-            self.live.sync()
-        outcomes = self._resolve_all(items)
-        times.parse = time.perf_counter() - start
-        start = time.perf_counter()
-        valid = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, ResolvedRequest)]
-        groups: list[Group] = []
-        if valid:
-            try:
-                groups = [self._sample_group(outcomes, valid)]
-            except SubgraphTooLarge:
-                groups = self._sample_one_by_one(outcomes, valid)
-            except Exception as error:
-                self._raise_if_fatal(error)
-                logger.exception("batch sampling failed; sampling its requests one by one")
-                groups = self._sample_one_by_one(outcomes, valid)
-        times.sample = time.perf_counter() - start
-        times.seed_nodes = sum(int(g.seeds.numel()) for g in groups)
-        times.sampled_nodes = sum(g.subgraph.num_nodes for g in groups)
-        times.sampled_edges = sum(g.subgraph.num_edges for g in groups)
-        return PreparedBatch(outcomes=outcomes, groups=groups, times=times)
-
-    def run(self, batch: PreparedBatch) -> BatchResult:
-        """Runs the model once per group; a failing group is retried request by request."""
-        result = BatchResult(batch=batch)
-        for group in batch.groups:
-            if len(group.positions) == 1:
-                self._run_isolated(group, result)
-                continue
-            try:
-                self._run_group(group, result)
-            except Exception as error:
-                self._raise_if_fatal(error)
-                self._release_device_memory()
-                logger.exception("batch forward failed; retrying its requests one by one")
-                for retry in self._sample_one_by_one(batch.outcomes, group.positions):
-                    self._run_isolated(retry, result)
-        return result
-
-    def respond(self, result: BatchResult) -> list[Response]:
-        """Exactly one response per request, in request order."""
-        start = time.perf_counter()
-        batch = result.batch
-        responses = [
-            self._format(position, outcome, result)
-            for position, outcome in enumerate(batch.outcomes)
-        ]
-        batch.times.format = time.perf_counter() - start
-        if len(responses) != len(batch.outcomes):
-            raise AssertionError(
-                f"the batch has {len(batch.outcomes)} requests but {len(responses)} responses"
-            )
-        return responses
-
     def handle(self, items: Sequence[Any]) -> list[Response]:
         """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks), on one graph
         version: the live graph is held still from lookup to ``graph_version`` (as
         ``GNNHandler.handle`` does for a TorchServe batch)."""
         if self.live is None:
-            return self.respond(self.run(self.prepare(items)))
+            return super().handle(items)
         with self.live.reading():
-            return self.respond(self.run(self.prepare(items)))
+            return super().handle(items)
 
-    def _resolve_all(self, items: Sequence[Any]) -> list[ResolvedRequest | ApiError]:
+    def refresh(self) -> None:
+        if self.live is not None:
+            # Updates acknowledged by any worker are visible from here on; usually the follower
+            # thread has applied them already and this is one fstat.
+            self.live.sync()
+
+    def parse(self, item: Any) -> ResolvedRequest:
+        request = parse_node_request(item, self.settings.max_ids_per_request)
+        resolved = _resolved(request, find_nodes(self._current_graph(), request.node_ids))
+        if isinstance(resolved, ApiError):
+            raise resolved
+        return resolved
+
+    def parse_batch(self, items: Sequence[Any]) -> list[ResolvedRequest | ApiError]:
         """Parses each request alone, then looks up the IDs of all valid ones in one call
         (a lookup per request cost a busy worker ~8% of its time)."""
-        parsed = [self._parse(item) for item in items]
+        parsed = [self._parse_request(item) for item in items]
         requests = [request for request in parsed if isinstance(request, NodeRequest)]
         try:
             graph = self._current_graph()
@@ -305,7 +166,63 @@ class NodeClassificationEngine:
             for request in parsed
         ]
 
-    def _parse(self, item: Any) -> NodeRequest | ApiError:
+    def make_group(
+        self, positions: list[int], outcomes: list[ResolvedRequest | ApiError]
+    ) -> tuple[torch.Tensor, SampledSubgraph]:
+        """``(seeds, ego-graph)`` of the union of the requests' nodes."""
+        nodes = np.concatenate([_valid(outcomes[i]).nodes for i in positions])
+        seeds = torch.from_numpy(np.unique(nodes))
+        # Inference mode: no autograd bookkeeping on the sampler's many small tensor ops.
+        with torch.inference_mode():
+            subgraph = self.sampler.sample(seeds)
+        return seeds, subgraph
+
+    def run_group(self, group: Group, batch: Batch[ResolvedRequest]) -> None:
+        times = batch.times
+        seeds, sub = group.payload
+        stop = timed(times, "gather")
+        with torch.inference_mode():
+            x, degree = self._gather(sub.node)
+        stop()
+        stop = timed(times, "forward")
+        with torch.inference_mode():
+            logits = self.model(x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes)[
+                : sub.num_seeds
+            ]
+            probabilities = torch.softmax(logits.float(), dim=-1).cpu()
+        stop()
+        times.seed_nodes += int(seeds.numel())
+        times.sampled_nodes += sub.num_nodes
+        times.sampled_edges += sub.num_edges
+        # Seeds are sorted and unique (np.unique), so each request's rows are a binary search;
+        # one numpy copy instead of a tensor indexing per request.
+        table, sorted_seeds = probabilities.numpy(), seeds.numpy()
+        for position in group.positions:
+            nodes = _valid(batch.outcomes[position]).nodes
+            batch.results[position] = table[np.searchsorted(sorted_seeds, nodes)]
+
+    def body(self, request: ResolvedRequest, result: Any) -> dict[str, Any]:
+        inner = request.request
+        if inner.protocol == "v2":
+            return v2_response(
+                inner.request_id,
+                self.model_name,
+                self.model_version,
+                list(inner.node_ids),
+                result.tolist(),
+            )
+        predictions = [
+            self._prediction(node_id, row)
+            for node_id, row in zip(inner.node_ids, result.tolist(), strict=True)
+        ]
+        if inner.single:
+            return predictions[0]
+        body: dict[str, Any] = {"predictions": predictions, "model_version": self.model_version}
+        if self.live is not None:
+            body["graph_version"] = self.live.version
+        return body
+
+    def _parse_request(self, item: Any) -> NodeRequest | ApiError:
         try:
             return parse_node_request(item, self.settings.max_ids_per_request)
         except ApiError as error:
@@ -321,68 +238,6 @@ class NodeClassificationEngine:
             logger.exception("node lookup failed for a request")
             return InternalError("the node lookup failed; the error is in the server log")
 
-    def _sample_group(self, outcomes: list[Any], positions: list[int]) -> Group:
-        nodes = np.concatenate([outcomes[i].nodes for i in positions])
-        seeds = torch.from_numpy(np.unique(nodes))
-        # Inference mode: no autograd bookkeeping on the sampler's many small tensor ops.
-        with torch.inference_mode():
-            subgraph = self.sampler.sample(seeds)
-        return Group(positions=positions, seeds=seeds, subgraph=subgraph)
-
-    def _sample_one_by_one(self, outcomes: list[Any], positions: list[int]) -> list[Group]:
-        groups = []
-        for position in positions:
-            try:
-                groups.append(self._sample_group(outcomes, [position]))
-            except SubgraphTooLarge as error:
-                outcomes[position] = api_error(error) or internal_error(error, "sampling")
-            except Exception as error:
-                self._raise_if_fatal(error)
-                logger.exception("request %d: sampling failed", position)
-                outcomes[position] = internal_error(error, "sampling")
-        return groups
-
-    def _run_isolated(self, group: Group, result: BatchResult) -> None:
-        try:
-            self._run_group(group, result)
-        except Exception as error:
-            self._raise_if_fatal(error)
-            self._release_device_memory()
-            position = group.positions[0]
-            logger.exception("request %d: forward pass failed", position)
-            result.batch.outcomes[position] = internal_error(error, "model")
-
-    def _raise_if_fatal(self, error: Exception) -> None:
-        raise_if_fatal(error, self.device)
-
-    def _release_device_memory(self) -> None:
-        """After a failed forward, hand cached CUDA blocks back so the retries have room."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-
-    def _run_group(self, group: Group, result: BatchResult) -> None:
-        times = result.batch.times
-        start = time.perf_counter()
-        sub = group.subgraph
-        with torch.inference_mode():
-            x, degree = self._gather(sub.node)
-        times.gather += time.perf_counter() - start
-        start = time.perf_counter()
-        with torch.inference_mode():
-            logits = self.model(x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes)[
-                : sub.num_seeds
-            ]
-            probabilities = torch.softmax(logits.float(), dim=-1).cpu()
-        times.forward += time.perf_counter() - start
-        # Seeds are sorted and unique (np.unique), so each request's rows are a binary search;
-        # one numpy copy instead of a tensor indexing per request.
-        table = probabilities.numpy()
-        seeds = group.seeds.numpy()
-        for position in group.positions:
-            resolved = result.batch.outcomes[position]
-            assert isinstance(resolved, ResolvedRequest)
-            result.probabilities[position] = table[np.searchsorted(seeds, resolved.nodes)]
-
     def _current_graph(self) -> GraphStore | GraphOverlay:
         """The overlay once updates exist (it knows new and removed nodes), else the base."""
         if self.live is not None and not self.live.overlay.is_empty:
@@ -395,40 +250,6 @@ class NodeClassificationEngine:
         overlay = graph if isinstance(graph, GraphOverlay) else None
         return gather_rows(overlay, self.features, self.in_degree, nodes, self.device)
 
-    def _format(
-        self, position: int, outcome: ResolvedRequest | ApiError, result: BatchResult
-    ) -> Response:
-        if isinstance(outcome, ApiError):
-            logger.info("request %d: %s %s", position, outcome.status, outcome.type_name)
-            return Response(status=outcome.status, body=outcome.body())
-        probabilities = result.probabilities.get(position)
-        if probabilities is None:
-            error = InternalError("no prediction was computed for this request")
-            logger.error("request %d: %s", position, error.message)
-            return Response(status=error.status, body=error.body())
-        request = outcome.request
-        if request.protocol == "v2":
-            return Response(
-                status=200,
-                body=v2_response(
-                    request.request_id,
-                    self.model_name,
-                    self.model_version,
-                    list(request.node_ids),
-                    probabilities.tolist(),
-                ),
-            )
-        predictions = [
-            self._prediction(node_id, row)
-            for node_id, row in zip(outcome.request.node_ids, probabilities.tolist(), strict=True)
-        ]
-        if outcome.request.single:
-            return Response(status=200, body=predictions[0])
-        body: dict[str, Any] = {"predictions": predictions, "model_version": self.model_version}
-        if self.live is not None:
-            body["graph_version"] = self.live.version
-        return Response(status=200, body=body)
-
     def _prediction(self, node_id: NodeId, probabilities: list[float]) -> dict[str, Any]:
         answer: dict[str, Any] = {
             "node_id": node_id,
@@ -438,3 +259,8 @@ class NodeClassificationEngine:
         if self.live is not None:
             answer["graph_version"] = self.live.version
         return answer
+
+
+def _valid(outcome: ResolvedRequest | ApiError) -> ResolvedRequest:
+    assert isinstance(outcome, ResolvedRequest)
+    return outcome

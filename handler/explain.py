@@ -37,8 +37,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from torch_geometric.explain import Explainer
 from torch_geometric.explain.algorithm import CaptumExplainer
 
+from handler.batch_core import Batch, BatchEngine, Group, timed
 from handler.class_answer import class_answer
-from handler.ego import Batch, BatchEngine, EgoGraphs, Group, plain_module, seed_rows, timed
+from handler.ego import EgoGraphs, plain_module, seed_rows
 from handler.errors import BadRequest
 from handler.graph_engine import GraphEngine
 from handler.node_requests import NodeId

@@ -22,8 +22,9 @@ from ts.torch_handler.base_handler import BaseHandler
 from graph_assets import GraphStore, open_store, share_store
 from graph_assets.log_lineage import update_log_path
 from graph_assets.private_dir import ensure_private_dir
+from handler.batch_core import Response, StageTimes
 from handler.batch_metrics import GAUGES, BatchMetrics
-from handler.engine import NodeClassificationEngine, Response, StageTimes
+from handler.engine import NodeClassificationEngine
 from handler.graph_engine import GraphEngine
 from handler.json_body import encode_body
 from handler.link_engine import LinkEngine

@@ -21,7 +21,8 @@ import torch
 
 from graph_assets import GraphStore
 from handler.array_ops import readonly_tensor
-from handler.ego import Batch, BatchEngine, EgoGraphs, Group, seed_rows, timed
+from handler.batch_core import Batch, BatchEngine, Group, timed
+from handler.ego import EgoGraphs, seed_rows
 from handler.errors import ApiError
 from handler.settings import ServingSettings
 from handler.task_requests import PairRequest, TopKRequest, parse_link_request

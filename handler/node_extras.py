@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from handler.batch_core import Batch, BatchEngine, Group, timed
 from handler.class_answer import class_answer
-from handler.ego import Batch, BatchEngine, EgoGraphs, Group, plain_module, seed_rows, timed
+from handler.ego import EgoGraphs, plain_module, seed_rows
 from handler.errors import ApiError
 from handler.sampler import NeighbourSampler, SubgraphTooLarge
 from handler.task_requests import EmbeddingRequest, NewNodeRequest, parse_node_extra

@@ -24,8 +24,9 @@ from typing import Any, Protocol
 import torch
 
 from graph_assets import GraphStore
+from handler.batch_core import DeviceFailure, Response, StageTimes
 from handler.ego import EgoGraphs
-from handler.engine import DeviceFailure, NodeClassificationEngine, Response, StageTimes
+from handler.engine import NodeClassificationEngine
 from handler.errors import ApiError, InternalError
 from handler.explain import ExplainEngine
 from handler.graph_engine import GraphEngine

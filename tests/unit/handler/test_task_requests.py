@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from handler.ego import BatchEngine, EgoGraphs
+from handler.batch_core import BatchEngine
+from handler.ego import EgoGraphs
 from handler.errors import BadRequest, NotFound, TooLarge
 from handler.graph_engine import GraphEngine
 from handler.node_extras import NodeExtrasEngine
