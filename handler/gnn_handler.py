@@ -20,8 +20,6 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from graph_assets import GraphStore, open_store, share_store
-from graph_assets.log_lineage import update_log_path
-from graph_assets.private_dir import ensure_private_dir
 from handler.batch_core import Response, StageTimes
 from handler.batch_metrics import GAUGES, BatchMetrics
 from handler.engine import NodeClassificationEngine
@@ -31,24 +29,18 @@ from handler.link_engine import LinkEngine
 from handler.live_graph import (
     UPDATE_KEY_HEADER,
     LiveGraph,
-    UpdatePolicy,
     answer_update,
-    read_secret,
     update_body,
 )
 from handler.settings import ServingSettings, worker_settings
+from handler.task_registry import Archive, start_task
 from handler.tasks import (
     RoutedBatch,
     RoutedResult,
     Router,
-    check_task,
     describe,
-    graph_router,
-    link_router,
-    node_router,
 )
 from handler.worker_socket import buffer_frontend_reads
-from model.export import load_model
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +48,6 @@ logger = logging.getLogger(__name__)
 # (handler.batch_metrics) replaces it at a fraction of the cost (~6% of a busy worker).
 TORCHSERVE_BATCH_LINE = "Backend received inference at: %d"
 GRAPH_CACHE = "gnnserve-graph-cache"
-STATE_DIR = "gnnserve-state"
 _GAUGE = MetricTypes.GAUGE
 
 
@@ -96,59 +87,27 @@ class GNNHandler(BaseHandler):
 
     def _initialize(self, context: Context) -> None:
         properties = context.system_properties
-        model_dir = Path(properties["model_dir"])
         self.device = select_device(properties.get("gpu_id"))
         settings = worker_settings(context.model_yaml_config, int(properties["batch_size"]))
         self.batch_metrics = BatchMetrics(settings.metrics_interval_s)
-        if settings.task == "graph":  # no stored graph: each request carries its own
-            model, config = load_model(model_dir, map_location=self.device)
-            check_task(config, settings)
-            version = str(context.manifest.get("model", {}).get("modelVersion", "1.0"))
-            self.live, self.update_policy = None, UpdatePolicy(secret=None, max_operations=0)
-            self.engine, self.router = graph_router(
-                model, settings, self.device, model_dir, version
-            )
-            self.context = context
-            self.initialized = True
-            logger.info("gnn graph classifier %s ready on %s", version, self.device)
-            return
-        graph_dir = model_dir / settings.graph_dir
-        if settings.share_graph:
-            cache = Path(settings.graph_cache_dir or Path(tempfile.gettempdir()) / GRAPH_CACHE)
-            graph_dir = share_store(graph_dir, cache)
-        store = open_store(graph_dir, verify_checksum=settings.verify_checksum)
-        model, config = load_model(model_dir, map_location=self.device)
-        check_task(config, settings)
-        version = str(context.manifest.get("model", {}).get("modelVersion", "1.0"))
-        if settings.task == "link":
-            self.live, self.update_policy = None, UpdatePolicy(secret=None, max_operations=0)
-            self.engine, self.router = link_router(
-                store, model, config, settings, self.device, model_dir, version
-            )
-        else:
-            check_compatible(config.in_dim, config.out_dim, config.num_layers, store, settings)
-            self.live, self.update_policy = open_live_graph(store, settings)
-            self.engine = NodeClassificationEngine(
-                store,
-                model,
-                settings,
-                self.device,
-                version,
-                model_name=context.model_name,
-                live=self.live,
-            )
-            self.router = node_router(self.engine, version)
+        archive = Archive(
+            model_dir=Path(properties["model_dir"]),
+            settings=settings,
+            device=self.device,
+            model_version=str(context.manifest.get("model", {}).get("modelVersion", "1.0")),
+            model_name=context.model_name,
+        )
+        task = start_task(archive, open_graph=lambda: _open_graph(archive))
+        self.engine, self.router = task.engine, task.router
+        self.live, self.update_policy = task.live, task.update_policy
         self.context = context
         self.initialized = True
         logger.info(
-            "gnn %s model %s ready on %s: %d nodes, %d edges, graph %s, fanouts %s",
+            "gnn %s model %s ready on %s: %s",
             settings.task,
-            version,
+            archive.model_version,
             self.device,
-            store.num_nodes,
-            store.num_edges,
-            store.checksum[:12],
-            list(settings.fanouts),
+            task.summary(),
         )
 
     def handle(self, data: list[Any], context: Context) -> list[bytes]:
@@ -281,24 +240,6 @@ def drop_torchserve_batch_line() -> None:
         root.addFilter(_not_the_batch_line)
 
 
-def open_live_graph(
-    store: GraphStore, settings: ServingSettings
-) -> tuple[LiveGraph | None, UpdatePolicy]:
-    """The update log and policy when the archive takes updates; (None, disabled) otherwise.
-
-    The state directory and the log's own directory in it must be private to this user: every
-    worker replays the log without asking for the update key, so whoever can write there
-    controls the graph (graph_assets.private_dir)."""
-    if not settings.updates_enabled:
-        return None, UpdatePolicy(secret=None, max_operations=settings.max_update_operations)
-    secret = read_secret(settings.update_secret_env, settings.update_secret_file)
-    state = ensure_private_dir(settings.update_state_dir or Path(tempfile.gettempdir()) / STATE_DIR)
-    log_path = update_log_path(store, state)
-    ensure_private_dir(log_path.parent)
-    live = LiveGraph(store, log_path, follow_interval_s=settings.update_follow_interval_ms / 1000)
-    return live, UpdatePolicy(secret=secret, max_operations=settings.max_update_operations)
-
-
 def _header(context: Context, index: int, name: str) -> str | None:
     """A request header, whatever case the client used for its name."""
     for key, value in (context.get_all_request_header(index) or {}).items():
@@ -307,25 +248,12 @@ def _header(context: Context, index: int, name: str) -> str | None:
     return None
 
 
-def check_compatible(
-    in_dim: int, out_dim: int, num_layers: int, store: GraphStore, settings: ServingSettings
-) -> None:
-    """Refuses weights, graph and fanouts that do not fit together, naming the mismatch."""
-    problems = []
-    if in_dim != store.feature_dim:
-        problems.append(
-            f"the model expects {in_dim} features (model_config.json in_dim), the graph has "
-            f"{store.feature_dim} (graph/meta.json feature_dim)"
-        )
-    if out_dim != store.num_classes:
-        problems.append(
-            f"the model predicts {out_dim} classes (model_config.json out_dim), the graph has "
-            f"{store.num_classes} (graph/meta.json num_classes)"
-        )
-    if len(settings.fanouts) != num_layers:
-        problems.append(
-            f"the model has {num_layers} layers but fanouts {list(settings.fanouts)} name "
-            f"{len(settings.fanouts)} hops; give one fanout per layer"
-        )
-    if problems:
-        raise ValueError("archive is inconsistent: " + "; ".join(problems))
+def _open_graph(archive: Archive) -> GraphStore:
+    """The archive's graph store, mapped from the cache every version with the same graph
+    shares (graph_assets.shared) unless the archive says not to."""
+    settings = archive.settings
+    graph_dir = archive.model_dir / settings.graph_dir
+    if settings.share_graph:
+        cache = Path(settings.graph_cache_dir or Path(tempfile.gettempdir()) / GRAPH_CACHE)
+        graph_dir = share_store(graph_dir, cache)
+    return open_store(graph_dir, verify_checksum=settings.verify_checksum)

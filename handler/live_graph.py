@@ -15,6 +15,7 @@ import hmac
 import logging
 import os
 import stat
+import tempfile
 import threading
 import weakref
 from collections.abc import Iterator
@@ -25,8 +26,9 @@ from typing import Any
 
 from graph_assets import GraphStore
 from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
-from graph_assets.log_lineage import open_update_log
+from graph_assets.log_lineage import open_update_log, update_log_path
 from graph_assets.overlay import GraphOverlay, UpdateRejected
+from graph_assets.private_dir import ensure_private_dir
 from graph_assets.update_log import LogRecord, UpdateLog, check_next
 from handler.error_table import api_error
 from handler.errors import (
@@ -38,10 +40,13 @@ from handler.errors import (
     Unavailable,
 )
 from handler.node_requests import body_of, decode_body
+from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
 UPDATE_KEY_HEADER = "x-gnnserve-update-key"
+# The state directory when the archive names none: in TorchServe's (private) temp directory.
+STATE_DIR = "gnnserve-state"
 # After a failed replay the follower waits this long before it tries the same record again, so a
 # record that cannot be applied logs one traceback a second, not one per poll.
 FOLLOWER_RETRY_S = 1.0
@@ -377,3 +382,22 @@ def answer_update(
         "graph_version": live.version,
         "seq": seq,
     }
+
+
+def open_live_graph(
+    store: GraphStore, settings: ServingSettings
+) -> tuple[LiveGraph | None, UpdatePolicy]:
+    """The update log and policy when the archive takes updates; (None, disabled) otherwise.
+
+    The state directory and the log's own directory in it must be private to this user: every
+    worker replays the log without asking for the update key, so whoever can write there
+    controls the graph (graph_assets.private_dir)."""
+    if not settings.updates_enabled:
+        return None, UpdatePolicy(secret=None, max_operations=settings.max_update_operations)
+    secret = read_secret(settings.update_secret_env, settings.update_secret_file)
+    default = Path(tempfile.gettempdir()) / STATE_DIR
+    state = ensure_private_dir(settings.update_state_dir or default)
+    log_path = update_log_path(store, state)
+    ensure_private_dir(log_path.parent)
+    live = LiveGraph(store, log_path, follow_interval_s=settings.update_follow_interval_ms / 1000)
+    return live, UpdatePolicy(secret=secret, max_operations=settings.max_update_operations)

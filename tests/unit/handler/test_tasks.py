@@ -118,3 +118,10 @@ def test_a_link_archive_without_its_embeddings_is_refused(link_archive):
     shutil.rmtree(link_archive / LINK_DIR)
     with pytest.raises(ValueError, match="candidate embeddings"):
         start(link_archive, 1, task="link", fanouts=[-1, -1])
+
+
+def test_every_task_the_settings_accept_is_in_the_registry():
+    from handler.settings import TASKS as ACCEPTED
+    from handler.task_registry import TASKS
+
+    assert set(TASKS) == set(ACCEPTED)
