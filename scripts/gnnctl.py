@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,11 @@ import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_KEY_FILE = ROOT / ".serve" / "key_file.json"
+
+# TorchServe 0.12's answer when a scale call races its worker bookkeeping; a scale is idempotent.
+RACE = "ConcurrentModificationException"
+SCALE_RETRIES = 3
+RETRY_BACKOFF_S = 0.5
 
 
 class Management:
@@ -48,20 +54,29 @@ class Management:
         data: dict[str, Any] = json.loads(self.key_file.read_text())
         return data
 
-    def call(self, method: str, path: str, params: dict[str, Any] | None = None) -> Any:
-        """One call; an HTTP error exits with TorchServe's message."""
+    def call(
+        self, method: str, path: str, params: dict[str, Any] | None = None, retries: int = 0
+    ) -> Any:
+        """One call; an HTTP error exits with TorchServe's message. An idempotent call may pass
+        ``retries``: TorchServe 0.12 sometimes answers a scale that races its own worker
+        bookkeeping with 500 ``ConcurrentModificationException``; that answer is retried."""
         key = self.keys()["API" if path.startswith("/token") else "management"]["key"]
-        response = self.session.request(
-            method,
-            f"{self.url}{path}",
-            params=params,
-            headers={"Authorization": f"Bearer {key}"},
-            timeout=self.timeout,
-        )
-        try:
-            body = response.json()
-        except ValueError:
-            body = response.text
+        for attempt in range(retries + 1):
+            response = self.session.request(
+                method,
+                f"{self.url}{path}",
+                params=params,
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=self.timeout,
+            )
+            try:
+                body = response.json()
+            except ValueError:
+                body = response.text
+            raced = response.status_code == 500 and RACE in str(body)
+            if not raced or attempt == retries:
+                break
+            time.sleep(RETRY_BACKOFF_S * 2**attempt)
         if response.status_code >= 400:
             message = body.get("message", body) if isinstance(body, dict) else body
             raise SystemExit(f"{method} {path} failed with {response.status_code}: {message}")
@@ -116,7 +131,7 @@ def run(args: argparse.Namespace) -> Any:
     if args.command == "scale":
         path = f"/models/{args.model}" + (f"/{args.version}" if args.version else "")
         params = {"min_worker": args.workers, "max_worker": args.workers, "synchronous": "true"}
-        return api.call("PUT", path, params)
+        return api.call("PUT", path, params, retries=SCALE_RETRIES)
     if args.command == "unregister":
         return api.call("DELETE", f"/models/{args.model}/{args.version}")
     return api.call("POST", "/token", {"type": args.type})

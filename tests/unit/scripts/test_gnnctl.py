@@ -42,11 +42,14 @@ class Recorder(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.seen.append((self.requestline, dict(self.headers)))
-        status, body = self.server.answer
+        answer = self.server.answer
+        status, body = answer.pop(0) if isinstance(answer, list) else answer
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.end_headers()
         self.wfile.write(json.dumps(body).encode())
+
+    do_PUT = do_GET
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -88,3 +91,32 @@ def test_management_calls_ignore_proxy_variables(server, tmp_path, monkeypatch):
     ((line, headers),) = management.seen
     assert line.startswith("GET /models ")
     assert headers["Authorization"] == "Bearer management-key-1"
+
+
+def test_a_scale_that_races_torchserves_bookkeeping_is_retried(server, tmp_path, monkeypatch):
+    race = {"code": 500, "message": "java.util.ConcurrentModificationException"}
+    management = server(200, [])
+    management.answer = [(500, race), (500, race), (200, {"status": "Workers updated"})]
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({"management": {"key": "management-key-1"}}))
+    gnnctl = load_gnnctl()
+    monkeypatch.setattr(gnnctl, "RETRY_BACKOFF_S", 0.0)
+    args = gnnctl._parser().parse_args(
+        ["--management", management.url, "--key-file", str(key_file), "scale", "gnn", "1"]
+    )
+    assert gnnctl.run(args) == {"status": "Workers updated"}
+    assert [line.split()[0] for line, _ in management.seen] == ["PUT"] * 3
+
+
+def test_any_other_error_is_not_retried(server, tmp_path):
+    management = server(200, [])
+    management.answer = [(500, {"code": 500, "message": "something else"})]
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({"management": {"key": "management-key-1"}}))
+    gnnctl = load_gnnctl()
+    args = gnnctl._parser().parse_args(
+        ["--management", management.url, "--key-file", str(key_file), "scale", "gnn", "1"]
+    )
+    with pytest.raises(SystemExit, match="failed with 500: something else"):
+        gnnctl.run(args)
+    assert len(management.seen) == 1
