@@ -1,54 +1,52 @@
-"""One real TorchServe per test module, serving an archive built by build_mar.sh."""
+"""Fixtures shared by the integration modules: the node archive built by build_mar.sh, the
+``serve`` factory every module starts its TorchServe with, and one server on that archive."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 
-from .server import TorchServe
+from .archives import build_archive, write_small_graph
+from .server import Serve, TorchServe
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
-def write_small_graph(directory: Path) -> Path:
-    """120 accounts with string IDs, named labels and class signal in the features."""
-    rng = np.random.default_rng(1)
-    labels = rng.integers(0, 3, 120)
-    features = rng.normal(size=(120, 8)) + np.eye(3, 8)[labels] * 2
-    nodes = pd.DataFrame(features, columns=[f"f{i}" for i in range(8)])
-    nodes.insert(0, "id", [f"acct_{i}" for i in range(120)])
-    nodes["label"] = np.array(["fraud", "legit", "review"])[labels]
-    src = rng.integers(0, 110, 600)
-    dst = rng.integers(0, 110, 600)
-    edges = pd.DataFrame({"src": [f"acct_{i}" for i in src], "dst": [f"acct_{i}" for i in dst]})
-    directory.mkdir(parents=True)
-    nodes.to_csv(directory / "nodes.csv", index=False)
-    edges.to_csv(directory / "edges.csv", index=False)
-    return directory
+@pytest.fixture(scope="session")
+def serve(tmp_path_factory: pytest.TempPathFactory) -> Serve:
+    """Starts a TorchServe serving ``models`` from ``model_store`` and stops it, by PID, when
+    the ``with`` block ends however it ends. ``home`` defaults to a new temporary directory
+    named after ``name``; ``env`` is added to the server's (and so its workers') environment.
+    A module fixture holding the block open around its ``yield`` shares one server among the
+    module's tests; a test may hold it around its own body, and stop or start it inside."""
 
+    @contextlib.contextmanager
+    def serving(
+        model_store: Path,
+        models: str,
+        *,
+        name: str = "torchserve",
+        home: Path | None = None,
+        extra_config: str = "",
+        env: Mapping[str, str] | None = None,
+        prefork: bool = False,
+    ) -> Iterator[TorchServe]:
+        server = TorchServe(
+            home=home if home is not None else tmp_path_factory.mktemp(name),
+            model_store=model_store,
+            prefork=prefork,
+            extra_env=dict(env or {}),
+        )
+        try:
+            server.start(models, extra_config=extra_config)
+            yield server
+        finally:
+            server.stop()
 
-def build_archive(export_path: Path, graph: Path, *options: str) -> Path:
-    subprocess.run(
-        [
-            str(ROOT / "build_mar.sh"),
-            "--graph",
-            str(graph),
-            "--export-path",
-            str(export_path),
-            *options,
-        ],
-        check=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-        timeout=600,
-    )
-    return export_path
+    return serving
 
 
 @pytest.fixture(scope="session")
@@ -74,10 +72,7 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Iterator[TorchServe]:
-    serve = TorchServe(home=tmp_path_factory.mktemp("torchserve"), model_store=model_store)
-    try:
-        serve.start("gnn=gnn.mar")
-        yield serve
-    finally:
-        serve.stop()
+def server(serve: Serve, model_store: Path) -> Iterator[TorchServe]:
+    """One server per module on the session's node archive (``gnn``)."""
+    with serve(model_store, "gnn=gnn.mar") as started:
+        yield started

@@ -23,7 +23,7 @@ import psutil
 import requests
 import yaml
 
-from .conftest import write_small_graph
+from .archives import write_small_graph
 from .fault_handler import MARKERS
 from .server import TorchServe
 

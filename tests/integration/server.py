@@ -11,8 +11,11 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 import requests
@@ -57,6 +60,8 @@ class TorchServe:
     fixed_ports: tuple[int, int, int] | None = None
     # Workers forked from a zygote (prefork/, docs/operations.md "Worker memory").
     prefork: bool = False
+    # Added to the server's environment, which its workers inherit (e.g. an update secret).
+    extra_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def inference_url(self) -> str:
@@ -83,6 +88,7 @@ class TorchServe:
             "METRICS_LOCATION": str(self.home / "logs"),
             "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             **({"PYTHONPATH": str(PREFORK_HOOK)} if self.prefork else {}),
+            **self.extra_env,
         }
 
     def write_config(self, extra: str = "") -> Path:
@@ -222,3 +228,20 @@ class TorchServe:
             self.start(models, timeout=timeout, extra_config=extra_config)
         finally:
             self.fixed_ports = None
+
+
+class Serve(Protocol):
+    """The ``serve`` fixture (tests/integration/conftest.py):
+    ``with serve(store, "gnn=gnn.mar") as server: ...``."""
+
+    def __call__(
+        self,
+        model_store: Path,
+        models: str,
+        *,
+        name: str = ...,
+        home: Path | None = ...,
+        extra_config: str = ...,
+        env: Mapping[str, str] | None = ...,
+        prefork: bool = ...,
+    ) -> AbstractContextManager[TorchServe]: ...

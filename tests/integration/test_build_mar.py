@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from .conftest import ROOT
+from .archives import ROOT
 
 pytestmark = pytest.mark.integration
 SCRIPT = ROOT / "build_mar.sh"

@@ -20,7 +20,7 @@ import psutil
 import pytest
 import requests
 
-from .conftest import ROOT, build_archive, write_small_graph
+from .archives import ROOT, build_archive, write_small_graph
 from .server import TorchServe
 
 pytestmark = pytest.mark.integration
@@ -50,13 +50,9 @@ def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ops_server(tmp_path_factory, versions_store) -> Iterator[TorchServe]:
-    serve = TorchServe(home=tmp_path_factory.mktemp("ops"), model_store=versions_store)
-    try:
-        serve.start("gnn=gnn.mar")
-        yield serve
-    finally:
-        serve.stop()
+def ops_server(serve, versions_store) -> Iterator[TorchServe]:
+    with serve(versions_store, "gnn=gnn.mar", name="ops") as started:
+        yield started
 
 
 def gnnctl(server: TorchServe, *args: str) -> dict | list:
@@ -309,10 +305,8 @@ def test_retiring_the_old_version(ops_server):
     assert [e["modelVersion"] for e in gnnctl(ops_server, "status", "gnn")] == ["2.0"]
 
 
-def test_snapshot_restores_versions_default_and_workers(tmp_path, versions_store):
-    server = TorchServe(home=tmp_path / "snap", model_store=versions_store)
-    try:
-        server.start("gnn=gnn.mar")
+def test_snapshot_restores_versions_default_and_workers(serve, tmp_path, versions_store):
+    with serve(versions_store, "gnn=gnn.mar", home=tmp_path / "snap") as server:
         gnnctl(server, "register", "gnn_v2.0.mar")
         gnnctl(server, "set-default", "gnn", "2.0")
         gnnctl(server, "scale", "gnn", "2")
@@ -341,5 +335,3 @@ def test_snapshot_restores_versions_default_and_workers(tmp_path, versions_store
             timeout=60,
         ).json()
         assert again == answer
-    finally:
-        server.stop()

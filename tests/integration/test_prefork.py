@@ -13,23 +13,17 @@ import psutil
 import pytest
 import requests
 
-from .server import TorchServe
+from .server import Serve, TorchServe
 
 pytestmark = pytest.mark.integration
 NODES = [f"acct_{i}" for i in range(0, 120, 4)]
 
 
 @pytest.fixture(scope="module")
-def forked(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Iterator[TorchServe]:
-    serve = TorchServe(
-        home=tmp_path_factory.mktemp("prefork"), model_store=model_store, prefork=True
-    )
-    try:
-        serve.start("gnn=gnn.mar")
-        scale(serve, 2)
-        yield serve
-    finally:
-        serve.stop()
+def forked(serve: Serve, model_store: Path) -> Iterator[TorchServe]:
+    with serve(model_store, "gnn=gnn.mar", name="prefork", prefork=True) as started:
+        scale(started, 2)
+        yield started
 
 
 def scale(server: TorchServe, workers: int) -> None:

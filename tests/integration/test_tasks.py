@@ -21,8 +21,8 @@ from graph_assets.graph_dataset import generate_graph_dataset, write_graph_datas
 from model import build_model
 from model.embedding import forward_with_embedding
 
-from .conftest import build_archive, write_small_graph
-from .server import TorchServe, largest_batches
+from .archives import build_archive, write_small_graph
+from .server import Serve, TorchServe, largest_batches
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +52,10 @@ def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> 
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, tasks_store: Path) -> Iterator[TorchServe]:
-    serve = TorchServe(home=tmp_path_factory.mktemp("tasks_server"), model_store=tasks_store)
-    try:
-        serve.start("gnn=gnn.mar,link=link.mar,graphs=graphs.mar")
-        yield serve
-    finally:
-        serve.stop()
+def served(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
+    models = "gnn=gnn.mar,link=link.mar,graphs=graphs.mar"
+    with serve(tasks_store, models, name="tasks_server") as started:
+        yield started
 
 
 def post(server: TorchServe, model: str, payload, explain: bool = False) -> requests.Response:

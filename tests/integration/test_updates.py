@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,11 +15,12 @@ import psutil
 import pytest
 import requests
 
-from .conftest import ROOT, build_archive, write_small_graph
+from .archives import ROOT, build_archive, write_small_graph
 from .server import TorchServe
 
 pytestmark = pytest.mark.integration
 SECRET = "integration-update-secret-42"
+UPDATE_ENV = {"GNNSERVE_UPDATE_SECRET": SECRET}  # the workers inherit the server's environment
 
 
 @pytest.fixture(scope="module")
@@ -51,16 +51,10 @@ def updates_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 
 @pytest.fixture(scope="module")
-def live_server(tmp_path_factory, updates_store) -> Iterator[TorchServe]:
+def live_server(serve, updates_store) -> Iterator[TorchServe]:
     store, _ = updates_store
-    os.environ["GNNSERVE_UPDATE_SECRET"] = SECRET  # the workers inherit the server's environment
-    server = TorchServe(home=tmp_path_factory.mktemp("live"), model_store=store)
-    try:
-        server.start("gnn=gnn.mar")
-        yield server
-    finally:
-        server.stop()
-        os.environ.pop("GNNSERVE_UPDATE_SECRET", None)
+    with serve(store, "gnn=gnn.mar", name="live", env=UPDATE_ENV) as started:
+        yield started
 
 
 def update(server: TorchServe, operations: list[dict], key: str | None = SECRET, path: str = "gnn"):
@@ -204,12 +198,9 @@ def kill_everything(server: TorchServe) -> None:
     server.pid = None
 
 
-def test_kill_9_right_after_an_acknowledged_update_loses_nothing(tmp_path, updates_store):
+def test_kill_9_right_after_an_acknowledged_update_loses_nothing(serve, tmp_path, updates_store):
     store, state = updates_store
-    os.environ["GNNSERVE_UPDATE_SECRET"] = SECRET
-    server = TorchServe(home=tmp_path / "crash", model_store=store)
-    try:
-        server.start("gnn=gnn.mar")
+    with serve(store, "gnn=gnn.mar", home=tmp_path / "crash", env=UPDATE_ENV) as server:
         acknowledged = update(server, [{"type": "add_node", "id": "acct_durable", "x": [1.0] * 8}])
         assert acknowledged.status_code == 200
         kill_everything(server)
@@ -227,9 +218,6 @@ def test_kill_9_right_after_an_acknowledged_update_loses_nothing(tmp_path, updat
         assert predict(server, "acct_durable").status_code == 200
         model_log = (server.home / "logs" / "model_log.log").read_text()
         assert "torn" in model_log and "truncated payload" in model_log
-    finally:
-        server.stop()
-        os.environ.pop("GNNSERVE_UPDATE_SECRET", None)
 
 
 @pytest.fixture()
@@ -269,7 +257,7 @@ def write_until_full(server: TorchServe, writer: int) -> dict[str, list]:
     return {"acknowledged": acknowledged, "statuses": statuses}
 
 
-def test_a_full_state_volume_loses_no_acknowledged_update(tmp_path, tiny_state_volume):
+def test_a_full_state_volume_loses_no_acknowledged_update(serve, tmp_path, tiny_state_volume):
     graph = write_small_graph(tmp_path / "graph")
     options = ["--arch", "gcn", "--epochs", "2", "--fanouts", "-1,-1", "--batch-size", "4"]
     workers = ["--min-workers", "2", "--max-workers", "2", "--enable-updates"]
@@ -281,10 +269,7 @@ def test_a_full_state_volume_loses_no_acknowledged_update(tmp_path, tiny_state_v
         "--update-state-dir",
         str(tiny_state_volume),
     )
-    os.environ["GNNSERVE_UPDATE_SECRET"] = SECRET
-    server = TorchServe(home=tmp_path / "server", model_store=store)
-    try:
-        server.start("gnn=gnn.mar")
+    with serve(store, "gnn=gnn.mar", home=tmp_path / "server", env=UPDATE_ENV) as server:
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda w: write_until_full(server, w), range(8)))
         statuses = [status for result in results for status in result["statuses"]]
@@ -308,6 +293,3 @@ def test_a_full_state_volume_loses_no_acknowledged_update(tmp_path, tiny_state_v
         with ThreadPoolExecutor(8) as pool:
             after = list(pool.map(answered, probes))
         assert after == [seen[0]] * len(probes)  # every acknowledged node, same graph version
-    finally:
-        server.stop()
-        os.environ.pop("GNNSERVE_UPDATE_SECRET", None)
