@@ -1,7 +1,10 @@
-"""Small graphs, stores, engines and a MockContext for the handler's unit tests."""
+"""Small graphs, stores, engines, archives and a MockContext for the handler's unit tests."""
 
 from __future__ import annotations
 
+import json
+import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +15,17 @@ import torch
 from ts.context import Context, RequestProcessor
 
 from graph_assets import GraphStore, open_store, read_graph_dir, write_store
+from graph_assets.graph_dataset import generate_graph_dataset
+from handler.ego import EgoGraphs
 from handler.engine import NodeClassificationEngine
+from handler.gnn_handler import GNNHandler
+from handler.graph_engine import GraphEngine
+from handler.link_engine import LinkEngine
+from handler.live_graph import LiveGraph
 from handler.settings import ServingSettings
 from model import build_model
 from model.config import ModelConfig
+from model.link_assets import open_link_assets, write_link_assets
 
 NUM_NODES, FEATURES, CLASSES = 80, 6, 3
 
@@ -109,3 +119,121 @@ class MockContext(Context):
             model_yaml_config=model_yaml_config,
         )
         self.request_processor = [RequestProcessor({}) for _ in range(batch_size)]
+
+
+# Engines, requests and archives that several test modules build.
+
+NAMES = ["cycle", "star", "wheel", "ladder"]
+
+
+def graph_engine(arch="gin", pooling="sum", **settings) -> GraphEngine:
+    torch.manual_seed(0)
+    config = {"task": "graph", "arch": arch, "pooling": pooling, "in_dim": 8, "out_dim": 4}
+    model = build_model({**config, "hidden_dim": 16})
+    serving = ServingSettings.from_yaml_section({"task": "graph", **settings})
+    return GraphEngine(model, NAMES, serving, torch.device("cpu"), "1.0")
+
+
+def graph_requests(count: int, seed: int = 0) -> list[dict]:
+    dataset = generate_graph_dataset(max(count, len(NAMES)), seed=seed)
+    return [
+        {"graph": {"x": x.tolist(), "edge_index": edge_index.tolist()}}
+        for x, edge_index, _ in dataset.graphs()
+    ][:count]
+
+
+def link_engine(store, tmp_path, arch="sage", decoder="dot", **settings) -> LinkEngine:
+    torch.manual_seed(0)
+    config = {
+        "task": "link",
+        "arch": arch,
+        "decoder": decoder,
+        "in_dim": store.feature_dim,
+        "out_dim": 8,
+        "hidden_dim": 16,
+    }
+    model = build_model(config).eval()
+    write_link_assets(model, store, tmp_path / "link")
+    settings.setdefault("fanouts", [-1, -1])
+    serving = ServingSettings.from_yaml_section({"task": "link", **settings})
+    ego = EgoGraphs.create(store, model, serving, torch.device("cpu"))
+    return LinkEngine(ego, open_link_assets(tmp_path / "link", store), "1.0")
+
+
+def live_engine(store, log, model, fanouts=(-1, -1)):
+    live = LiveGraph(store, log)
+    engine = make_engine(store, model=model, fanouts=list(fanouts))
+    engine.live = live
+    engine.sampler.overlay = live.overlay
+    return engine, live
+
+
+def live_ids(live: LiveGraph) -> list:
+    overlay = live.overlay
+    ids = [overlay.external_id(n) for n in range(overlay.num_nodes) if n not in overlay.removed]
+    return [i for i in ids if overlay.lookup([i])[0] >= 0]
+
+
+def random_update(rng: random.Random, live: LiveGraph, counter: list[int]) -> list[dict]:
+    ids = live_ids(live)
+    x = [rng.uniform(-1, 1) for _ in range(FEATURES)]
+    kind = rng.choices(
+        ["add_node", "add_edge", "remove_edge", "set_features", "remove_node"], [2, 5, 2, 1, 1]
+    )[0]
+    if kind == "add_node":
+        counter[0] += 3
+        return [{"type": kind, "id": 10_000 + counter[0], "x": x}]
+    if kind == "set_features":
+        return [{"type": kind, "id": rng.choice(ids), "x": x}]
+    if kind == "remove_node":
+        return [{"type": kind, "id": rng.choice(ids)}]
+    dst = rng.choice(ids)
+    node = int(live.overlay.lookup([dst])[0])
+    sources = [live.overlay.external_id(int(s)) for s in live.overlay.in_list(node)]
+    if kind == "remove_edge" and sources:
+        return [{"type": kind, "src": rng.choice(sources), "dst": dst}]
+    candidates = [i for i in ids if i != dst and i not in sources]
+    return [{"type": "add_edge", "src": rng.choice(candidates), "dst": dst}]
+
+
+def materialized_forward(live: LiveGraph, model) -> tuple[list, torch.Tensor]:
+    """The updated graph as plain tensors, and PyG's full-graph forward on it."""
+    overlay = live.overlay
+    ids = live_ids(live)
+    nodes = overlay.lookup(ids)
+    position = {int(n): i for i, n in enumerate(nodes)}
+    x = torch.from_numpy(overlay.feature_rows(nodes))
+    src, dst = [], []
+    for node in nodes.tolist():
+        for source in overlay.in_list(node).tolist():
+            src.append(position[source])
+            dst.append(position[node])
+    edge_index = torch.tensor([src, dst], dtype=torch.int64)
+    with torch.no_grad():
+        return ids, torch.softmax(model(x, edge_index), dim=-1)
+
+
+@pytest.fixture()
+def model_dir(tmp_path: Path, int_store) -> Path:
+    """An unpacked archive: graph/, model.pt, model_config.json."""
+    shutil.copytree(int_store.path, tmp_path / "graph")
+    model = random_model(int_store, "gcn")
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    config = {
+        "task": "node",
+        "arch": "gcn",
+        "in_dim": int_store.feature_dim,
+        "out_dim": int_store.num_classes,
+        "hidden_dim": 16,
+        "num_layers": 2,
+    }
+    (tmp_path / "model_config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def started(model_dir: Path, batch_size: int, **gnn) -> tuple[GNNHandler, MockContext]:
+    gnn.setdefault("graph_cache_dir", str(model_dir.parent / f"{model_dir.name}-cache"))
+    context = MockContext(model_dir, {"batchSize": batch_size, "gnn": gnn}, batch_size)
+    handler = GNNHandler()
+    handler.initialize(context)
+    return handler, context

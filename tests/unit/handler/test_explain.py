@@ -11,9 +11,7 @@ from handler.explain import ExplainEngine, integrated_gradients, summarize
 from handler.settings import ServingSettings
 from handler.tasks import node_router
 
-from .conftest import make_engine, random_model
-from .test_graph_engine import graph_engine, requests
-from .test_link_engine import link_engine
+from .conftest import graph_engine, graph_requests, link_engine, make_engine, random_model
 
 
 def node_explainer(store, arch="gcn", **settings) -> ExplainEngine:
@@ -94,7 +92,7 @@ def test_pair_and_graph_explanations(int_store, tmp_path):
 
     graphs = graph_engine()
     explainer = ExplainEngine("graph", "1.0", graphs=graphs)
-    payload = requests(1)[0]
+    payload = graph_requests(1)[0]
     [(status, body)] = answers(explainer, [payload])
     [(_, predicted)] = answers(graphs, [payload])
     assert status == 200 and body["predicted_class"] == predicted["predicted_class"]

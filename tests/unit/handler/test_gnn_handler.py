@@ -18,33 +18,7 @@ from graph_assets.errors import UnsafeDirectory
 from graph_assets.log_lineage import update_log_path
 from handler.gnn_handler import GNNHandler
 
-from .conftest import MockContext, random_model
-
-
-@pytest.fixture()
-def model_dir(tmp_path: Path, int_store) -> Path:
-    """An unpacked archive: graph/, model.pt, model_config.json."""
-    shutil.copytree(int_store.path, tmp_path / "graph")
-    model = random_model(int_store, "gcn")
-    torch.save(model.state_dict(), tmp_path / "model.pt")
-    config = {
-        "task": "node",
-        "arch": "gcn",
-        "in_dim": int_store.feature_dim,
-        "out_dim": int_store.num_classes,
-        "hidden_dim": 16,
-        "num_layers": 2,
-    }
-    (tmp_path / "model_config.json").write_text(json.dumps(config))
-    return tmp_path
-
-
-def started(model_dir: Path, batch_size: int, **gnn) -> tuple[GNNHandler, MockContext]:
-    gnn.setdefault("graph_cache_dir", str(model_dir.parent / f"{model_dir.name}-cache"))
-    context = MockContext(model_dir, {"batchSize": batch_size, "gnn": gnn}, batch_size)
-    handler = GNNHandler()
-    handler.initialize(context)
-    return handler, context
+from .conftest import MockContext, started
 
 
 def test_mixed_batch_gets_one_status_and_body_per_request(model_dir):

@@ -6,28 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from graph_assets.graph_dataset import generate_graph_dataset
-from handler.graph_engine import GraphEngine
-from handler.settings import ServingSettings
-from model import build_model
-
-NAMES = ["cycle", "star", "wheel", "ladder"]
-
-
-def graph_engine(arch="gin", pooling="sum", **settings) -> GraphEngine:
-    torch.manual_seed(0)
-    config = {"task": "graph", "arch": arch, "pooling": pooling, "in_dim": 8, "out_dim": 4}
-    model = build_model({**config, "hidden_dim": 16})
-    serving = ServingSettings.from_yaml_section({"task": "graph", **settings})
-    return GraphEngine(model, NAMES, serving, torch.device("cpu"), "1.0")
-
-
-def requests(count: int, seed: int = 0) -> list[dict]:
-    dataset = generate_graph_dataset(max(count, len(NAMES)), seed=seed)
-    return [
-        {"graph": {"x": x.tolist(), "edge_index": edge_index.tolist()}}
-        for x, edge_index, _ in dataset.graphs()
-    ][:count]
+from .conftest import NAMES, graph_engine, graph_requests
 
 
 def answers(engine, payloads):
@@ -39,7 +18,7 @@ def answers(engine, payloads):
 )
 def test_a_batched_graph_gets_the_answer_it_gets_alone(arch, pooling):
     engine = graph_engine(arch, pooling)
-    payloads = requests(8)
+    payloads = graph_requests(8)
     payloads[3]["return_embedding"] = True
     batched = answers(engine, payloads)
     for payload, (status, body) in zip(payloads, batched, strict=True):
@@ -53,7 +32,7 @@ def test_a_batched_graph_gets_the_answer_it_gets_alone(arch, pooling):
 
 def test_answers_equal_the_plain_pyg_forward():
     engine = graph_engine()
-    payload = requests(1)[0]
+    payload = graph_requests(1)[0]
     x = torch.tensor(payload["graph"]["x"])
     edge_index = torch.tensor(payload["graph"]["edge_index"])
     with torch.no_grad():
@@ -66,7 +45,7 @@ def test_answers_equal_the_plain_pyg_forward():
 
 def test_self_loops_and_duplicate_edges_are_dropped():
     engine = graph_engine()
-    payload = requests(1)[0]
+    payload = graph_requests(1)[0]
     graph = payload["graph"]
     noisy = {
         "graph": {
@@ -114,7 +93,7 @@ def test_a_failing_graph_fails_alone(monkeypatch):
         return forward(x, edge_index, batch)
 
     monkeypatch.setattr(engine.classifier, "forward_with_embedding", fails_on_marker)
-    payloads = requests(3)
+    payloads = graph_requests(3)
     payloads[1]["graph"]["x"][0][1] = -999.0
     statuses = [status for status, _ in answers(engine, payloads)]
     assert statuses == [200, 500, 200]

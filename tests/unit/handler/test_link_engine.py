@@ -6,31 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from handler.ego import EgoGraphs
-from handler.link_engine import LinkEngine
-from handler.settings import ServingSettings
-from model import build_model
-from model.link_assets import full_graph_embeddings, open_link_assets, write_link_assets
+from model.link_assets import full_graph_embeddings, open_link_assets
+
+from .conftest import link_engine
 
 ARCHS = ["gcn", "sage", "gat", "gin"]
-
-
-def link_engine(store, tmp_path, arch="sage", decoder="dot", **settings) -> LinkEngine:
-    torch.manual_seed(0)
-    config = {
-        "task": "link",
-        "arch": arch,
-        "decoder": decoder,
-        "in_dim": store.feature_dim,
-        "out_dim": 8,
-        "hidden_dim": 16,
-    }
-    model = build_model(config).eval()
-    write_link_assets(model, store, tmp_path / "link")
-    settings.setdefault("fanouts", [-1, -1])
-    serving = ServingSettings.from_yaml_section({"task": "link", **settings})
-    ego = EgoGraphs.create(store, model, serving, torch.device("cpu"))
-    return LinkEngine(ego, open_link_assets(tmp_path / "link", store), "1.0")
 
 
 def answers(engine, payloads):

@@ -13,60 +13,15 @@ from handler.errors import ApiError
 from handler.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
 from handler.sampler import NeighbourSampler
 
-from .conftest import FEATURES, make_engine, random_model
-
-
-def live_engine(store, log, model, fanouts=(-1, -1)):
-    live = LiveGraph(store, log)
-    engine = make_engine(store, model=model, fanouts=list(fanouts))
-    engine.live = live
-    engine.sampler.overlay = live.overlay
-    return engine, live
-
-
-def live_ids(live: LiveGraph) -> list:
-    overlay = live.overlay
-    ids = [overlay.external_id(n) for n in range(overlay.num_nodes) if n not in overlay.removed]
-    return [i for i in ids if overlay.lookup([i])[0] >= 0]
-
-
-def random_update(rng: random.Random, live: LiveGraph, counter: list[int]) -> list[dict]:
-    ids = live_ids(live)
-    x = [rng.uniform(-1, 1) for _ in range(FEATURES)]
-    kind = rng.choices(
-        ["add_node", "add_edge", "remove_edge", "set_features", "remove_node"], [2, 5, 2, 1, 1]
-    )[0]
-    if kind == "add_node":
-        counter[0] += 3
-        return [{"type": kind, "id": 10_000 + counter[0], "x": x}]
-    if kind == "set_features":
-        return [{"type": kind, "id": rng.choice(ids), "x": x}]
-    if kind == "remove_node":
-        return [{"type": kind, "id": rng.choice(ids)}]
-    dst = rng.choice(ids)
-    node = int(live.overlay.lookup([dst])[0])
-    sources = [live.overlay.external_id(int(s)) for s in live.overlay.in_list(node)]
-    if kind == "remove_edge" and sources:
-        return [{"type": kind, "src": rng.choice(sources), "dst": dst}]
-    candidates = [i for i in ids if i != dst and i not in sources]
-    return [{"type": "add_edge", "src": rng.choice(candidates), "dst": dst}]
-
-
-def materialized_forward(live: LiveGraph, model) -> tuple[list, torch.Tensor]:
-    """The updated graph as plain tensors, and PyG's full-graph forward on it."""
-    overlay = live.overlay
-    ids = live_ids(live)
-    nodes = overlay.lookup(ids)
-    position = {int(n): i for i, n in enumerate(nodes)}
-    x = torch.from_numpy(overlay.feature_rows(nodes))
-    src, dst = [], []
-    for node in nodes.tolist():
-        for source in overlay.in_list(node).tolist():
-            src.append(position[source])
-            dst.append(position[node])
-    edge_index = torch.tensor([src, dst], dtype=torch.int64)
-    with torch.no_grad():
-        return ids, torch.softmax(model(x, edge_index), dim=-1)
+from .conftest import (
+    FEATURES,
+    live_engine,
+    live_ids,
+    make_engine,
+    materialized_forward,
+    random_model,
+    random_update,
+)
 
 
 @pytest.mark.parametrize("arch", ["gcn", "gat"])

@@ -19,9 +19,7 @@ from graph_assets.log_lineage import update_log_path
 from handler.errors import ApiError
 from handler.live_graph import LiveGraph, UpdateRequest
 
-from .conftest import FEATURES, random_model
-from .test_gnn_handler import model_dir, started  # noqa: F401 (model_dir is a fixture)
-from .test_live_graph import live_engine, live_ids, random_update
+from .conftest import FEATURES, live_engine, live_ids, random_model, random_update, started
 
 SECRET = "update-secret-0123456789"
 
@@ -188,7 +186,7 @@ def next_version(archive: Path, store_dir: Path, out: Path) -> Path:
 
 
 def test_the_handler_of_a_compacted_archive_follows_the_lineage_log(
-    model_dir,  # noqa: F811 (the fixture imported above)
+    model_dir,
     tmp_path,
     monkeypatch,
 ):
@@ -211,7 +209,7 @@ def test_the_handler_of_a_compacted_archive_follows_the_lineage_log(
 
 
 def test_a_compacted_archive_whose_log_lost_records_refuses_to_start(
-    model_dir,  # noqa: F811 (the fixture imported above)
+    model_dir,
     int_store,
     tmp_path,
     monkeypatch,

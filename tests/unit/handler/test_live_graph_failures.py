@@ -18,7 +18,7 @@ from graph_assets.errors import UpdateLogCorrupt
 from graph_assets.update_log import UpdateLog
 from handler.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
 
-from .test_gnn_handler import model_dir, started  # noqa: F401 (model_dir is a fixture)
+from .conftest import started
 
 SECRET = "update-secret-0123456789"
 POLICY = UpdatePolicy(secret=SECRET, max_operations=100)
@@ -119,7 +119,7 @@ def test_a_record_that_cannot_be_applied_keeps_serving_and_refuses_updates(
     assert int(live.overlay.lookup([901])[0]) == -1
 
 
-def test_the_handler_reports_a_replay_failure_and_keeps_answering(model_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_the_handler_reports_a_replay_failure_and_keeps_answering(model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", SECRET)
     handler, context = started(
         model_dir,

@@ -19,8 +19,7 @@ from handler import live_graph
 from handler.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 
-from .conftest import make_engine, random_model
-from .test_gnn_handler import model_dir, started  # noqa: F401 (model_dir is a fixture)
+from .conftest import make_engine, random_model, started
 
 FOLLOWER = "gnnserve-update-follower"
 FAST = 0.001  # poll every millisecond: the follower reacts within the test's patience
@@ -63,7 +62,7 @@ def no_leaked_followers() -> Iterator[None]:
 
 
 @pytest.fixture()
-def archive(model_dir: Path) -> Path:  # noqa: F811 (the fixture imported above)
+def archive(model_dir: Path) -> Path:
     """An unpacked node archive (test_gnn_handler's)."""
     return model_dir
 

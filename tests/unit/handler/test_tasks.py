@@ -15,8 +15,7 @@ from model import build_model
 from model.graph_level import CLASSES_FILE
 from model.link_assets import LINK_DIR, write_link_assets
 
-from .conftest import MockContext, random_model
-from .test_graph_engine import NAMES, requests
+from .conftest import NAMES, MockContext, graph_requests, random_model
 
 
 def save_model(directory: Path, config: dict) -> torch.nn.Module:
@@ -78,7 +77,7 @@ def test_a_link_archive_answers_pairs_top_k_and_explanations(link_archive):
 
 def test_a_graph_archive_answers_inline_graphs_and_explanations(graph_archive):
     handler, context = start(graph_archive, 2, task="graph")
-    payload = requests(1)[0]
+    payload = graph_requests(1)[0]
     answers = handle(handler, context, [payload, payload], explain={1})
     assert [status for status, _ in answers] == [200, 200]
     assert answers[0][1]["predicted_label"] in NAMES

@@ -16,9 +16,7 @@ from handler.link_engine import LinkEngine
 from handler.node_extras import NodeExtrasEngine
 from model.link_assets import open_link_assets
 
-from .conftest import make_engine, random_model
-from .test_graph_engine import graph_engine, requests
-from .test_link_engine import link_engine
+from .conftest import graph_engine, graph_requests, link_engine, make_engine, random_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda:0")
@@ -69,5 +67,5 @@ def test_graphs_on_the_gpu():
     on_gpu = GraphEngine(
         copy.deepcopy(on_cpu.model), on_cpu.class_names, on_cpu.settings, CUDA, "1.0"
     )
-    payloads = requests(4)
+    payloads = graph_requests(4)
     assert_close(bodies(on_gpu, payloads), bodies(on_cpu, payloads), ["probabilities"])
