@@ -10,12 +10,11 @@ import pytest
 import torch
 from ts.context import RequestProcessor
 
-from handler.gnn_handler import GNNHandler
 from model import build_model
 from model.graph_level import CLASSES_FILE
 from model.link_assets import LINK_DIR, write_link_assets
 
-from .conftest import NAMES, MockContext, graph_requests, random_model
+from .conftest import NAMES, graph_requests, random_model, started
 
 
 def save_model(directory: Path, config: dict) -> torch.nn.Module:
@@ -24,14 +23,6 @@ def save_model(directory: Path, config: dict) -> torch.nn.Module:
     torch.save(model.state_dict(), directory / "model.pt")
     (directory / "model_config.json").write_text(json.dumps(config))
     return model
-
-
-def start(directory: Path, batch_size: int, **gnn) -> tuple[GNNHandler, MockContext]:
-    gnn.setdefault("graph_cache_dir", str(directory.parent / f"{directory.name}-cache"))
-    context = MockContext(directory, {"batchSize": batch_size, "gnn": gnn}, batch_size)
-    handler = GNNHandler()
-    handler.initialize(context)
-    return handler, context
 
 
 def handle(handler, context, payloads, explain=()):
@@ -59,7 +50,7 @@ def graph_archive(tmp_path: Path) -> Path:
 
 
 def test_a_link_archive_answers_pairs_top_k_and_explanations(link_archive):
-    handler, context = start(link_archive, 3, task="link", fanouts=[-1, -1])
+    handler, context = started(link_archive, 3, task="link", fanouts=[-1, -1])
     answers = handle(
         handler,
         context,
@@ -76,7 +67,7 @@ def test_a_link_archive_answers_pairs_top_k_and_explanations(link_archive):
 
 
 def test_a_graph_archive_answers_inline_graphs_and_explanations(graph_archive):
-    handler, context = start(graph_archive, 2, task="graph")
+    handler, context = started(graph_archive, 2, task="graph")
     payload = graph_requests(1)[0]
     answers = handle(handler, context, [payload, payload], explain={1})
     assert [status for status, _ in answers] == [200, 200]
@@ -95,7 +86,7 @@ def test_a_node_archive_explains_only_the_requests_marked_so(tmp_path, int_store
     torch.save(model.state_dict(), tmp_path / "model.pt")
     config = {"arch": "sage", "in_dim": 6, "out_dim": 3, "hidden_dim": 16}
     (tmp_path / "model_config.json").write_text(json.dumps(config))
-    handler, context = start(tmp_path, 3, fanouts=[-1, -1])
+    handler, context = started(tmp_path, 3, fanouts=[-1, -1])
     answers = handle(
         handler,
         context,
@@ -110,13 +101,13 @@ def test_a_node_archive_explains_only_the_requests_marked_so(tmp_path, int_store
 
 def test_weights_of_another_task_are_refused(link_archive):
     with pytest.raises(ValueError, match="task 'link'"):
-        start(link_archive, 1, task="node", fanouts=[-1, -1])
+        started(link_archive, 1, task="node", fanouts=[-1, -1])
 
 
 def test_a_link_archive_without_its_embeddings_is_refused(link_archive):
     shutil.rmtree(link_archive / LINK_DIR)
     with pytest.raises(ValueError, match="candidate embeddings"):
-        start(link_archive, 1, task="link", fanouts=[-1, -1])
+        started(link_archive, 1, task="link", fanouts=[-1, -1])
 
 
 def test_every_task_the_settings_accept_is_in_the_registry():
