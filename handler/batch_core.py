@@ -27,6 +27,7 @@ from handler.sampler import SubgraphTooLarge
 logger = logging.getLogger(__name__)
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class DeviceFailure(SystemExit):
@@ -179,13 +180,7 @@ class BatchEngine(ABC, Generic[R]):
         return self.respond(self.run(self.prepare(items)))
 
     def _parse(self, item: Any) -> R | ApiError:
-        try:
-            return self.parse(item)
-        except ApiError as error:
-            return error
-        except Exception:
-            logger.exception("unexpected error while parsing a request")
-            return InternalError("the request could not be parsed; the error is in the server log")
+        return parsed_or_error(self.parse, item)
 
     def _make_groups(self, positions: list[int], outcomes: list[R | ApiError]) -> list[Group]:
         if len(positions) > 1:
@@ -250,6 +245,18 @@ class BatchEngine(ABC, Generic[R]):
             logger.error("request %d: %s", position, error.message)
             return Response(status=error.status, body=error.body())
         return Response(status=200, body=self.body(outcome, batch.results[position]))
+
+
+def parsed_or_error(parse: Callable[[Any], T], item: Any) -> T | ApiError:
+    """``parse(item)``, or the error that request is answered with: its own ApiError, or a 500
+    (logged) for anything unexpected, so one body never fails its batch."""
+    try:
+        return parse(item)
+    except ApiError as error:
+        return error
+    except Exception:
+        logger.exception("unexpected error while parsing a request")
+        return InternalError("the request could not be parsed; the error is in the server log")
 
 
 def timed(times: StageTimes, stage: str) -> Callable[[], None]:
