@@ -74,12 +74,12 @@ $(VENV)/.bench-installed: $(VENV)/.installed pyproject.toml
 	touch $@
 
 bench: $(VENV)/.bench-installed
-	$(BIN)/python -m bench.suite --profile quick
-	$(BIN)/python -m bench.report docs/bench-results/results-quick.json
+	$(BIN)/python -m bench.experiments.suite --profile quick
+	$(BIN)/python -m bench.report.benchmarks docs/bench-results/results-quick.json
 
 bench-full: $(VENV)/.bench-installed
-	$(BIN)/python -m bench.suite --profile full
-	$(BIN)/python -m bench.report docs/bench-results/results-full.json
+	$(BIN)/python -m bench.experiments.suite --profile full
+	$(BIN)/python -m bench.report.benchmarks docs/bench-results/results-full.json
 
 # Known vulnerabilities in the installed (pinned) dependencies; needs a vulnerability database
 # (PyPI's JSON API or OSV) on the network. --strict fails when a package could not be checked,
@@ -89,7 +89,7 @@ audit: install
 
 # Demo-graph report: test accuracy per architecture and served-vs-full-graph exactness.
 demo-report: install
-	$(BIN)/python -m bench.demo_report
+	$(BIN)/python -m bench.report.demo
 
 clean:
 	rm -rf model_store .serve .mypy_cache .ruff_cache .pytest_cache

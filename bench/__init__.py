@@ -1,1 +1,1 @@
-"""Benchmarks and reports; each module runs with ``python -m bench.<name>``."""
+"""Benchmarks: harness/ (shared tools), systems/ (what is measured), experiments/, report/."""

@@ -78,8 +78,8 @@ step "4/4 in-process stage benchmark, 10M-edge graph, SAGE [10,10]"
 import sys
 from pathlib import Path
 
-from bench.artifacts import Artifacts
-from bench.microbench import benchmark
+from bench.experiments.microbench import benchmark
+from bench.harness.artifacts import Artifacts
 
 artifacts = Artifacts(Path(sys.argv[1]))
 store, model = artifacts.store("10M"), artifacts.model_dir()

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.torchserve import Serve, TorchServe
+
 from .archives import build_archive, write_small_graph
-from .server import Serve, TorchServe
 
 pytestmark = pytest.mark.integration
 

@@ -23,9 +23,10 @@ import psutil
 import requests
 import yaml
 
+from bench.harness.torchserve import TorchServe
+
 from .archives import write_small_graph
 from .fault_handler import MARKERS
-from .server import TorchServe
 
 FAULT_HANDLER = Path(__file__).with_name("fault_handler.py")
 MARKER_IDS = {fault: f"boom-{fault}" for fault in MARKERS.values()}

@@ -21,9 +21,8 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.harness.torchserve import SHIPPED_CONFIG
 from tests.strategies import raw_bodies
-
-from .server import SHIPPED_CONFIG
 
 pytestmark = pytest.mark.integration
 MAX_IDS = 16  # the session archive's --max-ids

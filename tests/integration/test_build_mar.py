@@ -153,7 +153,7 @@ def test_synthetic_archive_with_both_fanout_spellings(tmp_path, form):
         "gnn_handler.py",
         "graph/meta.json",
         "graph/features.npy",
-        "handler/engine.py",
+        "handler/tasks/node/engine.py",
         "model/architectures.py",
         "graph_assets/store.py",
     } <= names

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from bench.harness.torchserve import Serve, TorchServe
+
 from .archives import build_archive
 from .faults import (
     FAULT_HANDLER,
@@ -36,7 +38,6 @@ from .faults import (
     worker_pids,
     write_fault_graph,
 )
-from .server import Serve, TorchServe
 
 pytestmark = pytest.mark.integration
 BATCH_SIZE = 8

@@ -20,8 +20,9 @@ import psutil
 import pytest
 import requests
 
+from bench.harness.torchserve import TorchServe
+
 from .archives import ROOT, build_archive, write_small_graph
-from .server import TorchServe
 
 pytestmark = pytest.mark.integration
 SECRET = "acct_secret_marker_7f3a"

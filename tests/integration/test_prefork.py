@@ -13,7 +13,7 @@ import psutil
 import pytest
 import requests
 
-from .server import Serve, TorchServe
+from bench.harness.torchserve import Serve, TorchServe
 
 pytestmark = pytest.mark.integration
 NODES = [f"acct_{i}" for i in range(0, 120, 4)]

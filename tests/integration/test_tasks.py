@@ -16,13 +16,13 @@ import pytest
 import requests
 import torch
 
+from bench.harness.torchserve import Serve, TorchServe, largest_batches
 from graph_assets import open_store
 from graph_assets.graph_dataset import generate_graph_dataset, write_graph_dataset_csv
 from model import build_model
 from model.embedding import forward_with_embedding
 
 from .archives import build_archive, write_small_graph
-from .server import Serve, TorchServe, largest_batches
 
 pytestmark = pytest.mark.integration
 

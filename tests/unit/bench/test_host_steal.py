@@ -1,4 +1,4 @@
-"""The suite's record of CPU time the hypervisor gave to other guests."""
+"""The suite's record of CPU time the hypervisor gave to other guests (bench.harness.watch)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from bench import suite
-from bench.suite import host_steal, steal_percent
+from bench.harness import watch
+from bench.harness.watch import host_steal, steal_percent
 
 # /proc/stat's aggregate line: user nice system idle iowait irq softirq steal guest guest_nice.
 # guest and guest_nice are already counted in user and nice: they must not be summed again.
@@ -16,7 +16,7 @@ AFTER = "cpu  1600 0 700 9000 150 0 70 480 90 0\ncpu0 1 1 1 1 1 1 1 1 1 1\nintr 
 
 
 class ProcStat:
-    """Stands in for ``Path`` in bench.suite: each read of /proc/stat returns the next text."""
+    """Stands in for ``Path`` in bench.harness.watch: each /proc/stat read returns the next text."""
 
     def __init__(self, *snapshots: str) -> None:
         self.snapshots = list(snapshots)
@@ -33,7 +33,7 @@ class ProcStat:
 def proc_stat(monkeypatch: pytest.MonkeyPatch) -> Callable[..., ProcStat]:
     def feed(*snapshots: str) -> ProcStat:
         fake = ProcStat(*snapshots)
-        monkeypatch.setattr(suite, "Path", fake)
+        monkeypatch.setattr(watch, "Path", fake)
         return fake
 
     return feed

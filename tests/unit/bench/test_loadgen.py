@@ -11,8 +11,8 @@ import pytest
 
 aiohttp_web = pytest.importorskip("aiohttp.web", reason="the bench extra is not installed")
 
-from bench import loadgen  # noqa: E402
-from tests.integration.server import free_ports  # noqa: E402
+from bench.harness import loadgen  # noqa: E402
+from bench.harness.torchserve import free_ports  # noqa: E402
 
 SERVICE_S = 0.05
 

@@ -1,4 +1,4 @@
-"""``python -m bench.report``, run as ``make bench`` runs it, on the committed quick results."""
+"""``make bench``'s ``python -m bench.report.benchmarks``, on the committed quick results."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ def test_report_rewrites_the_tables_and_draws_the_plots(tmp_path):
     )
     img = tmp_path / "img"
     img.mkdir()
+    report = [sys.executable, "-m", "bench.report.benchmarks", str(RESULTS)]
     done = subprocess.run(
-        [sys.executable, "-m", "bench.report", str(RESULTS), "--doc", str(doc), "--img", str(img)],
+        [*report, "--doc", str(doc), "--img", str(img)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -56,7 +57,7 @@ def test_report_rewrites_the_tables_and_draws_the_plots(tmp_path):
 
 
 def test_the_floor_target_is_the_median_of_the_back_to_back_pairs():
-    from bench.report import floor_pair_ratios, targets
+    from bench.report.benchmarks import floor_pair_ratios, targets
 
     results = json.loads(RESULTS.read_text())
     results["load"] = [r for r in results["load"] if r.get("experiment") != "floor_pairs"]
@@ -78,7 +79,7 @@ def test_the_floor_target_is_the_median_of_the_back_to_back_pairs():
 
 
 def test_the_full_block_compares_the_systems_at_the_main_configuration():
-    from bench.report import _rate, main_rows, tables
+    from bench.report.benchmarks import _rate, main_rows, tables
 
     results = json.loads(FULL.read_text())
     body = tables(results)

@@ -1,9 +1,9 @@
 """Soak test: a real TorchServe at moderate load, good and bad requests mixed, for N minutes.
 
-    python -m bench.soak                 # 10 minutes, builds its own archive from the demo graph
-    python -m bench.soak --minutes 2 --archive model_store/gnn.mar
+    python -m bench.experiments.soak      # 10 minutes, builds its own archive from the demo graph
+    python -m bench.experiments.soak --minutes 2 --archive model_store/gnn.mar
 
-Starts its own server (tests/integration/server.py: free loopback ports, private dirs, stopped
+Starts its own server (bench/harness/torchserve.py: free loopback ports, private dirs, stopped
 by PID), paces ``--rate`` requests/s over ``--connections`` keep-alive connections, and checks
 every answer: a good request must get 200 with the same probabilities as at the start (the
 sampler is deterministic), a bad one its own 4xx. Every ``--sample-every`` seconds it records
@@ -32,9 +32,8 @@ import numpy as np
 import psutil
 import requests
 
-from tests.integration.server import TorchServe
+from bench.harness.torchserve import ROOT, TorchServe, worker_processes
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_IDS = range(2000)  # graph_assets/demo: integer IDs 0..1999
 
 
@@ -163,14 +162,8 @@ class Soak:
     def sample(self) -> dict[str, Any]:
         """RSS (MiB) and open fds of the frontend and of each worker, keyed by PID."""
         assert self.server.pid is not None
-        frontend = psutil.Process(self.server.pid)
-        processes = {"frontend": frontend}
-        for child in frontend.children(recursive=True):
-            try:
-                if any("model_service_worker.py" in part for part in child.cmdline()):
-                    processes[f"worker {child.pid}"] = child
-            except psutil.Error:
-                continue
+        processes = {"frontend": psutil.Process(self.server.pid)}
+        processes |= {f"worker {w.pid}": w for w in worker_processes(self.server)}
         sample: dict[str, Any] = {"t": time.monotonic(), "processes": {}}
         for name, process in processes.items():
             try:

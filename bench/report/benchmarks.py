@@ -1,6 +1,6 @@
 """Turns a suite result file into docs/benchmarks.md's tables and the PNG plots under docs/img/.
 
-    python -m bench.report docs/bench-results/results-quick.json
+    python -m bench.report.benchmarks docs/bench-results/results-quick.json
 
 The tables replace what stands between ``<!-- results:PROFILE:begin -->`` and
 ``<!-- results:PROFILE:end -->`` in docs/benchmarks.md (PROFILE is ``quick`` or ``full``); the
@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
-from bench.artifacts import GRAPHS, ROOT
+from bench.harness.artifacts import GRAPHS, ROOT
 
 Row = dict[str, Any]
 
@@ -230,7 +230,7 @@ def machine_line(results: Row) -> str:
     """When, with which command, on what: the block's first paragraph."""
     m = results["machine"]
     profile = results["profile"]
-    command = COMMANDS.get(profile, f"python -m bench.suite --profile {profile}")
+    command = COMMANDS.get(profile, f"python -m bench.experiments.suite --profile {profile}")
     load = ", ".join(f"{x:.2f}" for x in m["load_average_at_start"])
     steal = (
         f"; the hypervisor stole {results['steal_pct']}% of the run's CPU time"
@@ -646,7 +646,9 @@ def pss_ratio(rows: dict[int, dict[str, Any]]) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("results", type=Path, help="results-<profile>.json from bench.suite")
+    parser.add_argument(
+        "results", type=Path, help="results-<profile>.json from bench.experiments.suite"
+    )
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     parser.add_argument("--img", type=Path, default=ROOT / "docs" / "img")
     args = parser.parse_args()

@@ -13,7 +13,7 @@ the app through :func:`create_app`); ``GNNSERVE_BENCH_THREADS`` sets torch's int
 (unset: torch's default, as the seed articles leave it)::
 
     GNNSERVE_BENCH_MODE=whole|khop GNNSERVE_BENCH_STORE=DIR GNNSERVE_BENCH_MODEL=DIR \\
-        uvicorn --factory bench.baseline_app:create_app --port 8000
+        uvicorn --factory bench.systems.baseline_app:create_app --port 8000
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Quality and latency of the link, graph, embedding, cold-start and explanation requests.
 
-    python -m bench.tasks_report [--requests 200] [--explanations 30] [--out build/tasks]
+    python -m bench.report.tasks [--requests 200] [--explanations 30] [--out build/tasks]
 
 Builds, with ``build_mar.sh`` as a user would: the node archive of the demo graph (GraphSAGE,
 default fanouts 25,10), link archives of the demo graph (GraphSAGE encoder, dot and MLP
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import requests
 
-from bench.servers import torchserve
+from bench.harness.torchserve import ROOT
+from bench.systems.servers import torchserve
 from graph_assets.graph_dataset import generate_graph_dataset
 
-ROOT = Path(__file__).resolve().parents[1]
 DEMO_NODES = 2000
 FEATURES = 32
 

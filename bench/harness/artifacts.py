@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,11 +25,11 @@ from pathlib import Path
 import torch
 import yaml
 
+from bench.harness.torchserve import BIN, ROOT
 from model import build_model
 from model.config import ModelConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+ECHO_HANDLER = ROOT / "bench" / "systems" / "echo_handler.py"
 FEATURES, CLASSES = 128, 8
 
 
@@ -94,7 +93,7 @@ def code_digest() -> str:
         for package in ("graph_assets", "model", "handler", "archive_build")
         for file in sorted((ROOT / package).rglob("*.py"))
     ]
-    for file in [*files, ROOT / "bench" / "echo_handler.py", ROOT / "build_mar.sh"]:
+    for file in [*files, ECHO_HANDLER, ROOT / "build_mar.sh"]:
         digest.update(str(file.relative_to(ROOT)).encode() + file.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -204,7 +203,7 @@ class Artifacts:
             _run(
                 [
                     *(str(BIN / "torch-model-archiver"), "--model-name", name, "--version", "1.0"),
-                    *("--handler", str(ROOT / "bench" / "echo_handler.py")),
+                    *("--handler", str(ECHO_HANDLER)),
                     *("--config-file", str(config), "--export-path", str(self.archives), "--force"),
                 ],
                 self.logs / "build.log",

@@ -1,7 +1,7 @@
 """Live-update figures: update throughput, read latency under an update stream, overlay memory.
 
-``python -m bench.updates`` on a synthetic graph (default 100,000 nodes, 1M edges, 128
-features), in-process with the handler's own classes and the update log on disk (every
+``python -m bench.experiments.updates`` on a synthetic graph (default 100,000 nodes, 1M edges,
+128 features), in-process with the handler's own classes and the update log on disk (every
 acknowledged update is fsync'd):
 
 1. update throughput: single-operation requests, then 100-operation requests (operations/s);
@@ -39,9 +39,9 @@ import torch
 
 from graph_assets import GraphStore, generate_synthetic, open_store
 from graph_assets.overlay import GraphOverlay
-from handler.engine import NodeClassificationEngine
-from handler.live_graph import LiveGraph, UpdateRequest
-from handler.settings import ServingSettings
+from handler.core.settings import ServingSettings
+from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.tasks.node.engine import NodeClassificationEngine
 from model import Arch, ModelConfig, build_model
 
 
@@ -111,7 +111,9 @@ def reader(
     """One worker's engine over the log (None: the base graph alone), follower on or off."""
     live = LiveGraph(store, log, follow_interval_s=follow_ms / 1000) if log is not None else None
     settings = ServingSettings(fanouts=(10, 10))
-    engine = NodeClassificationEngine(store, model, settings, torch.device("cpu"), "1.0", live=live)
+    engine = NodeClassificationEngine.create(
+        store, model, settings, torch.device("cpu"), "1.0", live=live
+    )
     return engine, live
 
 

@@ -1,6 +1,6 @@
 """Per-architecture report on the demo graph: test accuracy and served-vs-full-graph exactness.
 
-``python -m bench.demo_report`` trains gcn, sage, gat and gin on ``graph_assets/demo``, serves
+``python -m bench.report.demo`` trains gcn, sage, gat and gin on ``graph_assets/demo``, serves
 every node through the handler's engine with full neighbourhoods (fanouts -1 per hop), in
 batches of 64 single-node requests, and prints the largest difference between a served
 probability and PyG's full-graph forward.
@@ -16,12 +16,12 @@ import numpy as np
 import torch
 
 from graph_assets import open_store, read_graph_dir, write_store
-from handler.engine import NodeClassificationEngine
-from handler.settings import ServingSettings
+from handler.core.settings import ServingSettings
+from handler.tasks.node.engine import NodeClassificationEngine
 from model import Arch, ModelConfig, build_model
 from model.train import train_node_classifier
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def main() -> None:
@@ -49,7 +49,9 @@ def main() -> None:
             with torch.no_grad():
                 expected = torch.softmax(model(x, edge_index), dim=-1)
             settings = ServingSettings(fanouts=(-1,) * config.num_layers)
-            engine = NodeClassificationEngine(store, model, settings, torch.device("cpu"), "1.0")
+            engine = NodeClassificationEngine.create(
+                store, model, settings, torch.device("cpu"), "1.0"
+            )
             served = []
             for start in range(0, len(ids), args.batch):
                 batch = [{"body": {"node_id": i}} for i in ids[start : start + args.batch]]

@@ -5,7 +5,7 @@ the handler (already-decoded JSON objects), one single-node request per seed, an
 engine's own ``StageTimes``. The feature pages are touched once before timing, as they are in
 a worker that has served for a while; timings are medians over the timed batches.
 
-    python -m bench.microbench --store STORE --model DIR --fanouts 10,10 --threads 1
+    python -m bench.experiments.microbench --store STORE --model DIR --fanouts 10,10 --threads 1
 
 On a GPU (``--device cuda``) the structure is on the GPU, as in a GPU worker, and
 ``--features`` says where the features are: ``host`` (the memory map, as served), ``pinned``
@@ -23,8 +23,9 @@ import numpy as np
 import torch
 
 from graph_assets import GraphStore, open_store
-from handler.engine import NodeClassificationEngine
-from handler.settings import ServingSettings, parse_fanouts
+from handler.core.arrays import readonly_tensor
+from handler.core.settings import ServingSettings, parse_fanouts
+from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model
 
 STAGES = ("parse", "sample", "gather", "forward", "format")
@@ -64,18 +65,29 @@ def touch_features(store: GraphStore) -> None:
 
 
 def place_features(engine: NodeClassificationEngine, place: str) -> None:
-    """Moves the engine's features (and degrees) to pinned host or GPU memory."""
+    """Gathers the engine's features (and degrees) from pinned host or GPU memory instead of
+    the memory map (``host``, what serving does): what keeping them there would gain."""
     if place == "host":
         return
     if engine.device.type != "cuda":
         raise ValueError(f"--features {place} needs --device cuda; got {engine.device}")
-    if place == "pinned":
-        engine.features = engine.features.clone().pin_memory()
-    elif place == "gpu":
-        engine.features = engine.features.to(engine.device)
-        engine.in_degree = engine.in_degree.to(engine.device)
-    else:
+    if place not in FEATURE_PLACES:
         raise ValueError(f"features must be one of {FEATURE_PLACES}; got {place!r}")
+    features, degrees = (
+        readonly_tensor(engine.store.features),
+        readonly_tensor(engine.store.in_degree),
+    )
+    if place == "pinned":
+        features = features.clone().pin_memory()
+    else:
+        features, degrees = features.to(engine.device), degrees.to(engine.device)
+
+    def gather(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.index_select(features, 0, rows.to(features.device))
+        degree = torch.index_select(degrees, 0, rows.to(degrees.device))
+        return x.to(engine.device, non_blocking=True), degree.to(engine.device, non_blocking=True)
+
+    engine.ego.gather = gather  # type: ignore[method-assign]
 
 
 def _sync(engine: NodeClassificationEngine) -> None:
@@ -157,7 +169,7 @@ def benchmark(
     touch_features(store)
     model, _ = load_model(model_dir)
     settings = ServingSettings(fanouts=fanouts, torch_threads=threads)
-    engine = NodeClassificationEngine(store, model, settings, torch.device(device), "1.0")
+    engine = NodeClassificationEngine.create(store, model, settings, torch.device(device), "1.0")
     place_features(engine, features)
     return run_engine(engine, graph, threads, batch_sizes, batches, warmup, features)
 

@@ -1,10 +1,11 @@
 """Memory of one vs two registered versions that carry the same graph.
 
-``python -m bench.version_memory`` builds two archives (1.0 sage, 2.0 gcn) from one synthetic
-graph, starts TorchServe with 1.0, reads every node's features through requests, then registers
-2.0 and does the same. After each phase it prints, per worker, the proportional set size (PSS,
-from /proc/<pid>/smaps) of the graph's memory-mapped files and of the whole process: with the
-shared graph cache, two versions hold the graph once, each worker accounting for half of it.
+``python -m bench.experiments.version_memory`` builds two archives (1.0 sage, 2.0 gcn) from one
+synthetic graph, starts TorchServe with 1.0, reads every node's features through requests, then
+registers 2.0 and does the same. After each phase it prints, per worker, the proportional set
+size (PSS, from /proc/<pid>/smaps) of the graph's memory-mapped files and of the whole process:
+with the shared graph cache, two versions hold the graph once, each worker accounting for half
+of it.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import psutil
 import requests
 
-from tests.integration.server import TorchServe
+from bench.harness.torchserve import ROOT, TorchServe, worker_processes
 
-ROOT = Path(__file__).resolve().parents[1]
 MIB = 1 << 20
 
 
@@ -45,15 +44,6 @@ def graph_and_total_pss(pid: int) -> tuple[float, float]:
     return graph * 1024 / MIB, total * 1024 / MIB
 
 
-def workers(server: TorchServe) -> list[psutil.Process]:
-    assert server.pid is not None
-    return [
-        child
-        for child in psutil.Process(server.pid).children(recursive=True)
-        if "model_service_worker" in " ".join(child.cmdline())
-    ]
-
-
 def touch_every_node(server: TorchServe, version: str, nodes: int) -> None:
     url = f"{server.inference_url}/predictions/gnn/{version}"
     session = requests.Session()
@@ -66,7 +56,7 @@ def touch_every_node(server: TorchServe, version: str, nodes: int) -> None:
 
 
 def report(phase: str, server: TorchServe) -> None:
-    rows = [graph_and_total_pss(worker.pid) for worker in workers(server)]
+    rows = [graph_and_total_pss(worker.pid) for worker in worker_processes(server)]
     graph = sum(row[0] for row in rows)
     total = sum(row[1] for row in rows)
     per_worker = ", ".join(f"{g:.0f}/{t:.0f}" for g, t in rows)

@@ -1,4 +1,5 @@
-"""Starts and stops a real TorchServe for tests: free loopback ports, private dirs, stop by PID."""
+"""A real TorchServe for the integration tests and the benchmarks: free loopback ports, private
+dirs, stopped by PID; and what they ask of a started one (workers, their PIDs, its graph)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,12 @@ from typing import Protocol
 import psutil
 import requests
 
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-SHIPPED_CONFIG = Path(__file__).resolve().parents[2] / "config.properties"
-PREFORK_HOOK = Path(__file__).resolve().parents[2] / "prefork"
+SHIPPED_CONFIG = ROOT / "config.properties"
+PREFORK_HOOK = ROOT / "prefork"
+WORKER_SCRIPT = "model_service_worker.py"
+ZYGOTE_MODULE = "gnnserve_prefork.zygote"
 
 
 LARGEST_BATCH = re.compile(
@@ -31,11 +35,12 @@ LARGEST_BATCH = re.compile(
 
 
 def largest_batches(log_text: str) -> list[int]:
-    """The largest batch of each batch summary the handler logged (handler.batch_metrics)."""
+    """The largest batch of each batch summary the handler logged (handler.core.metrics)."""
     return [int(size) for size in LARGEST_BATCH.findall(log_text)]
 
 
 def free_ports(count: int) -> list[int]:
+    """``count`` loopback ports free right now, all bound at once so that no two are the same."""
     sockets = [socket.socket() for _ in range(count)]
     try:
         for s in sockets:
@@ -245,3 +250,74 @@ class Serve(Protocol):
         env: Mapping[str, str] | None = ...,
         prefork: bool = ...,
     ) -> AbstractContextManager[TorchServe]: ...
+
+
+def worker_processes(server: TorchServe) -> list[psutil.Process]:
+    """The frontend's children that run TorchServe's Python worker: plain workers, or pre-fork
+    launchers. One that exits while it is looked at is left out."""
+    assert server.pid is not None
+    processes = []
+    for child in psutil.Process(server.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if any(WORKER_SCRIPT in part for part in child.cmdline()):
+                processes.append(child)
+    return processes
+
+
+def worker_pids(server: TorchServe) -> list[int]:
+    """PIDs of every Python process that makes up this server's workers: the frontend's worker
+    children (:func:`worker_processes`) and, with pre-forking, the zygote and the workers forked
+    from it (they share its command line)."""
+    if server.pid is None:
+        return []
+    pids = [process.pid for process in worker_processes(server)]
+    zygote_args = f"{ZYGOTE_MODULE} --frontend-pid {server.pid}"
+    for process in psutil.process_iter(["cmdline"]):
+        if zygote_args in " ".join(process.info["cmdline"] or []):
+            pids.append(process.pid)
+    return sorted(set(pids))
+
+
+def model_worker_pids(server: TorchServe, model: str) -> list[int]:
+    """PIDs of one model's workers, as TorchServe's describe API lists them."""
+    described = requests.get(
+        f"{server.management_url}/models/{model}", headers=server.auth("management"), timeout=10
+    ).json()
+    return [int(w["pid"]) for entry in described for w in entry.get("workers", []) if w.get("pid")]
+
+
+def scale_workers(server: TorchServe, model: str, workers: int) -> None:
+    """Sets a model's workers to exactly ``workers`` and waits until they are up."""
+    response = requests.put(
+        f"{server.management_url}/models/{model}",
+        params={"min_worker": str(workers), "max_worker": str(workers), "synchronous": "true"},
+        headers=server.auth("management"),
+        timeout=600,
+    )
+    response.raise_for_status()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        described = requests.get(
+            f"{server.management_url}/models/{model}",
+            headers=server.auth("management"),
+            timeout=10,
+        ).json()
+        states = [w["status"] for entry in described for w in entry.get("workers", [])]
+        if len(states) == workers and all(s == "READY" for s in states):
+            return
+        time.sleep(1)
+    raise TimeoutError(f"{model}: {workers} workers not READY after 600 s")
+
+
+def graph_checksum(server: TorchServe, model: str) -> str:
+    """The checksum of the graph a model serves (from the handler's ``describe_handle``)."""
+    described = requests.get(
+        f"{server.management_url}/models/{model}",
+        params={"customized": "true"},
+        headers=server.auth("management"),
+        timeout=10,
+    ).json()
+    custom = described[0]["customizedMetadata"]
+    if isinstance(custom, str):
+        custom = json.loads(custom)
+    return str(custom["graph"]["checksum"])

@@ -5,7 +5,8 @@ commit's, the folder archive copied with the code directories replaced from ``gi
 reporting throughput and the CPU time of each model's workers and of the frontend per request.
 Medians over ``--rounds``; the first model is the reference for the ratio column.
 
-    python -m bench.ab_handlers --store DIR echo=echo_b16_d5.mar before=gnn_before after=gnn_after
+    python -m bench.experiments.ab_handlers --store DIR \\
+        echo=echo_b16_d5.mar before=gnn_before after=gnn_after
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench import loadgen, servers
-from bench.artifacts import GRAPHS, ROOT
-from bench.suite import CpuWatch, bodies
+from bench.experiments.suite import bodies
+from bench.harness import loadgen
+from bench.harness.artifacts import GRAPHS, ROOT
+from bench.harness.watch import CpuWatch
+from bench.systems import servers
 
 
 def main() -> None:

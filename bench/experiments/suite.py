@@ -1,14 +1,14 @@
 """The benchmark suite: every system and baseline started and measured in one run.
 
-    python -m bench.suite --profile quick   # `make bench`, under 10 minutes
-    python -m bench.suite --profile full    # `make bench-full`
+    python -m bench.experiments.suite --profile quick   # `make bench`, under 10 minutes
+    python -m bench.experiments.suite --profile full    # `make bench-full`
 
 Experiments, in order: the in-process stage micro-benchmark; the serving floor (an echo archive
 and our archive at several batch sizes, in one TorchServe, then the two back to back in pairs for
 the floor target); latency and throughput per graph size
 and fanouts; worker memory (total PSS) with 1, 2 and 4 workers; the FastAPI baselines (the seed
 articles' whole-graph forward, and ``k_hop_subgraph``). Results go to one JSON file that
-``python -m bench.report`` turns into docs/benchmarks.md's tables and plots.
+``python -m bench.report.benchmarks`` turns into docs/benchmarks.md's tables and plots.
 """
 
 from __future__ import annotations
@@ -27,41 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import loadgen, microbench, servers
-from bench.artifacts import GRAPHS, ROOT, ArchiveSpec, Artifacts
+from bench.experiments import microbench
+from bench.harness import loadgen
+from bench.harness.artifacts import GRAPHS, ROOT, ArchiveSpec, Artifacts
+from bench.harness.torchserve import TorchServe, graph_checksum, scale_workers, worker_pids
+from bench.harness.watch import CpuWatch, host_steal, memory_of, steal_percent
+from bench.systems import servers
 
 LEVELS = (1, 8, 32, 128)
 CORES = os.cpu_count() or 1
 _CDF_POINTS = np.linspace(0, 100, 201)
-
-
-@dataclass(frozen=True)
-class CpuWatch:
-    """A model's worker processes and the frontend, whose CPU time a level accounts for."""
-
-    workers: list[int]
-    frontend: int
-
-    @classmethod
-    def of(cls, server: servers.TorchServe, model: str) -> CpuWatch:
-        assert server.pid is not None
-        return cls(servers.model_worker_pids(server, model), server.pid)
-
-    def read(self) -> tuple[float, float]:
-        return servers.cpu_seconds(self.workers), servers.cpu_seconds([self.frontend])
-
-
-def host_steal() -> tuple[int, int]:
-    """(steal, all) CPU ticks of this VM since boot, from /proc/stat: steal is time the
-    hypervisor ran other guests while ours wanted the CPU, the drift this page's caveat is about."""
-    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return ticks[7], sum(ticks)
-
-
-def steal_percent(before: tuple[int, int]) -> float:
-    """Share of the CPU ticks since ``before`` that the hypervisor stole, in percent."""
-    steal, total = host_steal()
-    return round(100 * (steal - before[0]) / max(total - before[1], 1), 1)
 
 
 @dataclass(frozen=True)
@@ -288,7 +263,7 @@ class Suite:
             # One worker per core for both: the worker no longer idles while the frontend
             # hands it the next batch (TorchServe's own default is one worker per core).
             for model in ("echo", main_name):
-                servers.scale_workers(server, model, CORES)
+                scale_workers(server, model, CORES)
             per_core: list[tuple[str, str, loadgen.Target, dict[str, Any]]] = [
                 ("echo", "echo", echo_target, {}),
                 ("gnnserve", main_name, targets[specs[0]], {"fanouts": [10, 10], "threads": 1}),
@@ -298,7 +273,7 @@ class Suite:
                 labels |= {"graph": "1M", "batch": batch, "delay": delay, "workers": CORES}
                 self.level(system, target, 32, CpuWatch.of(server, model), **labels)
             for model in ("echo", main_name):
-                servers.scale_workers(server, model, 1)
+                scale_workers(server, model, 1)
             # Open loop at 60% of our peak: latency from the scheduled send time.
             rate = round(0.6 * peak, -1)
             main = f"{server.inference_url}/predictions/{specs[0].name}"
@@ -378,15 +353,15 @@ class Suite:
             auth = server.auth("inference")
             url = f"{server.inference_url}/predictions/gnn"
             for workers in (1, 2, 4):
-                servers.scale_workers(server, "gnn", workers)
-                pids = servers.worker_pids(server)
-                idle = servers.memory_of(pids)
+                scale_workers(server, "gnn", workers)
+                pids = worker_pids(server)
+                idle = memory_of(pids)
                 # Requests of 1024 random seeds touch ~100K feature rows each, so every worker
                 # maps nearly all feature pages: the case where copies per worker would show.
                 count = self.profile.memory_requests_per_worker * workers
                 target = loadgen.Target(url, list_bodies(graph.nodes, count, 1024), auth)
                 result = loadgen.closed_loop(target, 2 * workers, 300, count, timeout_s=300)
-                loaded = servers.memory_of(servers.worker_pids(server))
+                loaded = memory_of(worker_pids(server))
                 row = {
                     "mode": mode,
                     "workers": workers,
@@ -432,9 +407,9 @@ class Suite:
                     }
                     self.level(f"fastapi-{mode}", target, concurrency, **labels)
 
-    def _check_graph(self, server: servers.TorchServe, model: str, graph: str) -> None:
+    def _check_graph(self, server: TorchServe, model: str, graph: str) -> None:
         """The archive serves the very graph the baselines load (same synthetic seed)."""
-        served, local = servers.graph_checksum(server, model), self.artifacts.checksum(graph)
+        served, local = graph_checksum(server, model), self.artifacts.checksum(graph)
         self.results["checks"].append({"model": model, "served": served, "local": local})
         if served != local:
             raise RuntimeError(f"{model} serves graph {served}, the baselines load {local}")

@@ -1,0 +1,1 @@
+"""One experiment per module, each run with ``python -m bench.experiments.<name>``."""

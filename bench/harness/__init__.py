@@ -1,0 +1,1 @@
+"""What every experiment uses: the load generator, the TorchServe harness, CPU watching, builds."""

@@ -1,0 +1,1 @@
+"""The systems under test and the baselines, and how each one is started."""
