@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from handler.settings import (
+from handler.core.settings import (
     TASKS,
     ServingSettings,
     check_explain_budget,

@@ -96,7 +96,7 @@ def _removed_ids(overlay: GraphOverlay) -> np.ndarray:
 
 def _external_keys(overlay: GraphOverlay, nodes: np.ndarray) -> np.ndarray:
     base = overlay.base
-    values = [overlay.external_id(int(n)) for n in nodes]
+    values = overlay.external_ids(np.asarray(nodes, dtype=np.int64))
     if base.id_kind == "int":
         return np.array(values, dtype=np.int64)
     return np.array([str(v).encode("utf-8") for v in values], dtype=np.bytes_)

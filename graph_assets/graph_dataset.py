@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from graph_assets.errors import GraphInputError, StoreError
 from graph_assets.reader import _features, _find, _labels, _read_table, _require_columns
-from graph_assets.store import sha256_file
+from graph_assets.store import open_recorded_array, sha256_file
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -283,13 +283,10 @@ def open_graph_dataset(path: Path) -> GraphDataset:
     meta = json.loads(meta_path.read_text())
     if meta.get("kind") != "graph_dataset" or meta.get("format_version") != FORMAT_VERSION:
         raise StoreError(f"{meta_path}: not a graph dataset of format version {FORMAT_VERSION}")
-    arrays = {}
-    for name in ARRAY_FILES:
-        array = np.load(path / name, mmap_mode="r", allow_pickle=False)
-        entry = meta["files"][name]
-        if array.dtype.str != entry["dtype"] or list(array.shape) != entry["shape"]:
-            raise StoreError(f"{path / name} does not match {meta_path}; rebuild the dataset")
-        arrays[name] = array
+    rebuild = "rebuild the dataset with `python -m graph_assets graphs --dataset DIR --out DSET`"
+    arrays = {
+        name: open_recorded_array(path / name, meta["files"][name], rebuild) for name in ARRAY_FILES
+    }
     return GraphDataset(
         x=arrays["x.npy"],
         node_ptr=arrays["node_ptr.npy"],

@@ -73,7 +73,7 @@ class GraphOverlay:
         self.new_labels: list[int] = []
         self._new_index: dict[int | bytes, int] = {}
         self.removed: set[int] = set()
-        self.features: dict[int, np.ndarray] = {}
+        self.changed_rows: dict[int, np.ndarray] = {}  # feature rows set by updates
         self.in_lists: dict[int, np.ndarray] = {}
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
         # Plain ndarray views of the base's memory maps (no copy): numpy.memmap indexes through
@@ -185,7 +185,7 @@ class GraphOverlay:
         indices = np.concatenate(lists) if lists else np.empty(0, dtype=np.int64)
         return InEdges(indptr=indptr, indices=indices.astype(np.int64))
 
-    def in_degree(self, nodes: np.ndarray) -> np.ndarray:
+    def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
         """Current in-degrees of ``nodes`` (base degrees unless the node is dirty or new)."""
         clean = nodes < self.base.num_nodes
         degree = np.zeros(len(nodes), dtype=np.int64)
@@ -200,17 +200,26 @@ class GraphOverlay:
         base_rows = np.minimum(nodes, self.base.num_nodes - 1)
         # np.take, not fancy indexing: half the time for a sampled subgraph's rows (a copy).
         rows = np.take(self._features, base_rows, axis=0).astype(np.float32, copy=False)
-        if self.features:
+        if self.changed_rows:
             for position, node in enumerate(nodes.tolist()):
-                replaced = self.features.get(node)
+                replaced = self.changed_rows.get(node)
                 if replaced is not None:
                     rows[position] = replaced
         return rows
 
-    def external_id(self, node: int) -> int | str:
-        if node >= self.base.num_nodes:
-            return self.new_ids[node - self.base.num_nodes]
-        return self.base.external_ids(np.array([node]))[0]
+    def external_ids(self, nodes: np.ndarray) -> list[int | str]:
+        """External IDs of internal ``nodes``, nodes added by updates included."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        base = self.base.num_nodes
+        if not self.new_ids or nodes.size == 0 or nodes.max() < base:
+            return self.base.external_ids(nodes)
+        ids: list[int | str] = [0] * len(nodes)
+        old = np.flatnonzero(nodes < base)
+        for position, node_id in zip(old.tolist(), self.base.external_ids(nodes[old]), strict=True):
+            ids[position] = node_id
+        for position in np.flatnonzero(nodes >= base).tolist():
+            ids[position] = self.new_ids[int(nodes[position]) - base]
+        return ids
 
     # -- applying operations -------------------------------------------------------------
 
@@ -301,13 +310,13 @@ class GraphOverlay:
         self.new_ids.append(key.decode("utf-8") if isinstance(key, bytes) else key)
         self.new_labels.append(label)
         self._new_index[key] = node
-        self.features[node] = vector
+        self.changed_rows[node] = vector
 
         def forget() -> None:
             self.new_ids.pop()
             self.new_labels.pop()
             del self._new_index[key]
-            self.features.pop(node, None)
+            self.changed_rows.pop(node, None)
             self.in_lists.pop(node, None)
 
         undo.append(forget)
@@ -360,14 +369,14 @@ class GraphOverlay:
         undo.append(restore)
 
     def _set_row(self, node: int, vector: np.ndarray, undo: list[Callable[[], None]]) -> None:
-        previous = self.features.get(node)
-        self.features[node] = vector
+        previous = self.changed_rows.get(node)
+        self.changed_rows[node] = vector
 
         def restore() -> None:
             if previous is None:
-                self.features.pop(node, None)
+                self.changed_rows.pop(node, None)
             else:
-                self.features[node] = previous
+                self.changed_rows[node] = previous
 
         undo.append(restore)
 

@@ -1,7 +1,8 @@
 """The TorchServe handler: picks the device, loads graph and weights, maps results to statuses.
 
-Thin on purpose: parsing, sampling and inference live in ``handler.engine`` and below, which do
-not import TorchServe.
+Thin on purpose: each request is decoded once at the edge (``handler.protocol``), the archive's
+task (``handler.tasks``) parses, samples and infers, and nothing below this module and
+``handler.worker_socket`` imports TorchServe.
 """
 
 from __future__ import annotations
@@ -20,32 +21,21 @@ from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
 from graph_assets import GraphStore, open_store, share_store
-from handler.batch_core import Response, StageTimes
-from handler.batch_metrics import GAUGES, BatchMetrics
-from handler.engine import NodeClassificationEngine
-from handler.graph_engine import GraphEngine
-from handler.json_body import encode_body
-from handler.link_engine import LinkEngine
-from handler.live_graph import (
-    UPDATE_KEY_HEADER,
-    LiveGraph,
-    answer_update,
-    update_body,
-)
-from handler.settings import ServingSettings, worker_settings
-from handler.task_registry import Archive, start_task
-from handler.tasks import (
-    RoutedBatch,
-    RoutedResult,
-    Router,
-    describe,
-)
+from handler.core.batch import Response, StageTimes
+from handler.core.metrics import GAUGES, BatchMetrics
+from handler.core.router import RoutedBatch, RoutedResult, Router
+from handler.core.settings import ServingSettings, worker_settings
+from handler.live.live_graph import UPDATE_KEY_HEADER, LiveGraph, answer_update, update_body
+from handler.protocol.body import as_request
+from handler.protocol.json_body import encode_body
+from handler.tasks.registry import describe, start_task
+from handler.tasks.spec import Archive, StartedTask
 from handler.worker_socket import buffer_frontend_reads
 
 logger = logging.getLogger(__name__)
 
 # TorchServe's worker logs this on its root logger for every batch; the batch summary
-# (handler.batch_metrics) replaces it at a fraction of the cost (~6% of a busy worker).
+# (handler.core.metrics) replaces it at a fraction of the cost (~6% of a busy worker).
 TORCHSERVE_BATCH_LINE = "Backend received inference at: %d"
 GRAPH_CACHE = "gnnserve-graph-cache"
 _GAUGE = MetricTypes.GAUGE
@@ -63,9 +53,10 @@ class GNNHandler(BaseHandler):
 
     def __init__(self) -> None:
         super().__init__()
-        # The task's main engine, and the router that also sends embedding, cold-start and
-        # explanation requests to their engines (handler.tasks).
-        self.engine: NodeClassificationEngine | LinkEngine | GraphEngine | None = None
+        # The started task: its prediction engine, and the router that also sends embedding,
+        # cold-start and explanation requests to their engines (handler.tasks).
+        self.task: StartedTask | None = None
+        self.engine: Any = None
         self.router: Router | None = None
         self.live: LiveGraph | None = None
         self.batch_metrics = BatchMetrics(ServingSettings().metrics_interval_s)
@@ -98,7 +89,7 @@ class GNNHandler(BaseHandler):
             model_name=context.model_name,
         )
         task = start_task(archive, open_graph=lambda: _open_graph(archive))
-        self.engine, self.router = task.engine, task.router
+        self.task, self.engine, self.router = task, task.engine, task.router
         self.live, self.update_policy = task.live, task.update_policy
         self.context = context
         self.initialized = True
@@ -139,7 +130,8 @@ class GNNHandler(BaseHandler):
         request alone and samples one ego-graph for the batch's seeds."""
         self._updates: dict[int, Response] = {}
         predictions = []
-        for index, item in enumerate(data):
+        for index, raw in enumerate(data):
+            item = as_request(raw)  # decoded here once, for the update path and the task alike
             body = update_body(item)
             if body is None:
                 predictions.append(item)
@@ -175,7 +167,7 @@ class GNNHandler(BaseHandler):
 
     def _report(self, times: StageTimes, responses: list[Response]) -> None:
         """Batch figures as custom metrics (on TorchServe's Prometheus endpoint) and one log
-        line, summed over ``metrics_interval_s`` (handler.batch_metrics says why)."""
+        line, summed over ``metrics_interval_s`` (handler.core.metrics says why)."""
         errors = sum(1 for response in responses if response.status >= 400)
         summary = self.batch_metrics.add(times, errors)
         if summary is None:
@@ -215,12 +207,9 @@ class GNNHandler(BaseHandler):
 
     def describe_handle(self) -> str:
         """Answers the management API's ``GET /models/{name}?customized=true``."""
-        return json.dumps(describe(self._engine()))
-
-    def _engine(self) -> NodeClassificationEngine | LinkEngine | GraphEngine:
-        if self.engine is None:
+        if self.task is None:
             raise RuntimeError("the handler was not initialized")
-        return self.engine
+        return json.dumps(describe(self.task))
 
     def _router(self) -> Router:
         if self.router is None:

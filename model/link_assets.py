@@ -24,10 +24,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph_assets.store import GraphStore, index_dtype, sha256_file
+from graph_assets.errors import StoreError
+from graph_assets.store import GraphStore, index_dtype, open_recorded_array, sha256_file
 from model.link import LinkPredictor
 
 LINK_DIR = "link"
+_REBUILD = "rebuild the archive with ./build_mar.sh --task link"
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 ARRAY_FILES = ("embeddings.npy", "out_indices.npy", "out_indptr.npy")
@@ -98,43 +100,34 @@ def write_link_assets(model: LinkPredictor, store: GraphStore, out_dir: Path) ->
 
 
 def open_link_assets(path: Path, store: GraphStore, verify_checksum: bool = True) -> LinkAssets:
-    """Opens and checks ``path`` against the graph it was built from; ValueError if off."""
+    """Opens and checks ``path`` against the graph it was built from; StoreError if off."""
     path = Path(path)
     meta_path = path / META_FILE
     if not meta_path.is_file():
-        raise ValueError(
+        raise StoreError(
             f"{meta_path} is missing: a link archive carries {LINK_DIR}/ with the candidate "
             "embeddings; rebuild it with ./build_mar.sh --task link"
         )
     meta = json.loads(meta_path.read_text())
     if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(
+        raise StoreError(
             f"{meta_path}: format_version {meta.get('format_version')!r}, this gnnserve reads "
             f"{FORMAT_VERSION}; rebuild the archive"
         )
     if meta.get("graph_checksum") != store.checksum:
-        raise ValueError(
+        raise StoreError(
             f"{meta_path}: the embeddings were computed from graph {meta.get('graph_checksum')}, "
             f"the archive's graph is {store.checksum}; rebuild the archive so they match"
         )
-    arrays = {}
-    for name in ARRAY_FILES:
-        entry = meta["files"][name]
-        file = path / name
-        if verify_checksum and sha256_file(file) != entry["sha256"]:
-            raise ValueError(f"{file}: sha256 differs from {meta_path}; the file is corrupt")
-        array = np.load(file, mmap_mode="r", allow_pickle=False)
-        if array.dtype.str != entry["dtype"] or list(array.shape) != entry["shape"]:
-            raise ValueError(
-                f"{file} holds {array.dtype.str} {list(array.shape)}, {meta_path} says "
-                f"{entry['dtype']} {entry['shape']}"
-            )
-        arrays[name] = array
+    arrays = {
+        name: open_recorded_array(path / name, meta["files"][name], _REBUILD, verify_checksum)
+        for name in ARRAY_FILES
+    }
     n = store.num_nodes
     if arrays["embeddings.npy"].shape[0] != n or arrays["out_indptr.npy"].shape != (n + 1,):
-        raise ValueError(f"{path}: the arrays are not sized for the graph's {n} nodes")
+        raise StoreError(f"{path}: the arrays are not sized for the graph's {n} nodes")
     if arrays["out_indices.npy"].shape != (store.num_edges,):
-        raise ValueError(
+        raise StoreError(
             f"{path}: out_indices.npy does not hold the graph's {store.num_edges} edges"
         )
     return LinkAssets(

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from archive_build.archive_config import main as write_archive_config
-from handler.settings import ServingSettings
+from handler.core.settings import ServingSettings
 
 
 def written(tmp_path, *options: str) -> tuple[int, dict | None]:

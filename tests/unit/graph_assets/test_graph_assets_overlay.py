@@ -13,7 +13,8 @@ from graph_assets.overlay import GraphOverlay, Rejection, UpdateRejected
 
 FEATURES = 4
 
-# The status each kind of rejection gets (handler/error_table.py; test_error_table.py checks it).
+# The status each kind of rejection gets (handler/protocol/error_table.py; test_error_table.py
+# checks it).
 KIND = {
     400: Rejection.INVALID,
     404: Rejection.MISSING,
@@ -106,9 +107,9 @@ def check_equal(overlay: GraphOverlay, reference: Reference) -> None:
     for node_id, features in reference.nodes.items():
         node = int(overlay.lookup([node_id])[0])
         assert node >= 0
-        in_ids = {overlay.external_id(int(s)) for s in overlay.in_list(node)}
+        in_ids = set(overlay.external_ids(overlay.in_list(node)))
         assert in_ids == reference.in_neighbours(node_id), node_id
-        assert overlay.in_degree(np.array([node]))[0] == len(in_ids)
+        assert overlay.degree_rows(np.array([node]))[0] == len(in_ids)
         assert np.allclose(overlay.feature_rows(np.array([node]))[0], features)
 
 

@@ -16,13 +16,13 @@ from ts.context import Context, RequestProcessor
 
 from graph_assets import GraphStore, open_store, read_graph_dir, write_store
 from graph_assets.graph_dataset import generate_graph_dataset
-from handler.ego import EgoGraphs
-from handler.engine import NodeClassificationEngine
+from handler.core.ego import EgoGraphs
+from handler.core.settings import ServingSettings
 from handler.gnn_handler import GNNHandler
-from handler.graph_engine import GraphEngine
-from handler.link_engine import LinkEngine
-from handler.live_graph import LiveGraph
-from handler.settings import ServingSettings
+from handler.live.live_graph import LiveGraph
+from handler.tasks.graph.engine import GraphEngine
+from handler.tasks.link.engine import LinkEngine
+from handler.tasks.node.engine import NodeClassificationEngine
 from model import build_model
 from model.config import ModelConfig
 from model.link_assets import open_link_assets, write_link_assets
@@ -80,16 +80,16 @@ def random_model(
 
 
 def make_engine(
-    store: GraphStore, arch: str = "sage", model: torch.nn.Module | None = None, **settings: Any
+    store: GraphStore,
+    arch: str = "sage",
+    model: torch.nn.Module | None = None,
+    live: LiveGraph | None = None,
+    **settings: Any,
 ) -> NodeClassificationEngine:
     settings.setdefault("fanouts", [-1, -1])
-    return NodeClassificationEngine(
-        store,
-        model if model is not None else random_model(store, arch, len(settings["fanouts"])),
-        ServingSettings.from_yaml_section(settings),
-        torch.device("cpu"),
-        model_version="1.0",
-    )
+    model = model if model is not None else random_model(store, arch, len(settings["fanouts"]))
+    serving = ServingSettings.from_yaml_section(settings)
+    return NodeClassificationEngine.create(store, model, serving, torch.device("cpu"), "1.0", live)
 
 
 class MockMetrics:
@@ -162,15 +162,13 @@ def link_engine(store, tmp_path, arch="sage", decoder="dot", **settings) -> Link
 
 def live_engine(store, log, model, fanouts=(-1, -1)):
     live = LiveGraph(store, log)
-    engine = make_engine(store, model=model, fanouts=list(fanouts))
-    engine.live = live
-    engine.sampler.overlay = live.overlay
-    return engine, live
+    return make_engine(store, model=model, live=live, fanouts=list(fanouts)), live
 
 
 def live_ids(live: LiveGraph) -> list:
     overlay = live.overlay
-    ids = [overlay.external_id(n) for n in range(overlay.num_nodes) if n not in overlay.removed]
+    kept = [n for n in range(overlay.num_nodes) if n not in overlay.removed]
+    ids = overlay.external_ids(np.array(kept, dtype=np.int64))
     return [i for i in ids if overlay.lookup([i])[0] >= 0]
 
 
@@ -189,7 +187,7 @@ def random_update(rng: random.Random, live: LiveGraph, counter: list[int]) -> li
         return [{"type": kind, "id": rng.choice(ids)}]
     dst = rng.choice(ids)
     node = int(live.overlay.lookup([dst])[0])
-    sources = [live.overlay.external_id(int(s)) for s in live.overlay.in_list(node)]
+    sources = live.overlay.external_ids(live.overlay.in_list(node))
     if kind == "remove_edge" and sources:
         return [{"type": kind, "src": rng.choice(sources), "dst": dst}]
     candidates = [i for i in ids if i != dst and i not in sources]

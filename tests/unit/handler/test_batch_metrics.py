@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from handler.batch_core import StageTimes
-from handler.batch_metrics import GAUGES, BatchMetrics
+from handler.core.batch import StageTimes
+from handler.core.metrics import GAUGES, BatchMetrics
 
 
 class Clock:

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from handler.engine import NodeClassificationEngine
+from handler.core.batch import apply_threads
+from handler.core.ego import EgoGraphs
+from handler.core.settings import ServingSettings
+from handler.tasks.node.engine import NodeClassificationEngine
 
 from .conftest import make_engine, random_model
 
@@ -55,11 +58,14 @@ def test_full_fanouts_equal_full_graph_forward(int_store, arch, num_layers):
     assert [r.body["predicted_class"] for r in responses[:-1]] == expected.argmax(1).tolist()
 
 
-def test_gcn_needs_full_graph_degrees(int_store):
+def test_gcn_needs_full_graph_degrees(int_store, monkeypatch):
     """The exactness test has teeth: subgraph degrees would give different GCN answers."""
     model = random_model(int_store, "gcn")
     engine = make_engine(int_store, model=model)
-    engine.in_degree = torch.zeros_like(engine.in_degree)  # pretend every node had no edges
+    # pretend every node had no edges
+    monkeypatch.setattr(
+        type(engine.store), "degree_rows", lambda _, nodes: np.zeros(len(nodes), dtype=np.int64)
+    )
     expected = full_graph_probabilities(int_store, model)
     responses = served(engine, [{"node_id": 0}])
     assert (torch.tensor(responses[0].body["probabilities"]) - expected[0]).abs().max() > 1e-4
@@ -203,9 +209,9 @@ def test_form_encoded_body_gets_a_content_type_hint(int_store):
 def test_cuda_engine_answers_like_the_cpu_engine(int_store):
     model = random_model(int_store, "gat")
     on_cpu = make_engine(int_store, model=model, fanouts=[4, 3])
-    on_gpu = NodeClassificationEngine(
-        int_store, random_model(int_store, "gat"), on_cpu.settings, torch.device("cuda:0"), "1.0"
-    )
+    gpu = torch.device("cuda:0")
+    ego = EgoGraphs.create(int_store, random_model(int_store, "gat"), on_cpu.settings, gpu)
+    on_gpu = NodeClassificationEngine(ego, "1.0")
     on_gpu.model.load_state_dict(model.state_dict())
     payloads = [{"node_id": i} for i in range(0, 90, 3)]
     assert_same_answers(
@@ -213,13 +219,13 @@ def test_cuda_engine_answers_like_the_cpu_engine(int_store):
     )
 
 
-def test_engine_sets_the_workers_torch_threads(int_store):
+def test_a_task_sets_the_workers_torch_threads():
     before = torch.get_num_threads()
     try:
-        make_engine(int_store, torch_threads=1)
+        apply_threads(ServingSettings.from_yaml_section({"torch_threads": 1}))
         assert torch.get_num_threads() == 1
         torch.set_num_threads(2)
-        make_engine(int_store, torch_threads=0)  # 0 leaves torch's own setting alone
+        apply_threads(ServingSettings.from_yaml_section({"torch_threads": 0}))  # 0: torch's own
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
@@ -231,13 +237,11 @@ def test_cuda_full_fanouts_equal_full_graph_forward(int_store, arch):
     """Exactness on a GPU worker: sampled on the GPU, features gathered from the host."""
     model = random_model(int_store, arch)
     expected = full_graph_probabilities(int_store, model)
-    engine = NodeClassificationEngine(
-        int_store,
-        random_model(int_store, arch),
-        make_engine(int_store, model=model).settings,
-        torch.device("cuda:0"),
-        "1.0",
+    settings = make_engine(int_store, model=model).settings
+    ego = EgoGraphs.create(
+        int_store, random_model(int_store, arch), settings, torch.device("cuda:0")
     )
+    engine = NodeClassificationEngine(ego, "1.0")
     engine.model.load_state_dict(model.state_dict())
     ids = int_store.external_ids(np.arange(int_store.num_nodes))
     responses = served(engine, [{"node_id": i} for i in ids])
@@ -250,7 +254,7 @@ def test_trimming_layers_to_needed_rows_keeps_the_seed_answers(int_store, arch):
     model = random_model(int_store, arch, num_layers=3)
     engine = make_engine(int_store, model=model, fanouts=[4, 3, 2])
     sub = engine.sampler.sample(torch.arange(0, 30))
-    x, degree = engine._gather(sub.node)
+    x, degree = engine.ego.gather(sub.node)
     with torch.no_grad():
         full = model(x, sub.edge_index, degree=degree)
         trimmed = model(x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes)

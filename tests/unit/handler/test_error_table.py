@@ -8,8 +8,8 @@ import pytest
 
 from graph_assets.errors import UpdateLogWriteFailed
 from graph_assets.overlay import Rejection, UpdateRejected
-from handler.error_table import api_error, internal_error
-from handler.sampler import SubgraphTooLarge
+from handler.core.sampler import SubgraphTooLarge
+from handler.protocol.error_table import api_error, internal_error
 
 
 @pytest.mark.parametrize(

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from handler.ego import EgoGraphs
-from handler.explain import ExplainEngine, integrated_gradients, summarize
-from handler.settings import ServingSettings
-from handler.tasks import node_router
+from handler.core.explain import ExplainEngine, integrated_gradients, summarize
+from handler.core.settings import ServingSettings
+from handler.tasks.graph.explain import GraphExplanation
+from handler.tasks.link.explain import PairExplanation
+from handler.tasks.node.explain import NodeExplanation
+from handler.tasks.node.task import node_router
 
 from .conftest import graph_engine, graph_requests, link_engine, make_engine, random_model
 
@@ -17,7 +19,7 @@ from .conftest import graph_engine, graph_requests, link_engine, make_engine, ra
 def node_explainer(store, arch="gcn", **settings) -> ExplainEngine:
     settings.setdefault("explain_time_budget_ms", 60_000)  # steps not cut on a busy machine
     engine = make_engine(store, arch, model=random_model(store, arch), **settings)
-    return ExplainEngine("node", "1.0", ego=EgoGraphs.of_engine(engine))
+    return ExplainEngine(NodeExplanation(engine.ego), "1.0")
 
 
 def answers(engine, payloads):
@@ -39,7 +41,9 @@ def test_node_explanation_lists_neighbours_edges_and_features(int_store, arch):
     ids = set(int_store.external_ids(np.arange(int_store.num_nodes)))
     assert {n["node_id"] for n in explanation["nodes"]} <= ids
     assert all(e["dst"] in ids and e["src"] in ids for e in explanation["edges"])
-    plain = make_engine(int_store, arch, model=engine.ego.model).handle([{"body": {"node_id": 0}}])
+    plain = make_engine(int_store, arch, model=engine.explanation.ego.model).handle(
+        [{"body": {"node_id": 0}}]
+    )
     assert np.allclose(body["probabilities"], plain[0].body["probabilities"], atol=1e-6)
 
 
@@ -84,14 +88,14 @@ def test_the_time_budget_cuts_the_steps(int_store):
 
 def test_pair_and_graph_explanations(int_store, tmp_path):
     link = link_engine(int_store, tmp_path)
-    explainer = ExplainEngine("link", "1.0", ego=link.ego)
+    explainer = ExplainEngine(PairExplanation(link.ego), "1.0")
     [(status, body)] = answers(explainer, [{"src": 3, "dst": 6}])
     [(_, scored)] = answers(link, [{"src": 3, "dst": 6}])
     assert status == 200 and body["score"] == pytest.approx(scored["score"], abs=1e-6)
     assert {body["explanation"]["nodes"][0]["node_id"]} <= {3 * i for i in range(80)}
 
     graphs = graph_engine()
-    explainer = ExplainEngine("graph", "1.0", graphs=graphs)
+    explainer = ExplainEngine(GraphExplanation(graphs), "1.0")
     payload = graph_requests(1)[0]
     [(status, body)] = answers(explainer, [payload])
     [(_, predicted)] = answers(graphs, [payload])
@@ -124,7 +128,7 @@ def test_a_batch_mixing_explanations_predictions_and_embeddings(int_store):
 
 
 def test_summarize_adds_up_copies_of_a_node_and_of_an_edge():
-    from handler.explain import Attribution
+    from handler.core.explain import Attribution
 
     # Rows 0 and 2 are the same node (7) at two hops; edges 0 and 1 are both 5 -> 7.
     attribution = Attribution(

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from handler.errors import ApiError
-from handler.node_requests import NodeRequest, parse_node_request
+from handler.protocol.errors import ApiError
+from handler.tasks.node.requests import NodeRequest, parse_node_request
 from tests.strategies import encoded, json_values, request_objects
 
 from .conftest import make_engine

@@ -9,9 +9,11 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from handler.errors import ApiError
-from handler.live_graph import LiveGraph, UpdatePolicy, answer_update
-from handler.task_requests import parse_graph_request, parse_link_request, parse_node_extra
+from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update
+from handler.protocol.errors import ApiError
+from handler.tasks.graph.requests import parse_graph_request
+from handler.tasks.link.requests import parse_link_request
+from handler.tasks.node.requests import parse_node_extra
 from tests.strategies import json_values
 
 from .conftest import FEATURES

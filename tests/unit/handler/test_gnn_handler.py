@@ -184,7 +184,7 @@ def test_torchserves_per_batch_line_is_dropped_and_nothing_else(model_dir, caplo
     with caplog.at_level(logging.INFO):
         logging.info("Backend received inference at: %d", 1_700_000_000)
         logging.info("Torch worker started.")
-        logging.getLogger("handler.engine").info("Backend received inference at: %d", 1)
+        logging.getLogger("handler.tasks.node.engine").info("Backend received inference at: %d", 1)
     messages = [record.getMessage() for record in caplog.records]
     assert "Backend received inference at: 1700000000" not in messages
     assert "Torch worker started." in messages

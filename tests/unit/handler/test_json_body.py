@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handler.json_body import encode_body
+from handler.protocol.json_body import encode_body
 
 scalars = st.one_of(
     st.none(),

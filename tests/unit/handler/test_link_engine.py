@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from graph_assets import StoreError
 from model.link_assets import full_graph_embeddings, open_link_assets
 
 from .conftest import link_engine
@@ -97,5 +98,5 @@ def test_bad_link_requests_get_their_own_error(int_store, tmp_path, payload, sta
 
 def test_link_assets_refuse_a_different_graph(int_store, str_store, tmp_path):
     link_engine(int_store, tmp_path)
-    with pytest.raises(ValueError, match="rebuild the archive"):
+    with pytest.raises(StoreError, match="rebuild the archive"):
         open_link_assets(tmp_path / "link", str_store)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from handler.array_ops import TorchOps
-from handler.errors import ApiError
-from handler.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
-from handler.sampler import NeighbourSampler
+from handler.core.arrays import TorchOps
+from handler.core.sampler import NeighbourSampler
+from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
+from handler.protocol.errors import ApiError
 
 from .conftest import (
     FEATURES,
@@ -196,7 +196,8 @@ def test_sampling_through_the_overlay_draws_what_the_materialized_graph_draws(in
             src = rng.choice(sources)
         else:
             src = rng.choice([n for n in range(nodes) if n != dst and n not in sources])
-        ids = {"src": live.overlay.external_id(src), "dst": live.overlay.external_id(dst)}
+        src_id, dst_id = live.overlay.external_ids(np.array([src, dst]))
+        ids = {"src": src_id, "dst": dst_id}
         live.update(UpdateRequest([{"type": kind, **ids}]))
     lists = [live.overlay.in_list(n) for n in range(nodes)]
     indptr = np.zeros(nodes + 1, dtype=np.int64)

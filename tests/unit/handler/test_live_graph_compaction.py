@@ -16,8 +16,8 @@ from graph_assets import open_store
 from graph_assets.compact import compact, replay
 from graph_assets.errors import UpdateLogMismatch
 from graph_assets.log_lineage import update_log_path
-from handler.errors import ApiError
-from handler.live_graph import LiveGraph, UpdateRequest
+from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.protocol.errors import ApiError
 
 from .conftest import FEATURES, live_engine, live_ids, random_model, random_update, started
 
@@ -33,7 +33,7 @@ def graph_as_ids(live: LiveGraph) -> dict:
     rows = overlay.feature_rows(nodes)
     return {
         node_id: (
-            sorted(map(str, (overlay.external_id(int(s)) for s in overlay.in_list(int(node))))),
+            sorted(map(str, overlay.external_ids(overlay.in_list(int(node))))),
             rows[position].tolist(),
         )
         for position, (node_id, node) in enumerate(zip(ids, nodes.tolist(), strict=True))

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from graph_assets import update_log
 from graph_assets.update_log import UpdateLog, check_next
-from handler.errors import InsufficientStorage
-from handler.live_graph import LiveGraph, UpdateRequest
+from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.protocol.errors import InsufficientStorage
 
 LOG_LIMIT = 400_000  # bytes the log may grow to: the "disk" fills part-way through the run
 BIG = 120  # operations in a large request: a record of several pages

@@ -16,7 +16,7 @@ from ts.context import RequestProcessor
 from graph_assets import update_log
 from graph_assets.errors import UpdateLogCorrupt
 from graph_assets.update_log import UpdateLog
-from handler.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
+from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
 
 from .conftest import started
 
@@ -103,7 +103,7 @@ def test_a_record_that_cannot_be_applied_keeps_serving_and_refuses_updates(
     assert answer_update(update_body(new_node(900, width)), SECRET, live, POLICY)[0] == 200
     raw_append(log_path, [{"type": "add_edge", "src": 123456, "dst": 0}], 2)  # no such node
     raw_append(log_path, [new_node(901, width)], 3)
-    with caplog.at_level(logging.ERROR, logger="handler.live_graph"):
+    with caplog.at_level(logging.ERROR, logger="handler.live.live_graph"):
         live.sync()
     assert live.version.endswith("+1") and live.failure is not None
     assert live.failure.seq == 2 and "123456" in live.failure.reason

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from archive_build.archive_config import main as write_archive_config
-from handler import live_graph
-from handler.live_graph import LiveGraph, UpdateRequest
-from handler.settings import ServingSettings
+from handler.core.settings import ServingSettings
+from handler.live import live_graph
+from handler.live.live_graph import LiveGraph, UpdateRequest
 
 from .conftest import make_engine, random_model, started
 
@@ -41,10 +41,7 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
 
 def engine_over(live: LiveGraph, model):
     """A node engine serving ``live`` (full neighbourhoods)."""
-    engine = make_engine(live.store, model=model, fanouts=[-1, -1])
-    engine.live = live
-    engine.sampler.overlay = live.overlay
-    return engine
+    return make_engine(live.store, model=model, live=live, fanouts=[-1, -1])
 
 
 def followers() -> list[threading.Thread]:
@@ -199,7 +196,7 @@ def test_the_follower_survives_a_failing_apply_and_skips_nothing(graphs, monkeyp
         apply(operations, seq, commit)
 
     monkeypatch.setattr(live.overlay, "apply", fails_once_on_seq_2)
-    with caplog.at_level(logging.ERROR, logger="handler.live_graph"):
+    with caplog.at_level(logging.ERROR, logger="handler.live.live_graph"):
         for src in ISOLATED[:3]:
             writer.update(edge(src, 6))
         wait_for(lambda: live.overlay.seq == 3)

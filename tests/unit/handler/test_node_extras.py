@@ -6,9 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from handler.ego import EgoGraphs
-from handler.node_extras import NodeExtrasEngine
-from handler.tasks import node_router
+from handler.tasks.node.extras import NodeExtrasEngine
+from handler.tasks.node.task import node_router
 from model.embedding import forward_with_embedding
 
 from .conftest import make_engine, random_model
@@ -23,7 +22,7 @@ def full_graph(store):
 
 def extras(store, arch, **settings) -> NodeExtrasEngine:
     engine = make_engine(store, arch, model=random_model(store, arch), **settings)
-    return NodeExtrasEngine(EgoGraphs.of_engine(engine), "1.0")
+    return NodeExtrasEngine(engine.ego, "1.0")
 
 
 def bodies(engine, payloads):
@@ -146,12 +145,10 @@ def test_bad_requests_get_their_own_error(int_store, payload, status, words):
 
 
 def test_embeddings_and_cold_start_see_the_live_updates(int_store, tmp_path):
-    from handler.live_graph import LiveGraph, UpdateRequest
+    from handler.live.live_graph import LiveGraph, UpdateRequest
 
     live = LiveGraph(int_store, tmp_path / "updates.log")
-    engine = make_engine(int_store, "gcn", model=random_model(int_store, "gcn"))
-    engine.live = live
-    engine.sampler.overlay = live.overlay
+    engine = make_engine(int_store, "gcn", model=random_model(int_store, "gcn"), live=live)
     router = node_router(engine, "1.0")
     x = [0.2] * int_store.feature_dim
     operations = [

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import handler.node_requests as requests_module
-from handler.errors import TooLarge
-from handler.node_requests import parse_node_request
+import handler.tasks.node.requests as requests_module
+from handler.protocol.errors import TooLarge
+from handler.tasks.node.requests import parse_node_request
 from tests.strategies import json_values
 
 ids = st.one_of(st.integers(), st.text(max_size=8), st.booleans(), st.floats(), st.none())

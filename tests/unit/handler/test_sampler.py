@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from handler.array_ops import NumpyOps, TorchOps
-from handler.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
+from handler.core.arrays import NumpyOps, TorchOps
+from handler.core.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
 
 
 def random_csc(num_nodes: int, num_edges: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,7 +198,7 @@ def test_cuda_sample_equals_cpu_sample():
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_floyd_matches_the_sequential_algorithm(backend):
     """The batched fix-up of colliding draws gives exactly sequential Floyd's choice."""
-    from handler.sampler import _GOLDEN, _LOW_63, _as_int64, _mix
+    from handler.core.sampler import _GOLDEN, _LOW_63, _as_int64, _mix
 
     ops = BACKENDS[backend]
     indptr, indices = random_csc(50, 200, seed=5)

@@ -8,21 +8,17 @@ import numpy as np
 import pytest
 import torch
 
-from handler.batch_core import BatchEngine
-from handler.ego import EgoGraphs
-from handler.errors import BadRequest, NotFound, TooLarge
-from handler.graph_engine import GraphEngine
-from handler.node_extras import NodeExtrasEngine
-from handler.settings import ServingSettings
-from handler.task_requests import (
+from handler.core.batch import BatchEngine
+from handler.core.settings import ServingSettings
+from handler.protocol.errors import BadRequest, NotFound, TooLarge
+from handler.tasks.graph.engine import GraphEngine
+from handler.tasks.graph.requests import clean_edges, parse_graph_request
+from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
+from handler.tasks.node.extras import NodeExtrasEngine
+from handler.tasks.node.requests import (
     EmbeddingRequest,
     NewNodeRequest,
-    PairRequest,
-    TopKRequest,
-    clean_edges,
     is_node_extra,
-    parse_graph_request,
-    parse_link_request,
     parse_node_extra,
 )
 from model import build_model
@@ -136,7 +132,7 @@ def test_huge_numbers_are_answered_400_with_no_traceback(int_store, caplog):
     graphs = GraphEngine(
         model, None, ServingSettings(task="graph"), torch.device("cpu"), model_version="1.0"
     )
-    extras = NodeExtrasEngine(EgoGraphs.of_engine(make_engine(int_store)), "1.0")
+    extras = NodeExtrasEngine(make_engine(int_store).ego, "1.0")
     graph = {"x": [[1.0, HUGE]], "edge_index": [[0], [HUGE]]}
     new_node = {"new_node": {"x": [HUGE] * FEATURES, "neighbors": [0]}}
     with caplog.at_level(logging.INFO):

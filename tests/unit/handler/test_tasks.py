@@ -10,6 +10,7 @@ import pytest
 import torch
 from ts.context import RequestProcessor
 
+from graph_assets import StoreError
 from model import build_model
 from model.graph_level import CLASSES_FILE
 from model.link_assets import LINK_DIR, write_link_assets
@@ -106,12 +107,12 @@ def test_weights_of_another_task_are_refused(link_archive):
 
 def test_a_link_archive_without_its_embeddings_is_refused(link_archive):
     shutil.rmtree(link_archive / LINK_DIR)
-    with pytest.raises(ValueError, match="candidate embeddings"):
+    with pytest.raises(StoreError, match="candidate embeddings"):
         started(link_archive, 1, task="link", fanouts=[-1, -1])
 
 
 def test_every_task_the_settings_accept_is_in_the_registry():
-    from handler.settings import TASKS as ACCEPTED
-    from handler.task_registry import TASKS
+    from handler.core.settings import TASKS as ACCEPTED
+    from handler.tasks.registry import TASKS
 
     assert set(TASKS) == set(ACCEPTED)

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from handler.ego import EgoGraphs
-from handler.engine import NodeClassificationEngine
-from handler.explain import ExplainEngine
-from handler.graph_engine import GraphEngine
-from handler.link_engine import LinkEngine
-from handler.node_extras import NodeExtrasEngine
+from handler.core.ego import EgoGraphs
+from handler.core.explain import ExplainEngine
+from handler.tasks.graph.engine import GraphEngine
+from handler.tasks.link.engine import LinkEngine
+from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.explain import NodeExplanation
+from handler.tasks.node.extras import NodeExtrasEngine
 from model.link_assets import open_link_assets
 
 from .conftest import graph_engine, graph_requests, link_engine, make_engine, random_model
@@ -35,18 +36,17 @@ def assert_close(gpu, cpu, keys):
 def test_cold_start_and_embeddings_on_the_gpu(int_store):
     model = random_model(int_store, "gcn")
     on_cpu = make_engine(int_store, model=model, fanouts=[3, 3])
-    on_gpu = NodeClassificationEngine(int_store, copy.deepcopy(model), on_cpu.settings, CUDA, "1.0")
+    ego = EgoGraphs.create(int_store, copy.deepcopy(model), on_cpu.settings, CUDA)
+    on_gpu = NodeClassificationEngine(ego, "1.0")
     payloads = [
         {"node_ids": [0, 3, 9], "return_embedding": True},
         {"new_node": {"x": [0.5] * 6, "neighbors": [0, 3]}, "return_embedding": True},
     ]
-    cpu = bodies(NodeExtrasEngine(EgoGraphs.of_engine(on_cpu), "1.0"), payloads)
-    gpu = bodies(NodeExtrasEngine(EgoGraphs.of_engine(on_gpu), "1.0"), payloads)
+    cpu = bodies(NodeExtrasEngine(on_cpu.ego, "1.0"), payloads)
+    gpu = bodies(NodeExtrasEngine(on_gpu.ego, "1.0"), payloads)
     assert_close(gpu[0]["predictions"], cpu[0]["predictions"], ["probabilities", "embedding"])
     assert_close(gpu[1:], cpu[1:], ["probabilities", "embedding"])
-    explained = bodies(
-        ExplainEngine("node", "1.0", ego=EgoGraphs.of_engine(on_gpu)), [{"node_id": 0}]
-    )
+    explained = bodies(ExplainEngine(NodeExplanation(on_gpu.ego), "1.0"), [{"node_id": 0}])
     assert explained[0]["explanation"]["nodes"]
 
 

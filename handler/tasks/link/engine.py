@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from graph_assets import GraphStore
-from handler.array_ops import readonly_tensor
-from handler.batch_core import Batch, BatchEngine, Group, timed
-from handler.ego import EgoGraphs, seed_rows
-from handler.errors import ApiError
-from handler.settings import ServingSettings
-from handler.task_requests import PairRequest, TopKRequest, parse_link_request
+from handler.core.arrays import readonly_tensor
+from handler.core.batch import Batch, BatchEngine, Group, timed
+from handler.core.ego import EgoGraphs, seed_rows
+from handler.core.settings import ServingSettings
+from handler.protocol.errors import ApiError
+from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
 from model.link import LinkPredictor
 from model.link_assets import LinkAssets
 

@@ -9,7 +9,8 @@ import torch
 
 from graph_assets.errors import UpdateLogWriteFailed
 from graph_assets.overlay import Rejection, UpdateRejected
-from handler.errors import (
+from handler.core.sampler import SubgraphTooLarge
+from handler.protocol.errors import (
     ApiError,
     BadRequest,
     Conflict,
@@ -19,7 +20,6 @@ from handler.errors import (
     TooLarge,
     Unavailable,
 )
-from handler.sampler import SubgraphTooLarge
 
 _REJECTIONS: dict[Rejection, type[ApiError]] = {
     Rejection.INVALID: BadRequest,

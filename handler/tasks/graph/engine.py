@@ -13,10 +13,10 @@ from typing import Any
 
 import torch
 
-from handler.batch_core import Batch, BatchEngine, Group, timed
-from handler.class_answer import class_answer
-from handler.settings import ServingSettings
-from handler.task_requests import GraphRequest, parse_graph_request
+from handler.core.batch import Batch, BatchEngine, Group, timed
+from handler.core.settings import ServingSettings
+from handler.protocol.class_answer import class_answer
+from handler.tasks.graph.requests import GraphRequest, parse_graph_request
 from model.graph_level import GraphClassifier, as_data, batch_of
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
-from handler.errors import BadRequest, TooLarge
+from handler.protocol.errors import BadRequest, TooLarge
 
 INPUT_NAMES = ("node_id", "node_ids")
 _DATATYPES = {"INT64": int, "INT32": int, "BYTES": str}

@@ -43,7 +43,7 @@ class ServingSettings:
             workers and TorchServe's frontend; 0 leaves torch's default (one per core).
         metrics_interval_s: the batch metrics and the batch log line sum the batches of this
             many seconds (means per batch); 0 reports every batch on its own, which costs a
-            busy worker ~10% of its throughput (handler.batch_metrics).
+            busy worker ~10% of its throughput (handler.core.metrics).
         updates_enabled: accept live graph updates (``{"op": "update", ...}``); off by default.
         update_state_dir: where the update log lives, outside the unpacked archive (which
             TorchServe deletes on unregister); empty = ``gnnserve-state`` in the worker's temp dir.

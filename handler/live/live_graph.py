@@ -30,8 +30,10 @@ from graph_assets.log_lineage import open_update_log, update_log_path
 from graph_assets.overlay import GraphOverlay, UpdateRejected
 from graph_assets.private_dir import ensure_private_dir
 from graph_assets.update_log import LogRecord, UpdateLog, check_next
-from handler.error_table import api_error
-from handler.errors import (
+from handler.core.settings import ServingSettings
+from handler.protocol.body import as_request
+from handler.protocol.error_table import api_error
+from handler.protocol.errors import (
     ApiError,
     BadRequest,
     Forbidden,
@@ -39,8 +41,6 @@ from handler.errors import (
     TooLarge,
     Unavailable,
 )
-from handler.node_requests import body_of, decode_body
-from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
@@ -354,7 +354,7 @@ def _follow(graph: weakref.ref[LiveGraph], stop: threading.Event, interval_s: fl
 def update_body(item: Any) -> dict[str, Any] | None:
     """The body of a request if it is an update (``"op": "update"``), else None."""
     try:
-        body = decode_body(body_of(item))
+        body = as_request(item).json()
     except ApiError:
         return None
     return body if isinstance(body, dict) and body.get("op") == "update" else None

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from handler.batch_core import Batch, BatchEngine, Group, timed
-from handler.class_answer import class_answer
-from handler.ego import EgoGraphs, plain_module, seed_rows
-from handler.errors import ApiError
-from handler.sampler import NeighbourSampler, SubgraphTooLarge
-from handler.task_requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
+from handler.core.batch import Batch, BatchEngine, Group, timed
+from handler.core.ego import EgoGraphs, plain_module, seed_rows
+from handler.core.sampler import NeighbourSampler, SubgraphTooLarge
+from handler.protocol.class_answer import class_answer
+from handler.protocol.errors import ApiError
+from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
 from model.embedding import forward_with_embedding
 
 NEW_NODE = -1  # the row label of the new node in a cold-start ego-graph

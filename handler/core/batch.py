@@ -20,9 +20,10 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from handler.error_table import api_error, internal_error, is_out_of_memory
-from handler.errors import ApiError, InternalError
-from handler.sampler import SubgraphTooLarge
+from handler.core.sampler import SubgraphTooLarge
+from handler.core.settings import ServingSettings
+from handler.protocol.error_table import api_error, internal_error, is_out_of_memory
+from handler.protocol.errors import ApiError, InternalError
 
 logger = logging.getLogger(__name__)
 
@@ -267,3 +268,9 @@ def timed(times: StageTimes, stage: str) -> Callable[[], None]:
         setattr(times, stage, getattr(times, stage) + time.perf_counter() - start)
 
     return stop
+
+
+def apply_threads(settings: ServingSettings) -> None:
+    """The worker's intra-op threads (one task per worker process owns the count)."""
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)

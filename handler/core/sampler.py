@@ -16,8 +16,8 @@ import torch
 
 from graph_assets.overlay import GraphOverlay
 from graph_assets.store import GraphStore
-from handler.array_ops import Array, ArrayOps, ops_for, readonly_tensor
-from handler.settings import ServingSettings, parse_fanouts
+from handler.core.arrays import Array, ArrayOps, ops_for, readonly_tensor
+from handler.core.settings import ServingSettings, parse_fanouts
 
 # splitmix64 constants, as signed int64 so that wrapping int64 arithmetic applies.
 _MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -105,7 +105,7 @@ class NeighbourSampler:
             before it is built.
         overlay: live updates on top of the base arrays (changed in-edges, new nodes).
         ops: the array library to sample with; by default numpy for CPU tensors (views of the
-            same memory) and torch on their device otherwise (handler.array_ops says why).
+            same memory) and torch on their device otherwise (handler.core.arrays says why).
     """
 
     def __init__(

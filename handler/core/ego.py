@@ -1,0 +1,138 @@
+""":class:`EgoGraphs`: the graph as every task that samples ego-graphs sees it (node
+classification, embeddings, cold start, link prediction, explanations): ID lookup, the one
+deterministic sampler, feature and degree gathering, and the live updates where the archive takes
+them. Each worker builds one and every engine of its task shares it, so an embedding, cold-start or
+explanation request sees exactly the graph version and the ego-graph a prediction sees."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from graph_assets import GraphStore
+from graph_assets.graph_view import GraphView
+from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
+from handler.core.settings import ServingSettings
+from handler.live.live_graph import LiveGraph
+from handler.protocol.body import NodeId, show
+from handler.protocol.errors import NodeNotFound
+
+logger = logging.getLogger(__name__)
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_LISTED_MISSING = 20
+
+
+def plain_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module itself when it was wrapped by ``torch.compile`` (hooks and autograd paths
+    such as embeddings and explanations run on the eager module)."""
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, torch.nn.Module) else model
+
+
+@dataclass
+class EgoGraphs:
+    """A stored graph (plus its live updates, if any), its sampler and the model that reads the
+    sampled ego-graphs."""
+
+    store: GraphStore
+    model: torch.nn.Module
+    sampler: NeighbourSampler
+    device: torch.device
+    settings: ServingSettings
+    live: LiveGraph | None = None
+
+    @classmethod
+    def create(
+        cls,
+        store: GraphStore,
+        model: torch.nn.Module,
+        settings: ServingSettings,
+        device: torch.device,
+        live: LiveGraph | None = None,
+    ) -> EgoGraphs:
+        """The graph of one worker: the model on its device, the archive's sampler."""
+        overlay = live.overlay if live is not None else None
+        return cls(
+            store=store,
+            model=model.to(device).eval(),
+            sampler=sampler_for(store, settings, device, overlay),
+            device=device,
+            settings=settings,
+            live=live,
+        )
+
+    def sync(self) -> None:
+        """Applies the live updates other workers appended (usually the follower thread has
+        already applied them and this is one fstat)."""
+        if self.live is not None:
+            self.live.sync()
+
+    def view(self) -> GraphView:
+        """The current graph version: the live overlay once it holds updates (it knows new and
+        removed nodes), else the stored graph (the fast path)."""
+        if self.live is not None and not self.live.overlay.is_empty:
+            return self.live.overlay
+        return self.store
+
+    def find(self, node_ids: Sequence[NodeId]) -> np.ndarray:
+        """Internal indices of ``node_ids``, -1 for an ID the graph lacks (an int outside int64
+        cannot be an ID, so it is reported missing rather than overflowing)."""
+        view = self.view()
+        in_range = [not isinstance(n, int) or _INT64_MIN <= n <= _INT64_MAX for n in node_ids]
+        nodes = np.full(len(node_ids), -1, dtype=np.int64)
+        if all(in_range):
+            nodes[:] = view.lookup(node_ids)
+        elif any(in_range):
+            nodes[np.array(in_range)] = view.lookup(
+                [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
+            )
+        return nodes
+
+    def lookup(self, node_ids: Sequence[NodeId]) -> np.ndarray:
+        """Internal indices of ``node_ids``; NodeNotFound lists the IDs the graph lacks."""
+        nodes = self.find(node_ids)
+        error = missing_nodes(node_ids, nodes)
+        if error is not None:
+            raise error
+        return nodes
+
+    def sample(self, nodes: np.ndarray) -> tuple[torch.Tensor, SampledSubgraph]:
+        """``(seeds, ego-graph)``: the unique ``nodes`` in ascending order are its seed rows.
+        Under inference mode: no autograd bookkeeping on the sampler's many small tensor ops (an
+        explanation clones the structure it differentiates through)."""
+        seeds = torch.from_numpy(np.unique(nodes))
+        with torch.inference_mode():
+            return seeds, self.sampler.sample(seeds)
+
+    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and full-graph in-degrees of global node indices ``rows``, on the device."""
+        view, nodes = self.view(), rows.cpu().numpy()
+        x = torch.from_numpy(view.feature_rows(nodes))
+        degree = torch.from_numpy(view.degree_rows(nodes))
+        return x.to(self.device, non_blocking=True), degree.to(self.device, non_blocking=True)
+
+    def external_ids(self, nodes: np.ndarray) -> list[Any]:
+        """External IDs of internal indices (nodes added by live updates included)."""
+        return self.view().external_ids(nodes)
+
+
+def missing_nodes(node_ids: Sequence[NodeId], nodes: np.ndarray) -> NodeNotFound | None:
+    """The 404 for the IDs ``find`` did not find, listing the first few; None if none."""
+    if nodes.size == 0 or nodes.min() >= 0:
+        return None
+    missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
+    listed = ", ".join(show(node) for node in missing[:_MAX_LISTED_MISSING])
+    more = len(missing) - _MAX_LISTED_MISSING
+    suffix = f" and {more} more" if more > 0 else ""
+    return NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
+
+
+def seed_rows(seeds: torch.Tensor, nodes: np.ndarray) -> list[int]:
+    """Row of each of ``nodes`` among the sorted unique ``seeds``."""
+    return np.searchsorted(seeds.numpy(), nodes).tolist()

@@ -1,0 +1,145 @@
+"""Which engine answers which request: each task builds one router over its engines (its
+predictions, its extras, its explanations; ``handler.tasks``) with a rule that picks the engine
+from a request's decoded body and its ``explain`` flag.
+
+A TorchServe batch may mix requests for several engines (and explanation requests with
+predictions: TorchServe batches both from one queue and marks each explanation request with an
+``explain`` header). The router splits the batch, runs each engine on its share, and puts the
+answers back in request order, one per request. An engine that fails as a whole answers 500
+for its own requests only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Protocol
+
+from handler.core.batch import DeviceFailure, Response, StageTimes
+from handler.protocol.body import as_request
+from handler.protocol.errors import ApiError, InternalError
+
+logger = logging.getLogger(__name__)
+
+PREDICT, EXTRAS, EXPLAIN = "predict", "extras", "explain"
+
+
+class TaskEngine(Protocol):
+    """prepare -> run -> respond, as every ``handler.core.batch.BatchEngine`` does."""
+
+    def prepare(self, items: Sequence[Any]) -> Any: ...
+
+    def run(self, batch: Any) -> Any: ...
+
+    def respond(self, result: Any) -> list[Response]: ...
+
+
+@dataclass
+class _Part:
+    """The share of a batch that one engine answers."""
+
+    route: str
+    positions: list[int]
+    prepared: Any = None
+    result: Any = None
+    error: ApiError | None = None
+
+
+@dataclass
+class RoutedBatch:
+    """A batch split across engines; ``times`` adds up their stage times."""
+
+    size: int
+    parts: list[_Part] = field(default_factory=list)
+
+    @property
+    def times(self) -> StageTimes:
+        total = StageTimes(batch_size=self.size)
+        for part in self.parts:
+            times = getattr(part.prepared, "times", None)
+            if times is None:
+                continue
+            for item in fields(StageTimes):
+                if item.name != "batch_size":
+                    setattr(total, item.name, getattr(total, item.name) + getattr(times, item.name))
+        return total
+
+
+@dataclass
+class RoutedResult:
+    """What ``run`` hands ``respond`` (``batch`` as the handler's metrics expect)."""
+
+    batch: RoutedBatch
+
+
+Chooser = Callable[[Any, bool], str]
+
+
+class Router:
+    """Dispatches each request of a batch to an engine by a route name (module docstring)."""
+
+    def __init__(self, engines: dict[str, TaskEngine], choose: Chooser) -> None:
+        self.engines = engines
+        self.choose = choose
+
+    def prepare(self, items: Sequence[Any], explain: Sequence[bool] | None = None) -> RoutedBatch:
+        flags = list(explain) if explain is not None else [False] * len(items)
+        routed: dict[str, list[tuple[int, Any]]] = {}
+        for position, (item, flag) in enumerate(zip(items, flags, strict=True)):
+            request = as_request(item)  # decoded once: the engine parses this same value
+            routed.setdefault(self.choose(request.body, flag), []).append((position, request))
+        batch = RoutedBatch(size=len(items))
+        for route, entries in routed.items():
+            part = _Part(route, [position for position, _ in entries])
+            try:
+                part.prepared = self.engines[route].prepare([item for _, item in entries])
+            except DeviceFailure:
+                raise
+            except Exception:
+                logger.exception("the %s engine failed to prepare its requests", route)
+                part.error = InternalError("the request could not be prepared; see the server log")
+            batch.parts.append(part)
+        return batch
+
+    def run(self, batch: RoutedBatch) -> RoutedResult:
+        for part in batch.parts:
+            if part.error is not None:
+                continue
+            try:
+                part.result = self.engines[part.route].run(part.prepared)
+            except DeviceFailure:
+                raise
+            except Exception:
+                logger.exception("the %s engine failed on its requests", part.route)
+                part.error = InternalError("the computation failed; the error is in the server log")
+        return RoutedResult(batch=batch)
+
+    def respond(self, result: RoutedResult) -> list[Response]:
+        batch = result.batch
+        answers: list[Response | None] = [None] * batch.size
+        for part in batch.parts:
+            responses = None
+            if part.error is None:
+                try:
+                    responses = self.engines[part.route].respond(part.result)
+                except Exception:
+                    logger.exception("the %s engine failed to format its answers", part.route)
+            if responses is None or len(responses) != len(part.positions):
+                error = part.error or InternalError("no answer was formatted; see the server log")
+                responses = [Response(error.status, error.body()) for _ in part.positions]
+            for position, response in zip(part.positions, responses, strict=True):
+                answers[position] = response
+        missing = [i for i, answer in enumerate(answers) if answer is None]
+        if missing:
+            raise AssertionError(f"the batch has {batch.size} requests but {missing} got no answer")
+        return [answer for answer in answers if answer is not None]
+
+    def handle(self, items: Sequence[Any], explain: Sequence[bool] | None = None) -> list[Response]:
+        """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks)."""
+        return self.respond(self.run(self.prepare(items, explain)))
+
+
+def predict_or_explain(body: Any, explain: bool) -> str:
+    """The rule of a task whose only extra engine is its explanations."""
+    return EXPLAIN if explain else PREDICT

@@ -1,0 +1,101 @@
+"""The edge of the handler: each TorchServe request decoded once into a :class:`Request`.
+
+TorchServe hands every request over as ``{"body": ...}`` (or ``"data"``) holding bytes, text or an
+already-decoded object. The handler turns each one into a ``Request`` before anything else looks
+at it, so the update path, the router and the task's parser all read the same decoded value; a
+body that cannot be decoded carries its 400 along and is answered as that request's own error.
+"""
+
+from __future__ import annotations
+
+import json
+import reprlib
+from dataclasses import dataclass
+from typing import Any
+
+from handler.protocol.errors import ApiError, BadRequest
+
+NodeId = int | str  # a node ID exactly as the client sent it
+
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 60
+_SHOW.maxlevel = 2
+
+
+def show(value: Any) -> str:
+    """A short repr of a client's value for an error message: bounded in length and depth, so a
+    huge or deeply nested value neither floods the message nor overflows the stack."""
+    return _SHOW.repr(value)
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request's decoded JSON value, or the error that decoding it raised."""
+
+    body: Any = None
+    error: ApiError | None = None
+
+    def json(self) -> Any:
+        """The decoded value; the decoding error, raised, if there is none."""
+        if self.error is not None:
+            raise self.error
+        return self.body
+
+    def json_object(self, example: str) -> dict[str, Any]:
+        """The decoded JSON object, or BadRequest naming an ``example`` of one."""
+        body = self.json()
+        if not isinstance(body, dict):
+            raise BadRequest(
+                f"the body must be a JSON object like {example}; got {type(body).__name__}"
+            )
+        return body
+
+
+def as_request(item: Any) -> Request:
+    """``item`` decoded (a ``Request`` is passed through: nothing is decoded twice)."""
+    if isinstance(item, Request):
+        return item
+    try:
+        return Request(body=decode_body(body_of(item)))
+    except ApiError as error:
+        return Request(error=error)
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def decode_body(raw: Any) -> Any:
+    """The JSON value of a body: TorchServe hands over a decoded object, bytes or text."""
+    if isinstance(raw, (bytes, bytearray)):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise BadRequest("the body is not UTF-8 text; send a JSON object") from None
+    if isinstance(raw, str):
+        try:
+            return json.loads(raw, parse_constant=_reject_constant)
+        except ValueError as exc:
+            raise BadRequest(
+                f'the body is not valid JSON ({exc}); send e.g. {{"node_id": 42}}'
+            ) from None
+        except RecursionError:
+            raise BadRequest(
+                'the body nests too deeply to parse; send a flat object like {"node_id": 42}'
+            ) from None
+    return raw
+
+
+def body_of(item: Any) -> Any:
+    """TorchServe puts the payload under "body" (or "data" for some clients)."""
+    if isinstance(item, dict):
+        for key in ("body", "data"):
+            if key in item:
+                return item[key]
+        if item:
+            # curl -d without a Content-Type sends a form; TorchServe splits it into fields.
+            raise BadRequest(
+                "the body arrived as form fields, not JSON; send it with the header "
+                "'Content-Type: application/json'"
+            )
+    raise BadRequest('empty request; send a JSON object like {"node_id": 42}')

@@ -1,0 +1,1 @@
+"""Graph classification: inline graphs, graph explanations."""

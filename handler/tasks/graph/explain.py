@@ -1,0 +1,58 @@
+"""Graph explanations: ``{"graph": ...}``, the predicted class's logit of the inline graph
+explained on the graph itself (node keys are its local node numbers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from handler.core.batch import Batch
+from handler.core.ego import plain_module
+from handler.core.explain import classes, integrated_gradients, summarize
+from handler.tasks.graph.engine import GraphEngine
+from handler.tasks.graph.requests import GraphRequest
+
+
+class GraphExplanation:
+    """Explains one inline graph per request, with the graph engine's parser and model."""
+
+    def __init__(self, graphs: GraphEngine) -> None:
+        self.graphs = graphs
+        self.settings = graphs.settings
+        self.device = graphs.device
+
+    def refresh(self) -> None:
+        """Inline graphs: nothing to catch up with."""
+
+    def parse(self, item: Any) -> GraphRequest:
+        return self.graphs.parse(item)
+
+    def sample(self, target: GraphRequest) -> None:
+        """The request carries its whole graph: nothing to sample."""
+
+    def explain(self, target: GraphRequest, payload: Any, batch: Batch[Any]) -> dict[str, Any]:
+        device, settings = self.graphs.device, self.settings
+        model = plain_module(self.graphs.model)
+        x = torch.from_numpy(target.x).to(device)
+        edge_index = torch.from_numpy(target.edge_index).to(device)
+        assignment = torch.zeros(x.shape[0], dtype=torch.long, device=device)
+        with torch.no_grad():
+            logits = model(x, edge_index, assignment)[0]
+        answer = classes(logits, self.graphs.class_names)
+        attribution = integrated_gradients(
+            model,
+            x,
+            edge_index,
+            mode="multiclass_classification",
+            level="graph",
+            steps=settings.explain_steps,
+            budget_s=settings.explain_time_budget_ms / 1000,
+            batch=assignment,
+        )
+        keys = np.arange(x.shape[0])
+        answer["explanation"] = summarize(
+            attribution, keys.tolist(), edge_index, keys, settings.explain_top_k
+        )
+        return answer

@@ -1,0 +1,1 @@
+"""Link prediction: pair scores, top-k recommendations, pair explanations."""

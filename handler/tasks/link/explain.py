@@ -1,0 +1,50 @@
+"""Link explanations: ``{"src": a, "dst": b}``, the pair's logit explained on the ego-graph of
+both endpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from handler.core.batch import Batch
+from handler.core.explain import EgoExplanation
+from handler.protocol.body import NodeId
+from handler.protocol.errors import BadRequest
+from handler.tasks.link.requests import PairRequest, parse_link_request
+from model.link import LinkPredictor, PairLogit
+
+
+@dataclass(frozen=True, eq=False)
+class PairTarget:
+    ids: tuple[NodeId, NodeId]
+    nodes: np.ndarray
+
+
+class PairExplanation(EgoExplanation):
+    """Explains one pair per request."""
+
+    def parse(self, item: Any) -> PairTarget:
+        settings = self.settings
+        request = parse_link_request(item, settings.max_ids_per_request, settings.max_top_k)
+        if not isinstance(request, PairRequest) or not request.single:
+            raise BadRequest('explain one pair per request: {"src": 1, "dst": 2}')
+        ids = request.pairs[0]
+        return PairTarget(ids, self.ego.lookup(list(ids)))
+
+    def explain(self, target: PairTarget, payload: Any, batch: Batch[Any]) -> dict[str, Any]:
+        inputs = self.ego_input(target.nodes, payload, batch)
+        model = inputs.model
+        assert isinstance(model, LinkPredictor)
+        pair = torch.tensor([[inputs.rows[0]], [inputs.rows[1]]], device=inputs.x.device)
+        with torch.no_grad():
+            z = model(inputs.x, inputs.edge_index, degree=inputs.degree)
+            score = float(torch.sigmoid(model.score(z[pair[0]], z[pair[1]]))[0])
+        answer: dict[str, Any] = {"src": target.ids[0], "dst": target.ids[1], "score": score}
+        attribution = self.attributions(
+            PairLogit(model).eval(), inputs, mode="regression", level="edge", pair=pair
+        )
+        answer["explanation"] = self.summary(attribution, inputs)
+        return answer

@@ -1,0 +1,37 @@
+"""The link prediction task: pair scores and top-k recommendations from the archive's
+candidate embeddings, and pair explanations."""
+
+from __future__ import annotations
+
+from handler.core.batch import apply_threads
+from handler.core.ego import EgoGraphs
+from handler.core.explain import ExplainEngine
+from handler.core.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
+from handler.tasks.link.engine import LinkEngine
+from handler.tasks.link.explain import PairExplanation
+from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits
+from model.link_assets import LINK_DIR, open_link_assets
+
+
+def start(archive: Archive, loaded: Loaded) -> StartedTask:
+    """Checks the graph, the model and the candidate embeddings fit together."""
+    store, config, settings = loaded.stored_graph(), loaded.config, archive.settings
+    check_fits(config, store, settings, classes=False)
+    assets = open_link_assets(archive.model_dir / LINK_DIR, store, settings.verify_checksum)
+    if assets.embeddings.shape[1] != config.out_dim:
+        raise ValueError(
+            f"{LINK_DIR}/embeddings.npy is {assets.embeddings.shape[1]} wide, the model's "
+            f"embeddings are {config.out_dim} (model_config.json out_dim); rebuild the archive"
+        )
+    apply_threads(settings)
+    ego = EgoGraphs.create(store, loaded.model, settings, archive.device)
+    engine = LinkEngine(ego, assets, archive.model_version)
+    engines: dict[str, TaskEngine] = {
+        PREDICT: engine,
+        EXPLAIN: ExplainEngine(PairExplanation(ego), archive.model_version),
+    }
+    router = Router(engines, predict_or_explain)
+    return StartedTask(archive, engine, router, details=engine.describe, store=store)
+
+
+TASK = TaskSpec(stored_graph=True, start=start)

@@ -1,0 +1,1 @@
+"""Node classification: predictions, embeddings, cold-start nodes, explanations, updates."""

@@ -1,0 +1,66 @@
+"""Every task an archive can serve, one line each; how a worker starts the archive's task;
+and the management API's description of a started one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from graph_assets import GraphStore
+from handler.core.explain import METHOD
+from handler.tasks.graph.task import TASK as GRAPH
+from handler.tasks.link.task import TASK as LINK
+from handler.tasks.node.task import TASK as NODE
+from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec
+from model.export import load_model
+
+TASKS: dict[str, TaskSpec] = {
+    "node": NODE,
+    "link": LINK,
+    "graph": GRAPH,
+}
+
+
+def start_task(archive: Archive, open_graph: Callable[[], GraphStore]) -> StartedTask:
+    """Loads the model (and the graph, if the task serves one) and starts the archive's task."""
+    task = archive.settings.task
+    spec = TASKS[task]
+    store = open_graph() if spec.stored_graph else None
+    model, config = load_model(archive.model_dir, map_location=archive.device)
+    if config.task.value != task:
+        raise ValueError(
+            f"archive is inconsistent: model_config.json is for task {config.task.value!r}, the "
+            f"model-config YAML (gnn: task) says {task!r}; rebuild the archive"
+        )
+    return spec.start(archive, Loaded(model=model, config=config, store=store))
+
+
+def describe(task: StartedTask) -> dict[str, Any]:
+    """The management API's ``customized=true`` description of any archive."""
+    archive, settings = task.archive, task.archive.settings
+    described: dict[str, Any] = {
+        "task": settings.task,
+        "model_version": archive.model_version,
+        "device": str(archive.device),
+    }
+    store = task.store
+    if store is not None:
+        described["fanouts"] = list(settings.fanouts)
+        described["graph"] = {
+            "nodes": store.num_nodes,
+            "edges": store.num_edges,
+            "feature_dim": store.feature_dim,
+            "num_classes": store.num_classes,
+            "class_names": store.class_names,
+            "checksum": store.checksum,
+        }
+    if task.details is not None:
+        described[settings.task] = task.details()
+    if task.live is not None:
+        described["updates"] = task.live.describe()
+    described["explanations"] = {
+        "method": METHOD,
+        "steps": settings.explain_steps,
+        "time_budget_ms": settings.explain_time_budget_ms,
+    }
+    return described
