@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
-from graph_assets import GraphStore, open_store, share_store
 from handler.core.batch import Response, StageTimes
+from handler.core.graph_source import open_graph
 from handler.core.metrics import GAUGES, BatchMetrics
 from handler.core.router import RoutedBatch, RoutedResult, Router
 from handler.core.settings import ServingSettings, worker_settings
@@ -37,7 +36,6 @@ logger = logging.getLogger(__name__)
 # TorchServe's worker logs this on its root logger for every batch; the batch summary
 # (handler.core.metrics) replaces it at a fraction of the cost (~6% of a busy worker).
 TORCHSERVE_BATCH_LINE = "Backend received inference at: %d"
-GRAPH_CACHE = "gnnserve-graph-cache"
 _GAUGE = MetricTypes.GAUGE
 
 
@@ -88,7 +86,7 @@ class GNNHandler(BaseHandler):
             model_version=str(context.manifest.get("model", {}).get("modelVersion", "1.0")),
             model_name=context.model_name,
         )
-        task = start_task(archive, open_graph=lambda: _open_graph(archive))
+        task = start_task(archive, open_graph=lambda: open_graph(archive.model_dir, settings))
         self.task, self.engine, self.router = task, task.engine, task.router
         self.live, self.update_policy = task.live, task.update_policy
         self.context = context
@@ -235,14 +233,3 @@ def _header(context: Context, index: int, name: str) -> str | None:
         if key.lower() == name:
             return str(value)
     return None
-
-
-def _open_graph(archive: Archive) -> GraphStore:
-    """The archive's graph store, mapped from the cache every version with the same graph
-    shares (graph_assets.shared) unless the archive says not to."""
-    settings = archive.settings
-    graph_dir = archive.model_dir / settings.graph_dir
-    if settings.share_graph:
-        cache = Path(settings.graph_cache_dir or Path(tempfile.gettempdir()) / GRAPH_CACHE)
-        graph_dir = share_store(graph_dir, cache)
-    return open_store(graph_dir, verify_checksum=settings.verify_checksum)
