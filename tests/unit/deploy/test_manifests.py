@@ -12,7 +12,9 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,74 +23,37 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.unit.deploy.kustomize import (
+    generated_config_maps,
+    kustomization,
+    load_docs,
+    only,
+    render,
+)
+
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 K8S = DEPLOY / "kubernetes"
 OVERLAY = DEPLOY / "kubernetes-gateway-auth"
 KSERVE = DEPLOY / "kserve"
+REDIS = DEPLOY / "redis"
+REDIS_LOG = DEPLOY / "kubernetes-redis"
+# Every directory that `kubectl apply -k` takes.
+KUSTOMIZATIONS = (K8S, OVERLAY, REDIS, REDIS_LOG)
+KUBERNETES_DOC = ROOT / "docs" / "kubernetes.md"
 # Manifests that are applied by hand, not through kustomization.yaml.
 STANDALONE = ("model-store-loader.yaml",)
 # The oldest Kubernetes release we support and the newest one the schema package knows.
 K8S_VERSIONS = ("1.30", ".".join(kubernetes_validate.latest_version().split(".")[:2]))
 
 
-def load_docs(path: Path) -> list[dict[str, Any]]:
-    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
-
-
-def kustomization(directory: Path) -> dict[str, Any]:
-    return yaml.safe_load((directory / "kustomization.yaml").read_text())
-
-
-def generated_config_maps(directory: Path) -> list[dict[str, Any]]:
-    """The ConfigMaps kustomize generates (before it appends the content hash to the name)."""
-    maps = []
-    for generator in kustomization(directory).get("configMapGenerator", []):
-        metadata: dict[str, Any] = {"name": generator["name"]}
-        labels = generator.get("options", {}).get("labels")
-        if labels:
-            metadata["labels"] = labels
-        data = {name: (directory / name).read_text() for name in generator["files"]}
-        maps.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data})
-    return maps
-
-
 def base_objects() -> list[dict[str, Any]]:
-    docs = [doc for name in kustomization(K8S)["resources"] for doc in load_docs(K8S / name)]
-    return docs + generated_config_maps(K8S)
-
-
-def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    found = [doc for doc in docs if doc["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
-    return found[0]
-
-
-def apply_json_patch(doc: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
-    """The one JSON-patch operation the overlay uses: `add`, at the end of a list (`/-`) or as
-    a new member of an object."""
-    patched = copy.deepcopy(doc)
-    for operation in operations:
-        assert operation["op"] == "add", operation
-        *parents, last = operation["path"].strip("/").split("/")
-        target: Any = patched
-        for part in parents:
-            target = target[int(part)] if isinstance(target, list) else target[part]
-        if last == "-":
-            assert isinstance(target, list), f"{operation['path']} does not end at a list"
-            target.append(operation["value"])
-        else:
-            assert isinstance(target, dict) and last not in target, operation["path"]
-            target[last] = operation["value"]
-    return patched
+    return render(K8S)
 
 
 def overlay_object(kind: str) -> dict[str, Any]:
-    """The base's `kind` object with the overlay's patch for it applied."""
-    (patch,) = [p for p in kustomization(OVERLAY)["patches"] if p["target"]["kind"] == kind]
-    doc = only(base_objects(), kind)
-    assert patch["target"]["name"] == doc["metadata"]["name"]
-    return apply_json_patch(doc, yaml.safe_load(patch["patch"]))
+    """The base's `kind` object as the gateway overlay leaves it (its patches applied)."""
+    return only(render(OVERLAY), kind)
 
 
 def overlay_deployment() -> dict[str, Any]:
@@ -161,6 +126,16 @@ def kserve_pod() -> dict[str, Any]:
     }
 
 
+def documented_manifests() -> list[dict[str, Any]]:
+    """The Kubernetes objects in docs/kubernetes.md's ```yaml blocks (kustomize patches and
+    other fragments there have no `kind`)."""
+    blocks = re.findall(
+        r"^```yaml\n(.*?)^```", KUBERNETES_DOC.read_text(), re.DOTALL | re.MULTILINE
+    )
+    docs = [doc for block in blocks for doc in yaml.safe_load_all(block) if doc]
+    return [doc for doc in docs if isinstance(doc, dict) and "kind" in doc]
+
+
 @pytest.fixture
 def no_network(monkeypatch):
     """Any connection attempt fails the test: the schemas must come from the package."""
@@ -173,29 +148,41 @@ def no_network(monkeypatch):
 
 
 def all_kubernetes_objects() -> list[tuple[str, dict[str, Any]]]:
-    objects = [(f"base:{doc['kind']}", doc) for doc in base_objects()]
+    """Every object of every kustomization (overlays as rendered, patches applied), the
+    standalone manifests, the KServe predictor's pod and the manifests in the docs."""
+    objects = []
+    for directory in KUSTOMIZATIONS:
+        objects += [
+            (f"{directory.name}:{doc['kind']}:{doc['metadata']['name']}", doc)
+            for doc in render(directory)
+        ]
     objects += [
         (f"{name}:{doc['kind']}", doc) for name in STANDALONE for doc in load_docs(K8S / name)
     ]
-    objects.append(("gateway-auth:Deployment", overlay_deployment()))
-    objects.append(("gateway-auth:NetworkPolicy", overlay_object("NetworkPolicy")))
-    for name in kustomization(OVERLAY)["resources"]:
-        if name.endswith(".yaml"):
-            objects += [(f"gateway-auth:{doc['kind']}", doc) for doc in load_docs(OVERLAY / name)]
     objects.append(("kserve:Pod", kserve_pod()))
+    objects += [
+        (f"docs/kubernetes.md:{doc['kind']}:{doc['metadata']['name']}", doc)
+        for doc in documented_manifests()
+    ]
     return objects
 
 
 # --- schemas -------------------------------------------------------------------------------
 
 
-def test_kustomization_lists_every_manifest_and_generator_file():
-    listed = set(kustomization(K8S)["resources"])
-    on_disk = {path.name for path in K8S.glob("*.yaml")} - {"kustomization.yaml", *STANDALONE}
-    assert listed == on_disk
-    for generator in kustomization(K8S)["configMapGenerator"]:
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=[d.name for d in KUSTOMIZATIONS])
+def test_kustomization_lists_every_manifest_and_generator_file(directory):
+    resources = kustomization(directory)["resources"]
+    listed = {name for name in resources if name.endswith(".yaml")}
+    on_disk = {path.name for path in directory.glob("*.yaml")} - {"kustomization.yaml"}
+    assert listed == on_disk - set(STANDALONE)
+    for name in set(resources) - listed:
+        assert (directory / name / "kustomization.yaml").is_file(), name
+    for generator in kustomization(directory).get("configMapGenerator", []):
         for name in generator["files"]:
-            assert (K8S / name).is_file(), name
+            assert (directory / name).is_file(), name
+            # kustomize's default load restrictor refuses files outside the directory.
+            assert "/" not in name, name
     assert kustomization(OVERLAY)["resources"][0] == "../kubernetes"
 
 
@@ -599,3 +586,35 @@ def test_every_path_torchserve_writes_in_the_kserve_pod_is_an_empty_dir():
     # The working directory stays read-only: with tokens off no key_file.json is written there.
     config = read_properties(KSERVE / "config" / "config.properties")
     assert config["disable_token_authorization"] == "true"
+
+
+# --- the emulation against kustomize itself ------------------------------------------------
+
+
+def object_key(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
+
+
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=[d.name for d in KUSTOMIZATIONS])
+def test_kustomize_renders_what_the_tests_check(directory):
+    """The objects every test here builds (tests/unit/deploy/kustomize.py) are the objects
+    `kubectl kustomize` builds, up to the content hash kustomize appends to ConfigMap names."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed: the emulation is checked where it is")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    emulated = {object_key(doc): doc for doc in render(directory)}
+    text = done.stdout
+    for name in {name for kind, name in emulated if kind == "ConfigMap"}:
+        text = re.sub(rf"\b{re.escape(name)}-[a-z0-9]{{10}}\b", name, text)
+    rendered = {object_key(doc): doc for doc in yaml.safe_load_all(text) if doc}
+    assert rendered.keys() == emulated.keys()
+    for key, doc in rendered.items():
+        assert doc == emulated[key], key
