@@ -11,7 +11,8 @@ usage() {
 Usage: ./build_mar.sh [options]
 
 Builds <export-path>/<name>.mar (version 1.0) or <name>_v<version>.mar (any other version):
-the serialized graph, the trained (or given) weights, the handler and its model-config YAML.
+the serialized graph (or, with --graph-location, where it is and its checksum), the trained
+(or given) weights, the handler and its model-config YAML.
 With no options: the demo graph (graph_assets/demo), GraphSAGE, model_store/gnn.mar.
 --task link trains a link predictor on the graph's edges; --task graph trains a graph
 classifier on a directory of small graphs (no stored graph in the archive).
@@ -25,6 +26,12 @@ Graph
   --synthetic NODES EDGES generate a labelled synthetic graph instead (IDs 0..NODES-1)
   --store DIR             package an existing graph store as it is (e.g. the output of
                           `python -m graph_assets.compact`, which folds live updates in)
+  --graph-location DIR    keep the graph out of the archive: the archive records DIR (as an
+                          absolute path) and the store's checksum, and workers map the store
+                          there in place, read-only (docs/operations.md, "The graph outside
+                          the archive"). Alone, DIR must hold a store (e.g. from
+                          `python -m graph_assets build`); with --graph or --synthetic, the
+                          store is built in DIR, which must not exist yet or be empty
   --feature-dim N         features of a synthetic graph (default 128)
   --num-classes N         classes of a synthetic graph (default 8)
   --undirected            add the reverse of every edge
@@ -73,6 +80,9 @@ Serving (written to the archive's model-config YAML)
   --explain-steps N       Integrated Gradients steps of an explanation (default 32)
   --explain-budget-ms MS  time budget of one explanation: fewer steps if they would not fit
                           (default 2000)
+  --no-verify-checksum    workers check the graph's file sizes, meta.json and structure at
+                          start but do not re-hash its files: a faster start for a large graph,
+                          and a changed byte in a file is not noticed (default: re-hash)
 
 Live updates (docs/dynamic-graphs.md)
   --enable-updates        accept {"op": "update"} requests carrying the update key (off by default)
@@ -82,6 +92,8 @@ Live updates (docs/dynamic-graphs.md)
   --update-follow-interval MS
                           how often each worker checks the update log and applies other workers'
                           updates between batches; 0 = only at the start of each batch (default 5)
+  --min-version-wait MS   how long a prediction carrying min_graph_version may wait for this
+                          worker to apply the update log up to it before a 503 (default 1000)
 
 Archive
   --name NAME             model name (default gnn)
@@ -95,6 +107,7 @@ die() { echo "build_mar.sh: error: $*" >&2; exit 2; }
 step() { echo "==> $*"; }
 
 graph="$ROOT/graph_assets/demo"; store=""; synthetic=(); undirected=(); task=node; arch=""
+graph_location=""; referenced=""
 name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""; graph_given=""
 synthetic_graphs=""; model_args=(); train_args=(); synth_args=(); yaml_args=(); task_args=()
 
@@ -107,6 +120,7 @@ while [ $# -gt 0 ]; do
     --synthetic-graphs) need "$@"; synthetic_graphs="$2"; shift 2 ;;
     --decoder|--embedding-dim|--pooling) need "$@"; task_args+=("$1" "$2"); shift 2 ;;
     --store) need "$@"; store="$2"; shift 2 ;;
+    --graph-location) need "$@"; graph_location="$2"; shift 2 ;;
     --synthetic) [ $# -ge 3 ] || die "--synthetic needs NODES EDGES"
                  synthetic=("$2" "$3"); shift 3 ;;
     --feature-dim|--num-classes) need "$@"; synth_args+=("$1" "$2"); shift 2 ;;
@@ -121,8 +135,8 @@ while [ $# -gt 0 ]; do
     --max-subgraph-edges|--torch-threads|--metrics-interval|--max-top-k|--max-graph-nodes|--max-graph-edges|\
     --explain-steps|--explain-budget-ms)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
-    --enable-updates) yaml_args+=(--enable-updates); shift ;;
-    --update-state-dir|--update-secret-file|--update-follow-interval)
+    --enable-updates|--no-verify-checksum) yaml_args+=("$1"); shift ;;
+    --update-state-dir|--update-secret-file|--update-follow-interval|--min-version-wait)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --name) need "$@"; name="$2"; shift 2 ;;
     --version) need "$@"; version="$2"; shift 2 ;;
@@ -145,6 +159,21 @@ if [ -z "$arch" ]; then if [ "$task" = graph ]; then arch=gin; else arch=sage; f
 [ -n "$weights" ] && { [ -f "$weights" ] || die "--weights $weights: no such file"; }
 if [ -n "$store" ]; then [ -f "$store/meta.json" ] || die "--store $store: not a graph store (no meta.json)"
 elif [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no such directory"; fi
+if [ -n "$graph_location" ]; then
+  [ "$task" != graph ] || die "--graph-location goes with --task node or link (a graph archive carries no stored graph)"
+  [ -z "$store" ] || die "--store copies a store into the archive; to serve $store in place, give --graph-location $store alone"
+  if [ -n "$graph_given" ] || [ ${#synthetic[@]} -gt 0 ]; then
+    [ ! -e "$graph_location" ] || [ -z "$(ls -A "$graph_location" 2>/dev/null)" ] \
+      || die "--graph-location $graph_location is not empty: give --graph-location alone to serve the store there, or a new directory to build one in"
+    mkdir -p "$graph_location"
+  else
+    referenced=1  # serve the store already there
+    [ -f "$graph_location/meta.json" ] \
+      || die "--graph-location $graph_location holds no graph store (no meta.json): build one there with --graph DIR or --synthetic NODES EDGES"
+  fi
+  graph_location="$(cd "$graph_location" && pwd)"
+  yaml_args+=("--graph-location=$graph_location")
+fi
 mkdir -p "$export_path"
 export_path="$(cd "$export_path" && pwd)"
 [ "$version" = 1.0 ] && archive="$name.mar" || archive="${name}_v${version}.mar"
@@ -155,7 +184,9 @@ stage="$work/stage"
 mkdir -p "$stage" "$work/out"
 cd "$ROOT"
 
-graph_meta="$stage/graph"
+# The store the model is trained from: the archive's graph/, or the one it references.
+graph_store="${graph_location:-$stage/graph}"
+graph_meta="$graph_store"
 if [ "$task" = graph ]; then
   graph_meta="$work/dataset"  # training data only: a graph archive carries no graph
   if [ -n "$synthetic_graphs" ]; then
@@ -166,20 +197,20 @@ if [ "$task" = graph ]; then
     step "1/4 reading the graph dataset in $graph"
     "$PYTHON" -m graph_assets graphs --dataset "$graph" --out "$graph_meta" "${undirected[@]}"
   fi
-elif [ -n "$store" ]; then
-  step "1/4 checking the graph store $store"
-  cp -R "$store" "$stage/graph"
-  "$PYTHON" -c 'import sys; from pathlib import Path; from graph_assets import open_store; s = open_store(Path(sys.argv[1])); print(f"  {s.num_nodes} nodes, {s.num_edges} edges, checksum {s.checksum}")' "$stage/graph"
+elif [ -n "$store" ] || [ -n "$referenced" ]; then
+  if [ -n "$store" ]; then cp -R "$store" "$graph_store"; fi
+  step "1/4 checking the graph store ${store:-$graph_store}"
+  "$PYTHON" -c 'import sys; from pathlib import Path; from graph_assets import open_store; s = open_store(Path(sys.argv[1])); print(f"  {s.num_nodes} nodes, {s.num_edges} edges, checksum {s.checksum}")' "$graph_store"
 elif [ ${#synthetic[@]} -gt 0 ]; then
   step "1/4 generating a synthetic graph: ${synthetic[0]} nodes, ${synthetic[1]} edges"
-  "$PYTHON" -m graph_assets synthetic "${synthetic[@]}" --out "$stage/graph" "${synth_args[@]}"
+  "$PYTHON" -m graph_assets synthetic "${synthetic[@]}" --out "$graph_store" "${synth_args[@]}"
 else
   step "1/4 serializing the graph in $graph"
-  "$PYTHON" -m graph_assets build --graph "$graph" --out "$stage/graph" "${undirected[@]}"
+  "$PYTHON" -m graph_assets build --graph "$graph" --out "$graph_store" "${undirected[@]}"
 fi
 
 if [ "$task" != node ]; then
-  source=(--store "$stage/graph"); given=(); action=training
+  source=(--store "$graph_store"); given=(); action=training
   if [ "$task" = graph ]; then source=(--dataset "$graph_meta"); fi
   if [ -n "$weights" ]; then given=(--weights "$weights"); action=packaging; fi
   step "2/4 $action a $arch $task model"
@@ -189,11 +220,11 @@ if [ "$task" != node ]; then
   if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
 elif [ -n "$weights" ]; then
   step "2/4 packaging the given weights $weights"
-  "$PYTHON" -m model package --store "$stage/graph" --weights "$weights" --arch "$arch" \
+  "$PYTHON" -m model package --store "$graph_store" --weights "$weights" --arch "$arch" \
     --out "$work/model" "${model_args[@]}"
 else
   step "2/4 training a $arch node classifier"
-  "$PYTHON" -m model train --store "$stage/graph" --arch "$arch" --out "$work/model" \
+  "$PYTHON" -m model train --store "$graph_store" --arch "$arch" --out "$work/model" \
     "${model_args[@]}" "${train_args[@]}"
 fi
 cp "$work/model/model_config.json" "$work/model/metrics.json" "$stage/"
@@ -215,3 +246,6 @@ step "4/4 packaging $archive with torch-model-archiver"
   --config-file "$work/model-config.yaml" --export-path "$work/out" --force
 mv -f "$work/out/$name.mar" "$export_path/$archive"
 echo "built $export_path/$archive ($(du -h "$export_path/$archive" | cut -f1))"
+if [ -n "$graph_location" ]; then
+  echo "its graph is not inside: workers map the store at $graph_location, read-only"
+fi

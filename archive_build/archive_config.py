@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from graph_assets import StoreError, read_meta
 from handler.core.settings import (
     TASKS,
     ServingSettings,
@@ -138,11 +140,19 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.update_follow_interval_ms,
         help="ms between a worker's checks of the update log between batches (0 = no follower)",
     )
+    parser.add_argument(
+        "--min-version-wait",
+        type=float,
+        default=defaults.min_version_wait_ms,
+        help="ms a prediction with min_graph_version may wait for the log (then 503)",
+    )
     _add_task_options(parser, defaults)
+    _add_graph_options(parser)
     args = parser.parse_args(argv)
     num_layers = int(json.loads(args.model_config.read_text())["num_layers"])
     try:
         _check_task_options(args)
+        graph_location, graph_checksum = _graph_reference(args)
         fanouts = parse_fanouts(args.fanouts) if args.fanouts else default_fanouts(num_layers)
         if args.task != "graph" and len(fanouts) != num_layers:
             raise ValueError(
@@ -161,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             update_state_dir=args.update_state_dir,
             update_secret_file=args.update_secret_file,
             update_follow_interval_ms=args.update_follow_interval,
+            min_version_wait_ms=args.min_version_wait,
             task=args.task,
             max_top_k=args.max_top_k,
             max_graph_nodes=args.max_graph_nodes,
@@ -168,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
             explain_steps=args.explain_steps,
             explain_time_budget_ms=args.explain_budget_ms,
             explain_top_k=args.explain_top_k,
+            verify_checksum=not args.no_verify_checksum,
+            graph_location=graph_location,
+            graph_checksum=graph_checksum,
         )
         settings = ServingSettings.from_yaml_section(settings.to_yaml_section())
         device = detect_device_type() if args.device == "auto" else args.device
@@ -183,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         check_explain_budget(
             args.batch_size, args.response_timeout, settings.explain_time_budget_ms
         )
-    except ValueError as error:
+    except (ValueError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     config["gnn"] = settings.to_yaml_section()
@@ -227,6 +241,35 @@ def _add_task_options(parser: argparse.ArgumentParser, defaults: ServingSettings
         default=defaults.explain_top_k,
         help="nodes, edges and features an explanation lists",
     )
+
+
+def _add_graph_options(parser: argparse.ArgumentParser) -> None:
+    """Where workers find the graph, and what they check of it at start."""
+    parser.add_argument(
+        "--graph-location",
+        type=Path,
+        help="serve the store in this directory in place instead of a copy in the archive; "
+        "its checksum is read from its meta.json",
+    )
+    parser.add_argument(
+        "--no-verify-checksum",
+        action="store_true",
+        help="workers check the graph's sizes, meta.json and structure at start but do not "
+        "re-hash its files",
+    )
+
+
+def _graph_reference(args: argparse.Namespace) -> tuple[str, str]:
+    """(location, checksum) of a store served by reference, or two empty strings."""
+    if args.graph_location is None:
+        return "", ""
+    if args.task == "graph":
+        raise ValueError(
+            "--graph-location applies to node and link archives; a graph archive "
+            "serves no stored graph"
+        )
+    location = Path(os.path.abspath(args.graph_location))
+    return str(location), read_meta(location)["checksum"]
 
 
 def _check_task_options(args: argparse.Namespace) -> None:

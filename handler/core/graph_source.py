@@ -1,22 +1,59 @@
 """Where a worker's stored graph comes from: the archive's own copy, mapped through the cache
 that every archive version with the same graph shares (graph_assets.shared), or that copy itself
-when the archive says not to share."""
+when the archive says not to share; or, for an archive built with ``--graph-location``, a store
+outside the archive, mapped where it is and never written (it may be a read-only volume)."""
 
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from graph_assets import GraphStore, open_store, share_store
+from graph_assets import GraphStore, StoreError, open_store, read_meta, share_store
 from handler.core.settings import ServingSettings
 
 GRAPH_CACHE = "gnnserve-graph-cache"
+_T = TypeVar("_T")
 
 
 def open_graph(model_dir: Path, settings: ServingSettings) -> GraphStore:
     """The archive's graph store, opened and checked (``settings.verify_checksum``)."""
+    if settings.graph_location:
+        return open_referenced_graph(
+            Path(settings.graph_location), settings.graph_checksum, settings.verify_checksum
+        )
     graph_dir = model_dir / settings.graph_dir
     if settings.share_graph:
         cache = Path(settings.graph_cache_dir or Path(tempfile.gettempdir()) / GRAPH_CACHE)
         graph_dir = share_store(graph_dir, cache)
     return open_store(graph_dir, verify_checksum=settings.verify_checksum)
+
+
+def open_referenced_graph(location: Path, checksum: str, verify_checksum: bool) -> GraphStore:
+    """The store at ``location``, refused (`StoreError`, one line) unless it is the graph the
+    archive was built with. meta.json's checksum is compared first, so a store that is plainly
+    another graph is refused before any array is read; ``verify_checksum`` then re-hashes every
+    file, which is what catches a file changed behind an unchanged meta.json."""
+    where = f"graph store {location} (graph_location)"
+    fix = (
+        f"mount the store this archive was built with (checksum {checksum}) at {location}, or "
+        "rebuild the archive with ./build_mar.sh --graph-location DIR for the store you have"
+    )
+    if not location.is_dir():
+        raise StoreError(f"{where} is missing: {fix}")
+
+    def checked(read: Callable[[], _T]) -> _T:
+        try:
+            return read()
+        except StoreError as error:
+            raise StoreError(f"{where} is refused: {error}") from error
+
+    def same_graph(found: str) -> None:
+        if found != checksum:
+            raise StoreError(f"{where} has checksum {found} in its meta.json: {fix}")
+
+    same_graph(checked(lambda: read_meta(location))["checksum"])
+    store = checked(lambda: open_store(location, verify_checksum=verify_checksum))
+    same_graph(store.checksum)  # meta.json as open_store read it: replaced in between?
+    return store

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from archive_build.archive_config import main as write_archive_config
+from graph_assets import generate_synthetic
 from handler.core.settings import ServingSettings
 
 
@@ -63,3 +64,27 @@ def test_a_batch_of_explanations_must_fit_in_the_response_timeout(tmp_path, caps
         error = capsys.readouterr().err
         assert "16000 ms, which reaches responseTimeout (16 s)" in error
         assert "--explain-budget-ms) below 2000" in error and "above 16 s" in error
+
+
+def test_a_graph_location_is_written_with_the_stores_checksum(tmp_path, monkeypatch, capsys):
+    store = tmp_path / "volume" / "graph"
+    meta = generate_synthetic(20, 40, store, feature_dim=4, num_classes=2)
+    monkeypatch.chdir(tmp_path / "volume")
+    code, config = written(tmp_path / "a", "--graph-location", "graph", "--no-verify-checksum")
+    assert code == 0 and config is not None
+    assert config["gnn"]["graph_location"] == str(store)  # absolute: workers start elsewhere
+    assert config["gnn"]["graph_checksum"] == meta["checksum"]
+    assert config["gnn"]["verify_checksum"] is False
+    code, config = written(tmp_path / "b")
+    assert code == 0 and config is not None
+    assert (config["gnn"]["graph_location"], config["gnn"]["verify_checksum"]) == ("", True)
+    assert written(tmp_path / "c", "--graph-location", str(tmp_path / "c"))[0] == 2
+    assert "is not a graph store" in capsys.readouterr().err
+    assert written(tmp_path / "d", "--task", "graph", "--graph-location", str(store))[0] == 2
+    assert "a graph archive serves no stored graph" in capsys.readouterr().err
+
+
+def test_the_read_your_writes_wait_reaches_the_gnn_section(tmp_path):
+    code, config = written(tmp_path, "--enable-updates", "--min-version-wait", "250")
+    assert code == 0 and config is not None
+    assert ServingSettings.from_yaml_section(config["gnn"]).min_version_wait_ms == 250
