@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 .PHONY: install mar serve stop test lint typecheck unit integration bench bench-full demo-report clean \
+	redis-server \
 	audit \
 	status register set-default scale unregister resume
 
@@ -58,14 +59,25 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-unit: install
+unit: install redis-server
 	$(BIN)/pytest tests/unit -q
 
-integration: install
+integration: install redis-server
 	$(BIN)/pytest tests/integration -q
 
-test: install lint typecheck
+test: install lint typecheck redis-server
 	$(BIN)/pytest -q
+
+# The Redis update log is tested against a real redis-server (Debian's redis-server is 7.0):
+# installed here when missing and running as root, else the one command to run is printed.
+redis-server:
+	@command -v redis-server >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else \
+	    echo "redis-server is missing; install it with: sudo apt-get install -y redis-server"; \
+	    exit 1; \
+	  fi; }
 
 # Benchmarks (docs/benchmarks.md): every system and baseline measured in one run, then the
 # tables and plots regenerated from its results. `make bench` is the quick profile (< 10 min).

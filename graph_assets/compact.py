@@ -1,16 +1,18 @@
 """Folds a base store and its update log into a new store, for the next archive version.
 
-``python -m graph_assets.compact --store BASE --log STATE/<checksum>/updates.log --out NEW``
-writes a fresh store (new checksum) while the running server keeps serving BASE plus its log:
-nothing running is touched. Build the next version from it with ``./build_mar.sh --store NEW
-...``. NEW continues the same log after the last record it folded in (its meta.json
-``update_log``), so both versions see every update sent to either, before and after
-``set-default``; compacting NEW again keeps that log (one log per lineage).
+``python -m graph_assets.compact --store BASE --log STATE/<checksum>/updates.log --out NEW`` (or
+``--log-url redis://host:port/db`` for a log on Redis, with ``GNNSERVE_REDIS_PASSWORD_FILE`` as
+the servers have it) writes a fresh store (new checksum) while the running server keeps serving
+BASE plus its log: nothing running is touched. Build the next version from it with
+``./build_mar.sh --store NEW ...``. NEW continues the same log after the last record it folded
+in (its meta.json ``update_log``), so both versions see every update sent to either, before and
+after ``set-default``; compacting NEW again keeps that log (one log per lineage).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -21,29 +23,36 @@ import numpy as np
 from graph_assets.errors import StoreError
 from graph_assets.log_lineage import open_update_log
 from graph_assets.overlay import GraphOverlay
+from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log, shown_url
 from graph_assets.store import StoreMeta, open_store
-from graph_assets.update_log import check_next
+from graph_assets.update_log import UpdateLog, check_next
 from graph_assets.writer import LogContinuation, StoreBuilder, feature_block_rows
 
 
 @dataclass(frozen=True)
 class Replayed:
-    """A store with its log applied, and the log's byte offset after the last record applied."""
+    """A store with its log applied, and the log's position after the last record applied
+    (a byte offset in a log file, a seq on Redis)."""
 
     overlay: GraphOverlay
     log_end: int
 
 
-def replay(store_dir: Path, log_path: Path) -> Replayed:
-    """The base store with every intact record of the log after the store's own applied."""
+def replay(store_dir: Path, log: Path | RedisLogConfig) -> Replayed:
+    """The base store with every intact record of the log after the store's own applied (a
+    log file, or the lineage's stream on Redis)."""
     overlay = GraphOverlay(open_store(store_dir))
-    log, start = open_update_log(overlay.base, log_path, writable=False)
+    opened: UpdateLog | RedisUpdateLog
+    if isinstance(log, RedisLogConfig):
+        opened, start = open_redis_update_log(overlay.base, log)
+    else:
+        opened, start = open_update_log(overlay.base, log, writable=False)
     try:
-        records, end = log.read_from(start)
+        records, end = opened.read_from(start)
     finally:
-        log.close()
+        opened.close()
     for record in records:
-        check_next(record, overlay.seq, log_path)
+        check_next(record, overlay.seq, opened.path)
         overlay.apply(record.operations, record.seq)
     return Replayed(overlay=overlay, log_end=end)
 
@@ -123,12 +132,15 @@ def _edges(overlay: GraphOverlay, nodes: np.ndarray) -> tuple[np.ndarray, np.nda
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graph_assets.compact", description=__doc__)
     parser.add_argument("--store", type=Path, required=True, help="the base store")
-    parser.add_argument("--log", type=Path, required=True, help="its updates.log")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--log", type=Path, help="its updates.log")
+    source.add_argument("--log-url", help="or its log on Redis: redis://host:port/db")
     parser.add_argument("--out", type=Path, required=True, help="directory of the new store")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     try:
-        replayed = replay(args.store, args.log)
+        log = args.log if args.log is not None else _redis_log(args.log_url)
+        replayed = replay(args.store, log)
         meta = compact(replayed, args.out)
     except (StoreError, ValueError, OSError) as error:  # a missing log, a damaged one, ...
         print(f"error: {error}", file=sys.stderr)
@@ -137,9 +149,17 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"compacted {args.store} + updates up to seq {seq} -> {args.out}: {meta['num_nodes']} "
         f"nodes, {meta['num_edges']} edges, checksum {meta['checksum']}; it continues "
-        f"{args.log} at seq {seq + 1} ({time.perf_counter() - started:.1f} s)"
+        f"{args.log or shown_url(args.log_url)} at seq {seq + 1} "
+        f"({time.perf_counter() - started:.1f} s)"
     )
     return 0
+
+
+def _redis_log(url: str) -> RedisLogConfig:
+    environ = {**os.environ, "GNNSERVE_UPDATE_LOG_URL": url}
+    config = RedisLogConfig.from_environment(environ)
+    assert config is not None
+    return config
 
 
 if __name__ == "__main__":

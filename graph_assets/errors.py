@@ -55,3 +55,19 @@ class UnsafeDirectory(StoreError):
     """A directory that must be private to this user (the update state, the graph cache) is
     not: another user could have planted what it holds (an update record, a graph) or could
     read it, so nothing in it is used."""
+
+
+class UpdateLogConflict(StoreError):
+    """Another writer appended the seq this one was about to write (a shared log that several
+    servers write): nothing was written; catch up and validate the update again."""
+
+
+class UpdateLogUnavailable(StoreError):
+    """The update log cannot be reached (Redis down, a network partition): nothing was read or
+    written. Serving goes on from the last version applied; updates wait for it."""
+
+
+class UpdateNotReplicated(StoreError):
+    """The record was written, but fewer replicas than required confirmed it in time: it is in
+    the log (every server applies it) but not as durable as configured, so it is not
+    acknowledged."""

@@ -304,7 +304,7 @@ class UpdateLog:
         return LogRecord(seq=seq, operations=operations, offset=offset, end=end)
 
 
-def check_next(record: LogRecord, previous_seq: int, path: Path) -> None:
+def check_next(record: LogRecord, previous_seq: int, path: str | Path) -> None:
     """Replay's order rule: every record's seq is the previous one's + 1. A duplicate or a gap
     means two writers appended at once or the log was edited; replaying on would diverge."""
     if record.seq != previous_seq + 1:

@@ -25,8 +25,21 @@ from handler.core.metrics import GAUGES, BatchMetrics
 from handler.core.router import RoutedBatch, RoutedResult, Router
 from handler.core.settings import ServingSettings, worker_settings
 from handler.live.live_graph import UPDATE_KEY_HEADER, LiveGraph, answer_update, update_body
-from handler.protocol.body import as_request
+from handler.live.min_version import (
+    MIN_VERSION_FIELD,
+    MIN_VERSION_HEADER,
+    RETRY_AFTER_S,
+    split_min_version,
+)
+from handler.protocol.body import Request, as_request
+from handler.protocol.errors import ApiError, BadRequest, Unavailable
 from handler.protocol.json_body import encode_body
+from handler.protocol.kserve_v2 import (
+    BINARY_HEADER,
+    binary_extension_refusal,
+    is_v2_body,
+    v2_error,
+)
 from handler.tasks.registry import describe, start_task
 from handler.tasks.spec import Archive, StartedTask
 from handler.worker_socket import buffer_frontend_reads
@@ -57,7 +70,11 @@ class GNNHandler(BaseHandler):
         self.engine: Any = None
         self.router: Router | None = None
         self.live: LiveGraph | None = None
-        self.batch_metrics = BatchMetrics(ServingSettings().metrics_interval_s)
+        self._wants: list[int | ApiError | None] = []
+        self._bodies: list[Any] = []
+        self.settings = ServingSettings()
+        self.batch_metrics = BatchMetrics(self.settings.metrics_interval_s)
+        self._log_errors_reported = 0
 
     def initialize(self, context: Context) -> None:
         """Loads everything once per worker; a bad archive fails here, not mid-request.
@@ -79,6 +96,7 @@ class GNNHandler(BaseHandler):
         self.device = select_device(properties.get("gpu_id"))
         settings = worker_settings(context.model_yaml_config, int(properties["batch_size"]))
         self.batch_metrics = BatchMetrics(settings.metrics_interval_s)
+        self.settings = settings
         archive = Archive(
             model_dir=Path(properties["model_dir"]),
             settings=settings,
@@ -104,10 +122,37 @@ class GNNHandler(BaseHandler):
         the first lookup to the last ``graph_version`` (the follower thread waits meanwhile),
         after catching up with every update acknowledged before the batch."""
         self._describe_call = self.is_describe_call(data, context)
+        if self._describe_call:
+            return super().handle(data, context)
+        requests = self._at_the_edge(data, context)
         if self.live is None:
-            return super().handle(data, context)
+            return super().handle(requests, context)
+        wanted = [seq for seq in self._wants if isinstance(seq, int)]
+        if wanted and max(wanted) > self.live.seq:  # before reading(): the follower needs the lock
+            self.live.catch_up(max(wanted), self.settings.min_version_wait_ms / 1000)
         with self.live.reading():
-            return super().handle(data, context)
+            return super().handle(requests, context)
+
+    def _at_the_edge(self, data: list[Any], context: Context) -> list[Request]:
+        """Each request decoded once, for the update path and the task alike, with the graph
+        version it asks for (``min_graph_version``) taken out of it."""
+        requests: list[Request] = []
+        self._wants = []
+        for index, raw in enumerate(data):
+            request = as_request(raw)
+            if _header(context, index, BINARY_HEADER) is not None:
+                request = Request(error=binary_extension_refusal())
+            want: int | ApiError | None
+            try:
+                request, want = split_min_version(
+                    request, _header(context, index, MIN_VERSION_HEADER)
+                )
+            except ApiError as error:
+                want = error
+            requests.append(request)
+            self._wants.append(want)
+        self._bodies = [request.body for request in requests]
+        return requests
 
     def _is_describe(self) -> bool:
         """``BaseHandler.handle`` asks this; ``handle`` decided it from the whole batch."""
@@ -124,26 +169,51 @@ class GNNHandler(BaseHandler):
         return header == "True" and len(data) == 1 and not data[0]
 
     def preprocess(self, data: list[Any]) -> RoutedBatch:
-        """Applies the batch's graph updates first (in order), then validates each prediction
-        request alone and samples one ego-graph for the batch's seeds."""
-        self._updates: dict[int, Response] = {}
+        """Applies the batch's graph updates first (in order), answers the predictions that ask
+        for a graph version this worker does not hold, then validates each other request alone
+        and samples one ego-graph for the batch's seeds."""
+        self._answered: dict[int, Response] = {}
         predictions = []
-        for index, raw in enumerate(data):
-            item = as_request(raw)  # decoded here once, for the update path and the task alike
+        for index, item in enumerate(data):
             body = update_body(item)
-            if body is None:
-                predictions.append(item)
+            if body is not None:
+                key = _header(self.context, index, UPDATE_KEY_HEADER)
+                status, answer = answer_update(body, key, self.live, self.update_policy)
+                self._answered[index] = Response(status=status, body=answer)
                 continue
-            key = _header(self.context, index, UPDATE_KEY_HEADER)
-            status, answer = answer_update(body, key, self.live, self.update_policy)
-            self._updates[index] = Response(status=status, body=answer)
+            refusal = self._version_refusal(self._wants[index])
+            if refusal is not None:
+                self._answered[index] = refusal
+                continue
+            predictions.append(item)
         # TorchServe marks each /explanations request with an "explain" header, per request.
         explain = [
             _header(self.context, index, "explain") == "True"
             for index in range(len(data))
-            if index not in self._updates
+            if index not in self._answered
         ]
         return self._router().prepare(predictions, explain=explain)
+
+    def _version_refusal(self, want: int | ApiError | None) -> Response | None:
+        """400 for a malformed ``min_graph_version``, 503 with ``Retry-After`` for one this
+        worker has not reached in time; None when the request can be answered."""
+        if want is None:
+            return None
+        if isinstance(want, ApiError):
+            return Response(want.status, want.body())
+        if self.live is None:
+            error: ApiError = BadRequest(
+                f"{MIN_VERSION_FIELD} applies to archives that take updates; this one does not"
+            )
+            return Response(error.status, error.body())
+        if self.live.seq >= want:
+            return None
+        error = Unavailable(
+            f"this replica serves graph version {self.live.version}, before the requested "
+            f"+{want}, and did not reach it within {self.settings.min_version_wait_ms:g} ms; "
+            f"retry (this or another replica)"
+        )
+        return Response(error.status, error.body(), headers={"Retry-After": str(RETRY_AFTER_S)})
 
     def inference(self, data: RoutedBatch, *args: Any, **kwargs: Any) -> RoutedResult:
         """One forward pass for the batch, under ``torch.inference_mode()`` (in the engine)."""
@@ -152,16 +222,28 @@ class GNNHandler(BaseHandler):
     def postprocess(self, data: RoutedResult) -> list[bytes]:
         """One JSON body per request, in order, each with its own HTTP status."""
         responses = self._router().respond(data)
-        if self._updates:
+        if self._answered:
             answered = iter(responses)
-            total = len(responses) + len(self._updates)
-            responses = [self._updates.get(i) or next(answered) for i in range(total)]
+            total = len(responses) + len(self._answered)
+            responses = [self._answered.get(i) or next(answered) for i in range(total)]
         self._report(data.batch.times, responses)
+        responses = [self._in_kind(index, response) for index, response in enumerate(responses)]
         for index, response in enumerate(responses):
             phrase = HTTPStatus(response.status).phrase
             self.context.set_response_status(code=response.status, phrase=phrase, idx=index)
             self.context.set_response_content_type(index, "application/json")
+            for name, value in response.headers.items():
+                self.context.set_response_header(index, name, value)
         return [encode_body(response.body) for response in responses]
+
+    def _in_kind(self, index: int, response: Response) -> Response:
+        """A v2 request's error in the shape v2 clients and TorchServe's gRPC converter read."""
+        body = self._bodies[index] if index < len(self._bodies) else None
+        if response.status < 400 or not isinstance(body, dict) or not is_v2_body(body):
+            return response
+        version = self.task.archive.model_version if self.task is not None else ""
+        shaped = v2_error(response.body, body, self.context.model_name, version)
+        return Response(response.status, shaped, response.headers)
 
     def _report(self, times: StageTimes, responses: list[Response]) -> None:
         """Batch figures as custom metrics (on TorchServe's Prometheus endpoint) and one log
@@ -182,15 +264,29 @@ class GNNHandler(BaseHandler):
         metrics.add_metric(
             "GnnErrorResponses", summary.errors, "Count", dimensions=self._dimensions()
         )
-        if self.live is not None:  # 1 while a log record cannot be applied (docs/operations.md)
-            stalled = int(self.live.failure is not None)
+        if self.live is not None:
+            self._report_updates(metrics)
+
+    def _report_updates(self, metrics: Any) -> None:
+        """The live graph's health (docs/operations.md): a record that cannot be applied, the
+        log unreachable, how far behind the log this worker is, and the failed attempts to
+        reach it since the last report."""
+        live = self.live
+        assert live is not None
+        gauges = {
+            "GnnUpdateReplayFailed": int(live.failure is not None),
+            "GnnUpdateLogUnreachable": int(live.unreachable is not None),
+            "GnnUpdateLag": live.lag,
+        }
+        for name, value in gauges.items():
             metrics.add_metric(
-                "GnnUpdateReplayFailed",
-                stalled,
-                "Count",
-                dimensions=self._dimensions(),
-                metric_type=_GAUGE,
+                name, value, "Count", dimensions=self._dimensions(), metric_type=_GAUGE
             )
+        errors, self._log_errors_reported = (
+            live.log_errors - self._log_errors_reported,
+            live.log_errors,
+        )
+        metrics.add_metric("GnnUpdateLogErrors", errors, "Count", dimensions=self._dimensions())
 
     def _dimensions(self) -> list[Dimension]:
         """A fresh list per call: TorchServe appends default dimensions to the one it is given."""

@@ -68,6 +68,7 @@ class ArchiveSpec:
     max_batch_delay_ms: int = 5
     torch_threads: int = 1
     workers: int = 1
+    updates: bool = False
 
     @property
     def name(self) -> str:
@@ -75,6 +76,8 @@ class ArchiveSpec:
         name = f"gnn_{self.graph}_f{fanouts}_b{self.batch_size}_d{self.max_batch_delay_ms}"
         if self.torch_threads != 1:
             name += f"_t{self.torch_threads}"
+        if self.updates:
+            name += "_live"
         return name if self.workers == 1 else f"{name}_w{self.workers}"
 
 
@@ -176,6 +179,8 @@ class Artifacts:
                 maxWorkers=spec.workers,
             )
             config["gnn"].update(fanouts=list(spec.fanouts), torch_threads=spec.torch_threads)
+            if spec.updates:
+                config["gnn"]["updates_enabled"] = True
             config_file.unlink()  # a hard link to the base's file: replace, never write through
             config_file.write_text(yaml.safe_dump(config, sort_keys=False))
             staging.rename(folder)

@@ -221,6 +221,20 @@ class TorchServe:
         psutil.wait_procs(alive, timeout=10)
         self.pid = None
 
+    def kill(self) -> None:
+        """kill -9 of the frontend and every worker at once, by PID: a crash, not a stop."""
+        self._read_pid()
+        if self.pid is None:
+            return
+        with contextlib.suppress(psutil.NoSuchProcess):
+            frontend = psutil.Process(self.pid)
+            processes = [*frontend.children(recursive=True), frontend]
+            for process in processes:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    process.send_signal(signal.SIGKILL)
+            psutil.wait_procs(processes, timeout=30)
+        self.pid = None
+
     def restart(self, models: str, timeout: float = 240.0, extra_config: str = "") -> None:
         """stop(), then start() on the same ports, as an operator's restart does.
 

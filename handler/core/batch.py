@@ -86,10 +86,11 @@ class StageTimes:
 
 @dataclass(frozen=True)
 class Response:
-    """One request's answer: HTTP status and JSON body."""
+    """One request's answer: HTTP status, JSON body, and any headers of its own."""
 
     status: int
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

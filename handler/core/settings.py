@@ -6,11 +6,14 @@ Defaults live here and nowhere else; ``build_mar.sh`` writes the YAML from them.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import PurePosixPath
 from typing import Any
 
 DEFAULT_FANOUTS = (25, 10)
 TASKS = ("node", "link", "graph")
+_CHECKSUM = re.compile(r"[0-9a-f]{64}")
 
 
 def default_fanouts(num_layers: int) -> tuple[int, ...]:
@@ -30,11 +33,19 @@ class ServingSettings:
         max_ids_per_request: more IDs in one request is answered 413.
         max_subgraph_nodes, max_subgraph_edges: a single request whose ego-graph exceeds these
             is answered 413; a batch whose union exceeds them is served request by request.
-        verify_checksum: hash the graph files when a worker starts (slower start, refuses a
-            corrupt graph).
+        verify_checksum: hash the graph files when a worker starts (slower start: it reads the
+            whole graph once; refuses a corrupt or changed graph). Without it, file sizes,
+            meta.json and the graph's structure are still checked, the features' bytes not.
         graph_dir: folder of the serialized graph inside the unpacked archive.
+        graph_location: absolute path of a graph store that workers map where it is, read-only,
+            instead of a copy inside the archive (``build_mar.sh --graph-location``): a large
+            graph is then not unpacked again by every server start. Empty = ``graph_dir``.
+        graph_checksum: the checksum of the store at ``graph_location`` the archive was built
+            and trained with; a worker refuses a store whose meta.json names another. Given
+            together with ``graph_location``, or not at all.
         share_graph: map the graph from a cache shared by every archive version with the same
-            graph checksum (one copy in memory) instead of from this archive's unpacked copy.
+            graph checksum (one copy in memory) instead of from this archive's unpacked copy;
+            ignored with ``graph_location``, which every version maps in place already.
         graph_cache_dir: where that cache lives; empty = ``gnnserve-graph-cache`` in the
             worker's temp dir (TorchServe's ``TEMP``), which is on the same filesystem as the
             unpacked archives, so the cache is made of hard links, not copies.
@@ -53,6 +64,9 @@ class ServingSettings:
         update_follow_interval_ms: how often a worker's follower thread checks the update log
             (one ``fstat``) and applies what other workers appended, between batches, so that
             requests rarely replay it themselves; 0 = no follower (each batch replays).
+        min_version_wait_ms: how long a prediction that asks for ``min_graph_version`` may wait
+            for this worker to apply the log up to it; then it is answered 503 with
+            ``Retry-After``.
         max_top_k: link archives: the largest ``top_k`` a request may ask for (more is 413).
         max_graph_nodes, max_graph_edges: graph archives: an inline graph with more nodes or
             edges is answered 413.
@@ -71,6 +85,8 @@ class ServingSettings:
     max_subgraph_edges: int = 20_000_000
     verify_checksum: bool = True
     graph_dir: str = "graph"
+    graph_location: str = ""
+    graph_checksum: str = ""
     share_graph: bool = True
     graph_cache_dir: str = ""
     torch_threads: int = 1
@@ -81,6 +97,7 @@ class ServingSettings:
     update_secret_env: str = "GNNSERVE_UPDATE_SECRET"
     max_update_operations: int = 1000
     update_follow_interval_ms: float = 5.0
+    min_version_wait_ms: float = 1000.0
     max_top_k: int = 1000
     max_graph_nodes: int = 10_000
     max_graph_edges: int = 100_000
@@ -147,9 +164,39 @@ class ServingSettings:
                 "update_follow_interval_ms must be a number of milliseconds >= 0 "
                 f"(0 = no follower thread); got {follow!r}"
             )
+        wait = self.min_version_wait_ms
+        if not isinstance(wait, (int, float)) or isinstance(wait, bool) or not 0 <= wait < 600_000:
+            raise ValueError(
+                f"min_version_wait_ms must be a number of milliseconds in [0, 600000); got {wait!r}"
+            )
         for name in ("verify_checksum", "share_graph", "updates_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
+        self._check_graph_location()
+
+    def _check_graph_location(self) -> None:
+        """A referenced store needs both keys: where it is, and which graph it must be."""
+        location, checksum = self.graph_location, self.graph_checksum
+        if not isinstance(location, str) or not isinstance(checksum, str):
+            raise ValueError(
+                f"graph_location and graph_checksum must be strings; got {location!r} and "
+                f"{checksum!r}"
+            )
+        if bool(location) != bool(checksum):
+            raise ValueError(
+                "graph_location and graph_checksum go together (the store and the checksum it "
+                f"must have); got graph_location={location!r}, graph_checksum={checksum!r}"
+            )
+        if location and not PurePosixPath(location).is_absolute():
+            raise ValueError(
+                f"graph_location must be an absolute path (workers start in TorchServe's "
+                f"directories, not the builder's); got {location!r}"
+            )
+        if checksum and not _CHECKSUM.fullmatch(checksum):
+            raise ValueError(
+                f"graph_checksum must be 64 lowercase hex digits (a store's meta.json "
+                f"checksum); got {checksum!r}"
+            )
 
 
 def check_explain_budget(batch_size: int, response_timeout_s: int, budget_ms: int) -> None:

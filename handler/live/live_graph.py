@@ -1,12 +1,18 @@
 """The served graph as of now: the memory-mapped base plus the replayed update log.
 
-Every worker of every archive version that serves the same base graph shares one update log
-(``<state_dir>/<base checksum>/updates.log``); a store compacted from it continues that log after
-the records folded into it (graph_assets.log_lineage). A follower thread applies the records other
-workers append between batches, and each batch still reads whatever is left (one ``fstat`` when
-there is nothing) before it looks anything up, so an update acknowledged by any worker is seen by
-every later request on every worker (read-your-writes) without the request usually paying for
-the replay. A batch holds the graph still from lookup to formatting (:meth:`LiveGraph.reading`).
+Every worker of every archive version that serves the same base graph shares one update log: a
+file (``<state_dir>/<base checksum>/updates.log``) on one machine, or a Redis stream
+(graph_assets.redis_log) that every replica shares; a store compacted from it continues that log
+after the records folded into it (graph_assets.log_lineage). A follower thread applies the
+records other workers append between batches, and each batch still reads whatever is left (one
+``fstat``, or one Redis round trip, when there is nothing) before it looks anything up, so an
+update acknowledged by any worker is seen by every later request on every worker
+(read-your-writes) without the request usually paying for the replay. A batch holds the graph
+still from lookup to formatting (:meth:`LiveGraph.reading`).
+
+A Redis log that cannot be reached stops nothing but the updates: batches serve the last version
+applied (their ``graph_version`` says which), updates are answered 503, and the follower tries
+again with a growing delay until it gets through.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import os
 import stat
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,10 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from graph_assets import GraphStore
-from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
+from graph_assets.errors import (
+    UpdateLogConflict,
+    UpdateLogCorrupt,
+    UpdateLogMismatch,
+    UpdateLogUnavailable,
+    UpdateLogWriteFailed,
+    UpdateNotReplicated,
+)
 from graph_assets.log_lineage import open_update_log, update_log_path
 from graph_assets.overlay import GraphOverlay, UpdateRejected
 from graph_assets.private_dir import ensure_private_dir
+from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
 from graph_assets.update_log import LogRecord, UpdateLog, check_next
 from handler.core.settings import ServingSettings
 from handler.protocol.body import as_request
@@ -50,6 +65,11 @@ STATE_DIR = "gnnserve-state"
 # After a failed replay the follower waits this long before it tries the same record again, so a
 # record that cannot be applied logs one traceback a second, not one per poll.
 FOLLOWER_RETRY_S = 1.0
+# An unreachable log is tried again after these delays (doubling from the first to the last).
+RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.05, 2.0
+# A writer that lost the race for a seq to another server catches up and tries again this often.
+MAX_CONFLICT_RETRIES = 50
+LogBackend = UpdateLog | RedisUpdateLog
 
 
 @dataclass(frozen=True)
@@ -139,15 +159,27 @@ class LiveGraph:
     """
 
     def __init__(
-        self, store: GraphStore, log_path: Path | None, follow_interval_s: float = 0.0
+        self,
+        store: GraphStore,
+        log_path: Path | None,
+        follow_interval_s: float = 0.0,
+        redis_log: RedisLogConfig | None = None,
     ) -> None:
         self.store = store
         self.overlay = GraphOverlay(store)
-        self.log: UpdateLog | None = None
+        self.log: LogBackend | None = None
         self.failure: ReplayFailure | None = None
+        self.unreachable: str | None = None  # why the log cannot be reached now
+        self.log_errors = 0  # failed attempts to reach the log, since the start
+        self.log_end = 0  # the end of the log when it was last looked at
+        self._reconnect_delay = RECONNECT_FIRST_S
+        self._retry_at = 0.0
         self._offset = 0
-        if log_path is not None:
+        if redis_log is not None:
+            self.log, self._offset = open_redis_update_log(store, redis_log)
+        elif log_path is not None:
             self.log, self._offset = open_update_log(store, log_path)
+        self.log_end = self._offset
         # Re-entrant: a batch holds it from lookup to formatting, and the updates inside that
         # batch (``update``) take it again.
         self._lock = threading.RLock()
@@ -181,11 +213,26 @@ class LiveGraph:
         """Whether the follower thread is running."""
         return self._follower is not None and self._follower.is_alive()
 
+    @property
+    def seq(self) -> int:
+        """How many updates the served graph holds (the number after ``+`` in the version)."""
+        return self.overlay.seq
+
+    @property
+    def lag(self) -> int:
+        """How far the graph is behind the log as last seen: records for a Redis log; for the
+        file log 1 while unread bytes wait, else 0."""
+        if isinstance(self.log, RedisUpdateLog):
+            return max(0, self.log_end - self._offset)
+        return int(self.log_end > self._offset)
+
     def describe(self) -> dict[str, Any]:
-        """The update state for ``describe``: the version served and any replay failure."""
+        """The update state for ``describe``: the version served, the log, any failure."""
         return {
             "graph_version": self.version,
+            "log": self.log.path if isinstance(self.log, RedisUpdateLog) else "file",
             "replay_failure": self.failure.describe() if self.failure is not None else None,
+            "log_unreachable": self.unreachable,
         }
 
     @contextmanager
@@ -198,12 +245,27 @@ class LiveGraph:
             yield
 
     def sync(self) -> None:
-        """Applies records other workers appended since the last call. After a replay failure
-        it does nothing: serving stays at the last version applied while the follower retries."""
-        if self.failure is not None or not self._behind():
+        """Applies records other workers appended since the last call. After a replay failure,
+        or while the log cannot be reached, it does nothing: serving stays at the last version
+        applied while the follower retries."""
+        if self.failure is not None or self._waiting_to_reconnect() or not self._behind():
             return
         with self._lock:
             self._read_and_apply(locked=False)
+
+    def catch_up(self, seq: int, timeout_s: float) -> bool:
+        """Waits (at most ``timeout_s``) until the graph holds update ``seq``: a client's
+        read-your-writes across replicas (``min_graph_version``). Call it outside a batch's
+        :meth:`reading`, whose lock the follower needs."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.sync()
+            if self.overlay.seq >= seq:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(0.002, left))
 
     def follow_once(self) -> None:
         """One step of the follower: reads new records without the graph's lock (a writer's
@@ -214,6 +276,9 @@ class LiveGraph:
         start = self._offset
         try:
             records, end = log.read_from(start)
+        except UpdateLogUnavailable as error:
+            self._lost(error)
+            return
         except Exception as error:
             with self._lock:
                 self._fail(error, start, None)
@@ -230,21 +295,36 @@ class LiveGraph:
         """
         if self.log is None:
             raise Forbidden("updates are disabled for this archive")
-        log = self.log
+        for _ in range(MAX_CONFLICT_RETRIES):
+            try:
+                return self._update_once(self.log, request)
+            except UpdateLogConflict:
+                continue  # another server wrote that seq first: catch up, validate again
+        raise Unavailable(
+            f"{MAX_CONFLICT_RETRIES} other updates were written first while this one was being "
+            "validated; nothing was applied, send it again"
+        )
+
+    def _update_once(self, log: LogBackend, request: UpdateRequest) -> int:
         with self._lock, log.exclusive():
             if self.failure is None:
-                self._read_and_apply(locked=True)
+                self._read_and_apply(locked=True, raise_unreachable=True)
             if self.failure is not None:
                 raise Unavailable(self._refusal())
             seq, at = self.overlay.seq + 1, self._offset
 
             def persist() -> None:
                 self._offset = log.append(request.operations, seq, at=at)
+                self.log_end = max(self.log_end, self._offset)
 
             try:
                 self.overlay.apply(request.operations, seq, commit=persist)
             except (UpdateRejected, UpdateLogWriteFailed) as refused:
                 raise api_error(refused) or Unavailable(str(refused)) from None
+            except (UpdateLogUnavailable, UpdateNotReplicated) as refused:
+                if isinstance(refused, UpdateLogUnavailable):
+                    self._lost(refused)
+                raise Unavailable(str(refused)) from None
         return seq
 
     def close(self) -> None:
@@ -259,19 +339,74 @@ class LiveGraph:
                 self.log = None
 
     def _behind(self) -> bool:
-        return self.log is not None and self.log.size() != self._offset
+        """Whether the log holds more than the graph (one fstat, or one Redis round trip). A
+        log shorter than what was applied from it lost acknowledged records: a failure."""
+        if self.log is None:
+            return False
+        start = self._offset  # before the size: this thread or another may append meanwhile
+        try:
+            end = self.log.size()
+        except UpdateLogUnavailable as error:
+            self._lost(error)
+            return False
+        self._reached()
+        self.log_end = end
+        if isinstance(self.log, RedisUpdateLog) and end < start:
+            lost = UpdateLogMismatch(
+                f"update log {self.log.path} ends at seq {end}, but this worker applied "
+                f"{start}: the log lost acknowledged records (was Redis restarted without its "
+                "append-only file?)"
+            )
+            with self._lock:
+                self._fail(lost, start, None)
+            return False
+        return end != start
 
-    def _read_and_apply(self, locked: bool) -> None:
+    def _waiting_to_reconnect(self) -> bool:
+        return self.unreachable is not None and time.monotonic() < self._retry_at
+
+    def _lost(self, error: UpdateLogUnavailable) -> None:
+        """The log cannot be reached: serve on, try again after a growing delay."""
+        self.log_errors += 1
+        if self.unreachable is None:
+            logger.error(
+                "%s; serving graph version %s and refusing updates until it is back",
+                error,
+                self.version,
+            )
+            self._reconnect_delay = RECONNECT_FIRST_S
+        else:
+            self._reconnect_delay = min(self._reconnect_delay * 2, RECONNECT_MAX_S)
+        self.unreachable = str(error)
+        self._retry_at = time.monotonic() + self._reconnect_delay
+
+    def _reached(self) -> None:
+        if self.unreachable is not None:
+            logger.warning("the update log is reachable again; following it from %s", self.version)
+            self.unreachable = None
+
+    def retry_delay(self) -> float:
+        """How long the follower waits before its next look at the log."""
+        return max(0.0, self._retry_at - time.monotonic()) if self.unreachable else 0.0
+
+    def _read_and_apply(self, locked: bool, raise_unreachable: bool = False) -> None:
         """Reads and applies what follows the offset; call with the graph lock held. A failure
-        is recorded (:meth:`_fail`), never raised into the batch or the update."""
+        is recorded (:meth:`_fail`), never raised into the batch; an unreachable log is raised
+        into an update (``raise_unreachable``), which must not be validated on a stale graph."""
         if self.log is None:
             return
         start = self._offset
         try:
             records, end = self.log.read_from(start, locked=locked)
+        except UpdateLogUnavailable as error:
+            self._lost(error)
+            if raise_unreachable:
+                raise Unavailable(str(error)) from None
+            return
         except Exception as error:
             self._fail(error, start, None)
             return
+        self._reached()
         self._apply(records, end)
 
     def _apply(self, records: list[LogRecord], end: int, refuse_damage: bool = False) -> None:
@@ -279,10 +414,10 @@ class LiveGraph:
         lock held. The offset moves past each record applied, so a record that fails stops
         replay there, is retried later, never skipped, and none is applied twice. A seq out of
         order raises with ``refuse_damage`` (at start), else it is a failure like any other."""
-        path = self.log.path if self.log is not None else Path()
+        path = self.log.path if self.log is not None else ""
         for record in records:
             try:
-                check_next(record, self.overlay.seq, path)
+                check_next(record, self.overlay.seq, str(path))
                 self.overlay.apply(record.operations, record.seq)
             except Exception as error:
                 if refuse_damage and isinstance(error, UpdateLogCorrupt):
@@ -341,6 +476,11 @@ def _follow(graph: weakref.ref[LiveGraph], stop: threading.Event, interval_s: fl
         live = graph()
         if live is None:
             return
+        delay = live.retry_delay()
+        if delay > 0:
+            del live
+            stop.wait(delay)
+            continue
         try:
             live.follow_once()
         except Exception:  # the log damaged under a running worker: keep serving, say so
@@ -388,6 +528,8 @@ def open_live_graph(
     store: GraphStore, settings: ServingSettings
 ) -> tuple[LiveGraph | None, UpdatePolicy]:
     """The update log and policy when the archive takes updates; (None, disabled) otherwise.
+    The log is the Redis stream ``GNNSERVE_UPDATE_LOG_URL`` names when it is set (every replica
+    shares it), else the file in the state directory (one machine).
 
     The state directory and the log's own directory in it must be private to this user: every
     worker replays the log without asking for the update key, so whoever can write there
@@ -395,9 +537,14 @@ def open_live_graph(
     if not settings.updates_enabled:
         return None, UpdatePolicy(secret=None, max_operations=settings.max_update_operations)
     secret = read_secret(settings.update_secret_env, settings.update_secret_file)
-    default = Path(tempfile.gettempdir()) / STATE_DIR
-    state = ensure_private_dir(settings.update_state_dir or default)
-    log_path = update_log_path(store, state)
-    ensure_private_dir(log_path.parent)
-    live = LiveGraph(store, log_path, follow_interval_s=settings.update_follow_interval_ms / 1000)
+    follow_s = settings.update_follow_interval_ms / 1000
+    redis_log = RedisLogConfig.from_environment()
+    if redis_log is not None:
+        live = LiveGraph(store, None, follow_interval_s=follow_s, redis_log=redis_log)
+    else:
+        default = Path(tempfile.gettempdir()) / STATE_DIR
+        state = ensure_private_dir(settings.update_state_dir or default)
+        log_path = update_log_path(store, state)
+        ensure_private_dir(log_path.parent)
+        live = LiveGraph(store, log_path, follow_interval_s=follow_s)
     return live, UpdatePolicy(secret=secret, max_operations=settings.max_update_operations)

@@ -20,8 +20,15 @@ class ApiError(Exception):
         return type(self).__name__
 
     def body(self) -> dict[str, Any]:
-        """The JSON error body of docs/api.md: ``{"code", "type", "message"}``."""
-        return {"code": self.status, "type": self.type_name, "message": self.message}
+        """The JSON error body of docs/api.md: ``{"code", "type", "message"}``, plus ``error``
+        (the message again): the Open Inference Protocol's error body, which its clients
+        (tritonclient, KServe's) read and fail to decode without."""
+        return {
+            "code": self.status,
+            "type": self.type_name,
+            "message": self.message,
+            "error": self.message,
+        }
 
 
 class BadRequest(ApiError):

@@ -13,11 +13,15 @@ and is answered with one output tensor per field (``node_id``, ``predicted_class
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
+from handler.protocol.body import show
 from handler.protocol.errors import BadRequest, TooLarge
+from handler.protocol.validation import describe_errors
 
 INPUT_NAMES = ("node_id", "node_ids")
 _DATATYPES = {"INT64": int, "INT32": int, "BYTES": str}
@@ -57,11 +61,8 @@ def parse_v2_node_ids(body: dict[str, Any], max_ids: int) -> tuple[list[int | st
     try:
         parsed = _Body.model_validate(body)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5]
-        )
         raise BadRequest(
-            f"invalid KServe v2 request ({problems}); send "
+            f"invalid KServe v2 request ({describe_errors(exc)}); send "
             '{"inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64", "data": [1, 2]}]}'
         ) from None
     if len(parsed.inputs) != 1:
@@ -69,10 +70,10 @@ def parse_v2_node_ids(body: dict[str, Any], max_ids: int) -> tuple[list[int | st
     tensor = parsed.inputs[0]
     if tensor.name not in INPUT_NAMES:
         raise BadRequest(f"the input tensor must be named node_id or node_ids; got {tensor.name!r}")
-    if tensor.shape != [len(tensor.data)]:
+    if not _holds(tensor.shape, len(tensor.data)):
         raise BadRequest(
             f"shape {tensor.shape} does not match the {len(tensor.data)} values in data; "
-            f"send shape [{len(tensor.data)}]"
+            f"send shape [{len(tensor.data)}] (or [{len(tensor.data)}, 1])"
         )
     if not tensor.data:
         raise BadRequest("the input tensor holds no node IDs")
@@ -82,7 +83,64 @@ def parse_v2_node_ids(body: dict[str, Any], max_ids: int) -> tuple[list[int | st
         raise BadRequest(
             f"datatype {tensor.datatype} needs {kind.__name__} values; got {wrong[0]!r}"
         )
+    if tensor.datatype == "BYTES" and is_grpc_body(body):
+        return [_from_base64(value) for value in tensor.data], parsed.id
     return list(tensor.data), parsed.id
+
+
+def is_grpc_body(body: dict[str, Any]) -> bool:
+    """A body TorchServe's frontend built from a gRPC ``ModelInfer`` (Open Inference Protocol):
+    it always carries ``model_name``, which no v2 REST request has, and base64-encodes every
+    BYTES element."""
+    return "model_name" in body
+
+
+def _from_base64(value: Any) -> str:
+    try:
+        return base64.b64decode(str(value), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        raise BadRequest(f"a BYTES node ID is not base64 of UTF-8 text: {show(value)}") from None
+
+
+def v2_error(error: dict[str, Any], body: Any, model_name: str, model_version: str) -> dict:
+    """The error answer of a v2 request: the JSON error with the protocol's ``error`` field,
+    shaped as an inference response too (``id``, ``model_name``, ``model_version``, an
+    ``error`` BYTES output). TorchServe's gRPC ``ModelInfer`` ignores the status and converts
+    the body as a response; a body without those fields makes its converter throw and the
+    worker die."""
+    request_id = body.get("id") if isinstance(body, dict) else None
+    message = str(error.get("message", ""))
+    return {
+        **error,
+        "id": request_id if isinstance(request_id, str) else "",
+        "model_name": model_name,
+        "model_version": model_version,
+        "outputs": [{"name": "error", "shape": [1], "datatype": "BYTES", "data": [message]}],
+    }
+
+
+def _holds(shape: list[int], count: int) -> bool:
+    """Whether a tensor of ``shape`` holds ``count`` elements: ``[n]``, ``[n, 1]``, ``[1, n]``
+    and any other shape of ``n`` elements (row-major data, as the protocol sends it)."""
+    size = 1
+    for dimension in shape:
+        if dimension < 0:
+            return False
+        size *= dimension
+    return bool(shape) and size == count
+
+
+BINARY_HEADER = "inference-header-content-length"
+
+
+def binary_extension_refusal() -> BadRequest:
+    """What a client using the binary tensor data extension is told (it can read it: the
+    error is JSON with an ``error`` field, as the protocol's clients expect)."""
+    return BadRequest(
+        "the binary tensor data extension is not supported: send the tensors as JSON (with "
+        "tritonclient: InferInput.set_data_from_numpy(array, binary_data=False) and "
+        "InferRequestedOutput(name, binary_data=False))"
+    )
 
 
 def v2_response(

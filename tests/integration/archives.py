@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,3 +47,26 @@ def build_archive(export_path: Path, graph: Path, *options: str) -> Path:
         timeout=600,
     )
     return export_path
+
+
+def build_next_version(model_store: Path, log: list[str], work: Path) -> str:
+    """Compacts 1.0's graph and its log (``["--log", FILE]`` or ``["--log-url", URL]``), then
+    builds gnn_v2.0.mar from it (same weights, updates on); returns the new graph's checksum."""
+    with zipfile.ZipFile(model_store / "gnn.mar") as archive:
+        archive.extractall(work / "v1")
+    compacted = work / "v2_graph"
+    compact = [sys.executable, "-m", "graph_assets.compact", "--store", str(work / "v1" / "graph")]
+    subprocess.run([*compact, *log, "--out", str(compacted)], check=True, cwd=ROOT, timeout=300)
+    config = yaml.safe_load((work / "v1" / "model-config.yaml").read_text())
+    state = config["gnn"].get("update_state_dir")
+    serving = "--fanouts -1,-1 --batch-size 1 --min-workers 1 --max-workers 1 --enable-updates"
+    build = [str(ROOT / "build_mar.sh"), "--store", str(compacted), "--version", "2.0"]
+    weights = ["--weights", str(work / "v1" / "model.pt"), "--arch", "gcn"]
+    paths = ["--export-path", str(model_store), *(["--update-state-dir", state] if state else [])]
+    subprocess.run(
+        [*build, *weights, *serving.split(), *paths],
+        check=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        timeout=600,
+    )
+    return str(json.loads((compacted / "meta.json").read_text())["checksum"])

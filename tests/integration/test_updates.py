@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import signal
 import subprocess
-import sys
-import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 
 from bench.harness.torchserve import TorchServe
 
-from .archives import ROOT, build_archive, write_small_graph
+from .archives import build_archive, build_next_version, write_small_graph
 
 pytestmark = pytest.mark.integration
 SECRET = "integration-update-secret-42"
@@ -128,35 +123,12 @@ def test_removed_node_answers_404(live_server):
     assert gone.status_code == 404 and gone.json()["type"] == "NodeNotFound"
 
 
-def build_next_version(model_store: Path, state: Path, work: Path) -> str:
-    """Compacts 1.0's graph and log, then builds gnn_v2.0.mar from it (same weights); returns
-    the new graph's checksum."""
-    with zipfile.ZipFile(model_store / "gnn.mar") as archive:
-        archive.extractall(work / "v1")
-    log = next(state.glob("*/updates.log"))
-    compacted = work / "v2_graph"
-    compact = [sys.executable, "-m", "graph_assets.compact", "--store", str(work / "v1" / "graph")]
-    subprocess.run(
-        [*compact, "--log", str(log), "--out", str(compacted)], check=True, cwd=ROOT, timeout=300
-    )
-    serving = "--fanouts -1,-1 --batch-size 1 --min-workers 1 --max-workers 1 --enable-updates"
-    build = [str(ROOT / "build_mar.sh"), "--store", str(compacted), "--version", "2.0"]
-    weights = ["--weights", str(work / "v1" / "model.pt"), "--arch", "gcn"]
-    paths = ["--update-state-dir", str(state), "--export-path", str(model_store)]
-    subprocess.run(
-        [*build, *weights, *serving.split(), *paths],
-        check=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-        timeout=600,
-    )
-    return str(json.loads((compacted / "meta.json").read_text())["checksum"])
-
-
 def test_after_compaction_neither_version_loses_an_update(live_server, updates_store, tmp_path):
     model_store, state = updates_store
     management = live_server.auth("management")
     assert update(live_server, [{"type": "remove_node", "id": "acct_8"}]).status_code == 200
-    checksum = build_next_version(model_store, state, tmp_path)
+    log = next(state.glob("*/updates.log"))
+    checksum = build_next_version(model_store, ["--log", str(log)], tmp_path)
     # acknowledged by 1.0 after compaction read the log: 2.0 must still see it
     late = update(live_server, [{"type": "add_node", "id": "acct_late", "x": [0.5] * 8}])
     assert late.status_code == 200, late.text
@@ -191,20 +163,12 @@ def test_after_compaction_neither_version_loses_an_update(live_server, updates_s
     assert len(list(state.glob("*/updates.log"))) == 1  # one log for the whole lineage
 
 
-def kill_everything(server: TorchServe) -> None:
-    frontend = psutil.Process(server.pid)
-    for process in [*frontend.children(recursive=True), frontend]:
-        process.send_signal(signal.SIGKILL)
-    psutil.wait_procs([frontend], timeout=30)
-    server.pid = None
-
-
 def test_kill_9_right_after_an_acknowledged_update_loses_nothing(serve, tmp_path, updates_store):
     store, state = updates_store
     with serve(store, "gnn=gnn.mar", home=tmp_path / "crash", env=UPDATE_ENV) as server:
         acknowledged = update(server, [{"type": "add_node", "id": "acct_durable", "x": [1.0] * 8}])
         assert acknowledged.status_code == 200
-        kill_everything(server)
+        server.kill()
         server.start("gnn=gnn.mar")
         answer = predict(server, "acct_durable")
         assert answer.status_code == 200, answer.text
@@ -289,7 +253,7 @@ def test_a_full_state_volume_loses_no_acknowledged_update(serve, tmp_path, tiny_
         model_log = (server.home / "logs" / "model_log.log").read_text()
         assert "unreadable" not in model_log and "cannot apply" not in model_log
 
-        kill_everything(server)
+        server.kill()
         server.start("gnn=gnn.mar")
         with ThreadPoolExecutor(8) as pool:
             after = list(pool.map(answered, probes))

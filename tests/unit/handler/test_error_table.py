@@ -28,6 +28,7 @@ def test_each_kind_of_rejected_update_has_its_status(kind, status, type_name):
         "code": status,
         "type": type_name,
         "message": "operation 2: what is wrong",
+        "error": "operation 2: what is wrong",
     }
 
 

@@ -55,7 +55,7 @@ items = (
 def check_error(error: ApiError) -> None:
     assert 400 <= error.status < 500, error
     body = error.body()
-    assert set(body) == {"code", "type", "message"}
+    assert set(body) == {"code", "type", "message", "error"}
     assert body["code"] == error.status and body["type"] == type(error).__name__
     assert isinstance(body["message"], str) and 0 < len(body["message"]) <= MAX_MESSAGE
 
@@ -139,5 +139,8 @@ def test_engine_answers_every_request_of_any_batch(engine, batch: list) -> None:
         json.dumps(response.body, allow_nan=False)
         if response.status != 200:
             body = response.body
-            assert set(body) == {"code", "type", "message"} and body["code"] == response.status
+            assert (
+                set(body) == {"code", "type", "message", "error"}
+                and body["code"] == response.status
+            )
             assert 0 < len(body["message"]) <= MAX_MESSAGE

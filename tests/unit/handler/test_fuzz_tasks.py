@@ -88,7 +88,7 @@ def refused_cleanly(call) -> None:
         call()
     except ApiError as error:
         assert 400 <= error.status < 500
-        assert set(error.body()) == {"code", "type", "message"}
+        assert set(error.body()) == {"code", "type", "message", "error"}
 
 
 @FUZZ
@@ -118,5 +118,5 @@ def test_updates_apply_or_change_nothing(int_store, tmp_path_factory, ops):
     if status == 200:
         assert live.overlay.seq == 1 and body["seq"] == 1
     else:
-        assert 400 <= status < 500 and set(body) == {"code", "type", "message"}
+        assert 400 <= status < 500 and set(body) == {"code", "type", "message", "error"}
         assert live.overlay.seq == 0 and live.log is not None and live.log.size() == 0

@@ -12,16 +12,9 @@ from handler.core.arrays import TorchOps
 from handler.core.sampler import NeighbourSampler
 from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
 from handler.protocol.errors import ApiError
+from tests.live_reference import live_ids, materialized_forward, random_update
 
-from .conftest import (
-    FEATURES,
-    live_engine,
-    live_ids,
-    make_engine,
-    materialized_forward,
-    random_model,
-    random_update,
-)
+from .conftest import FEATURES, live_engine, make_engine, random_model
 
 
 @pytest.mark.parametrize("arch", ["gcn", "gat"])

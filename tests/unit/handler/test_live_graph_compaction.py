@@ -18,8 +18,9 @@ from graph_assets.errors import UpdateLogMismatch
 from graph_assets.log_lineage import update_log_path
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import ApiError
+from tests.live_reference import live_ids, random_update
 
-from .conftest import FEATURES, live_engine, live_ids, random_model, random_update, started
+from .conftest import FEATURES, live_engine, random_model, started
 
 SECRET = "update-secret-0123456789"
 
