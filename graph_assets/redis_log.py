@@ -134,11 +134,29 @@ class RedisUpdateLog:
     writable = True
     torn_tail: TornTail | None = None  # an XADD is whole or absent
 
+    # A writer validated its update against seq - 1: write it only if the stream ends there, in
+    # one round trip (the stream's last seq is returned; the record was written iff it is
+    # seq - 1). Redis runs a script atomically, so no other entry can come in between.
+    _APPEND_AFTER = """
+    local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+    local top = 0
+    if last[1] then top = tonumber(string.match(last[1][1], '^(%d+)')) end
+    if top == tonumber(ARGV[1]) - 1 then
+        redis.call('XADD', KEYS[1], ARGV[1] .. '-0', 'operations', ARGV[2])
+    end
+    return top
+    """
+
+    # Written before a record: the file log's writer holds a lock from its catch-up read to its
+    # append; this one needs no read first (the append refuses a stale seq).
+    catch_up_before_append = False
+
     def __init__(self, client: redis.Redis, key: str, config: RedisLogConfig) -> None:
         self.client = client
         self.key = key
         self.config = config
         self.path = f"{shown_url(config.url)} stream {key}"
+        self._append_after = client.register_script(self._APPEND_AFTER)
 
     def read_from(self, position: int, locked: bool = False) -> tuple[list[LogRecord], int]:
         """Every record after seq ``position``, in seq order, and the last seq read."""
@@ -172,18 +190,24 @@ class RedisUpdateLog:
         if len(payload) > MAX_RECORD_BYTES:
             raise ValueError(f"an update record of {len(payload)} bytes is over the limit")
         try:
-            self._call(self.client.xadd, self.key, {_FIELD: payload}, id=f"{seq}-0")
+            last = int(self._call(self._append_after, keys=[self.key], args=[seq, payload]))
         except redis.ResponseError as error:
-            if "equal or smaller" in str(error):
-                raise UpdateLogConflict(
-                    f"update log {self.path}: seq {seq} was written by another server first"
-                ) from None
             # Refused whole (out of memory under noeviction, a read-only replica, ...): like a
             # full disk for the file log, nothing of it is in the stream.
             full = errno.ENOSPC if isinstance(error, redis.OutOfMemoryError) else None
             raise UpdateLogWriteFailed(
                 full, f"update log {self.path} refused the record: {error}", rolled_back=True
             ) from None
+        if last >= seq:
+            raise UpdateLogConflict(
+                f"update log {self.path}: seq {seq} was written by another server first"
+            )
+        if last != seq - 1:
+            raise UpdateLogMismatch(
+                f"update log {self.path} ends at seq {last}, but this server holds seq {seq - 1}: "
+                "the log lost acknowledged records (was Redis restarted without its append-only "
+                "file?); nothing was written"
+            )
         self._wait_for_replicas(seq)
         return seq
 

@@ -87,6 +87,9 @@ class UpdateLog:
     creates, truncates or appends.
     """
 
+    # A writer reads what others appended before it validates and appends (under its lock).
+    catch_up_before_append = True
+
     def __init__(self, path: Path, writable: bool = True) -> None:
         self.path = Path(path)
         self.writable = writable

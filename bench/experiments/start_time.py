@@ -143,13 +143,14 @@ def disk_used(directory: Path) -> int:
     return used
 
 
-def measure(work: Path, export: Path, repeats: int) -> dict[str, Starts]:
-    """Every archive started once per round, the rounds one after another."""
+def measure(work: Path, export: Path, repeats: int, prefork: bool) -> dict[str, Starts]:
+    """Every archive started once per round, the rounds one after another; workers forked from
+    a zygote (``prefork``) as ``make serve`` and the shipped image run them, or plain."""
     results = {variant.name: Starts() for variant in VARIANTS}
     for round_ in range(repeats):
         for variant in VARIANTS:
             home = work / "servers" / f"{variant.name}-{round_}"
-            server = TorchServe(home=home, model_store=export)
+            server = TorchServe(home=home, model_store=export, prefork=prefork)
             os.sync()
             try:
                 seconds = start_to_first_answer(server, variant.name)
@@ -200,11 +201,16 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=2_000_000)
     parser.add_argument("--edges", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--plain-workers",
+        action="store_true",
+        help="start workers plainly instead of forking them from the zygote (prefork/)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gnnserve-start-time-") as tmp:
         work = Path(tmp)
         store, export = build_archives(work, args.nodes, args.edges)
-        results = measure(work, export, args.repeats)
+        results = measure(work, export, args.repeats, prefork=not args.plain_workers)
         report(results, export, store)
 
 

@@ -295,19 +295,20 @@ class LiveGraph:
         """
         if self.log is None:
             raise Forbidden("updates are disabled for this archive")
+        catch_up = self.log.catch_up_before_append
         for _ in range(MAX_CONFLICT_RETRIES):
             try:
-                return self._update_once(self.log, request)
+                return self._update_once(self.log, request, catch_up)
             except UpdateLogConflict:
-                continue  # another server wrote that seq first: catch up, validate again
+                catch_up = True  # another server wrote that seq first: catch up, validate again
         raise Unavailable(
             f"{MAX_CONFLICT_RETRIES} other updates were written first while this one was being "
             "validated; nothing was applied, send it again"
         )
 
-    def _update_once(self, log: LogBackend, request: UpdateRequest) -> int:
+    def _update_once(self, log: LogBackend, request: UpdateRequest, catch_up: bool) -> int:
         with self._lock, log.exclusive():
-            if self.failure is None:
+            if self.failure is None and catch_up:
                 self._read_and_apply(locked=True, raise_unreachable=True)
             if self.failure is not None:
                 raise Unavailable(self._refusal())
@@ -316,11 +317,15 @@ class LiveGraph:
             def persist() -> None:
                 self._offset = log.append(request.operations, seq, at=at)
                 self.log_end = max(self.log_end, self._offset)
+                self._reached()
 
             try:
                 self.overlay.apply(request.operations, seq, commit=persist)
             except (UpdateRejected, UpdateLogWriteFailed) as refused:
                 raise api_error(refused) or Unavailable(str(refused)) from None
+            except UpdateLogMismatch as lost:
+                self._fail(lost, self._offset, None)
+                raise Unavailable(self._refusal()) from None
             except (UpdateLogUnavailable, UpdateNotReplicated) as refused:
                 if isinstance(refused, UpdateLogUnavailable):
                     self._lost(refused)
