@@ -122,6 +122,29 @@ class EgoGraphs:
         return self.view().external_ids(nodes)
 
 
+class OnEgoGraphs:
+    """An engine that serves from an :class:`EgoGraphs`: the graph, model and settings it
+    reads (and ``describe`` reports) are the ego-graphs'."""
+
+    ego: EgoGraphs
+
+    @property
+    def store(self) -> GraphStore:
+        return self.ego.store
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.ego.model
+
+    @property
+    def settings(self) -> ServingSettings:
+        return self.ego.settings
+
+    @property
+    def live(self) -> LiveGraph | None:
+        return self.ego.live
+
+
 def missing_nodes(node_ids: Sequence[NodeId], nodes: np.ndarray) -> NodeNotFound | None:
     """The 404 for the IDs ``find`` did not find, listing the first few; None if none."""
     if nodes.size == 0 or nodes.min() >= 0:

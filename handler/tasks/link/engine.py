@@ -19,11 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph_assets import GraphStore
 from handler.core.arrays import readonly_tensor
 from handler.core.batch import Batch, BatchEngine, Group, timed
-from handler.core.ego import EgoGraphs, seed_rows
-from handler.core.settings import ServingSettings
+from handler.core.ego import EgoGraphs, OnEgoGraphs, seed_rows
 from handler.protocol.errors import ApiError
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
 from model.link import LinkPredictor
@@ -38,7 +36,7 @@ class ResolvedLink:
     nodes: np.ndarray
 
 
-class LinkEngine(BatchEngine[ResolvedLink]):
+class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
     """Answers the three link request forms of a link prediction archive."""
 
     def __init__(self, ego: EgoGraphs, assets: LinkAssets, model_version: str) -> None:
@@ -52,18 +50,6 @@ class LinkEngine(BatchEngine[ResolvedLink]):
         self.table = readonly_tensor(assets.embeddings)
         if self.device.type != "cpu":
             self.table = self.table.to(self.device)
-
-    @property
-    def store(self) -> GraphStore:
-        return self.ego.store
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.ego.model
-
-    @property
-    def settings(self) -> ServingSettings:
-        return self.ego.settings
 
     def parse(self, item: Any) -> ResolvedLink:
         settings = self.ego.settings

@@ -21,7 +21,7 @@ from handler.core.batch import (
     parsed_or_error,
     timed,
 )
-from handler.core.ego import EgoGraphs, missing_nodes
+from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes
 from handler.core.sampler import NeighbourSampler, SampledSubgraph
 from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph
@@ -45,7 +45,7 @@ class ResolvedRequest:
     nodes: np.ndarray
 
 
-class NodeClassificationEngine(BatchEngine[ResolvedRequest]):
+class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
     """Answers node classification requests from k-hop ego-graphs of a memory-mapped graph: the
     batch core's node task (one ego-graph for the batch's seeds, one forward pass)."""
 
@@ -76,22 +76,6 @@ class NodeClassificationEngine(BatchEngine[ResolvedRequest]):
         apply_threads(settings)
         ego = EgoGraphs.create(store, model, settings, device, live)
         return cls(ego, model_version, model_name=model_name)
-
-    @property
-    def store(self) -> GraphStore:
-        return self.ego.store
-
-    @property
-    def live(self) -> LiveGraph | None:
-        return self.ego.live
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.ego.model
-
-    @property
-    def settings(self) -> ServingSettings:
-        return self.ego.settings
 
     @property
     def sampler(self) -> NeighbourSampler:
