@@ -292,12 +292,18 @@ def worker_pids(server: TorchServe) -> list[int]:
     return sorted(set(pids))
 
 
-def model_worker_pids(server: TorchServe, model: str) -> list[int]:
-    """PIDs of one model's workers, as TorchServe's describe API lists them."""
+def model_worker_pids(server: TorchServe, model: str, ready: bool = False) -> list[int]:
+    """PIDs of one model's workers, as TorchServe's describe API lists them (sorted; only the
+    READY ones with ``ready``)."""
     described = requests.get(
         f"{server.management_url}/models/{model}", headers=server.auth("management"), timeout=10
     ).json()
-    return [int(w["pid"]) for entry in described for w in entry.get("workers", []) if w.get("pid")]
+    return sorted(
+        int(w["pid"])
+        for entry in described
+        for w in entry.get("workers", [])
+        if w.get("pid") and (not ready or w.get("status") == "READY")
+    )
 
 
 def scale_workers(server: TorchServe, model: str, workers: int) -> None:

@@ -23,7 +23,7 @@ import psutil
 import requests
 import yaml
 
-from bench.harness.torchserve import TorchServe
+from bench.harness.torchserve import TorchServe, model_worker_pids, worker_processes
 
 from .archives import write_small_graph
 from .fault_handler import MARKERS
@@ -103,21 +103,8 @@ def describe(server: TorchServe, model: str) -> list[dict[str, Any]]:
 def worker_pids(server: TorchServe, model: str) -> list[int]:
     """PIDs of the model's READY workers: children of the frontend that the management API
     lists for this model."""
-    assert server.pid is not None
-    children = set()
-    for child in psutil.Process(server.pid).children(recursive=True):
-        try:
-            if any("model_service_worker.py" in part for part in child.cmdline()):
-                children.add(child.pid)
-        except psutil.Error:  # exited (or a zombie) since children() listed it
-            continue
-    listed = [
-        int(w["pid"])
-        for entry in describe(server, model)
-        for w in entry.get("workers", [])
-        if w["status"] == "READY"
-    ]
-    return sorted(pid for pid in listed if pid in children)
+    children = {process.pid for process in worker_processes(server)}
+    return [pid for pid in model_worker_pids(server, model, ready=True) if pid in children]
 
 
 def wait_for_workers(

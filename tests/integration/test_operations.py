@@ -16,11 +16,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import pytest
 import requests
 
-from bench.harness.torchserve import TorchServe
+from bench.harness.torchserve import TorchServe, worker_processes
 
 from .archives import ROOT, build_archive, write_small_graph
 
@@ -197,15 +196,6 @@ def test_scaling_down_under_load_loses_at_most_the_removed_workers_batches(ops_s
     assert set(loop.statuses) <= {200, 500}
     assert all('"Worker died."' in f or "ReadTimeout" in f for f in loop.failures)
     assert len(loop.failures) <= 2 * batch_size
-
-
-def worker_processes(server: TorchServe) -> list[psutil.Process]:
-    frontend = psutil.Process(server.pid)
-    return [
-        child
-        for child in frontend.children(recursive=True)
-        if "model_service_worker" in " ".join(child.cmdline())
-    ]
 
 
 def test_versions_with_one_graph_map_the_same_files(ops_server):

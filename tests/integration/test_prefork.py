@@ -13,7 +13,7 @@ import psutil
 import pytest
 import requests
 
-from bench.harness.torchserve import Serve, TorchServe
+from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
 
 pytestmark = pytest.mark.integration
 NODES = [f"acct_{i}" for i in range(0, 120, 4)]
@@ -37,12 +37,7 @@ def scale(server: TorchServe, workers: int) -> None:
 
 
 def ready_workers(server: TorchServe) -> list[int]:
-    described = requests.get(
-        f"{server.management_url}/models/gnn", headers=server.auth("management"), timeout=10
-    ).json()
-    return sorted(
-        int(w["pid"]) for entry in described for w in entry["workers"] if w["status"] == "READY"
-    )
+    return model_worker_pids(server, "gnn", ready=True)
 
 
 def wait_for_ready(server: TorchServe, count: int, gone: set[int], timeout: float = 120) -> None:
