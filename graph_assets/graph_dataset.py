@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 
 from graph_assets.errors import GraphInputError, StoreError
 from graph_assets.reader import _features, _find, _labels, _read_table, _require_columns
-from graph_assets.store import open_recorded_array, sha256_file
+from graph_assets.store import file_digests, open_recorded_array
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -251,7 +251,7 @@ def write_graph_dataset(dataset: GraphDataset, out_dir: Path) -> dict[str, Any]:
         files[name] = {
             "dtype": arrays[name].dtype.str,
             "shape": list(arrays[name].shape),
-            "sha256": sha256_file(out / name),
+            **file_digests(out / name),
         }
     checksum = hashlib.sha256("".join(files[n]["sha256"] for n in ARRAY_FILES).encode()).hexdigest()
     meta = {

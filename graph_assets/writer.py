@@ -34,8 +34,8 @@ from graph_assets.store import (
     StoreStats,
     UpdateLogMeta,
     combined_checksum,
+    file_digests,
     index_dtype,
-    sha256_file,
 )
 
 _FEATURE_BLOCK_BYTES = 64 << 20
@@ -311,7 +311,7 @@ def _file_meta(path: Path) -> FileMeta:
         "dtype": array.dtype.str,
         "shape": list(array.shape),
         "bytes": path.stat().st_size,
-        "sha256": sha256_file(path),
+        **file_digests(path),
     }
 
 

@@ -6,7 +6,8 @@
   pass at build time;
 - ``out_indptr.npy`` (int32/int64 ``[N+1]``) and ``out_indices.npy`` (int32/int64 ``[E]``): CSR,
   the out-neighbours of ``v`` are ``out_indices[out_indptr[v]:out_indptr[v+1]]``, ascending;
-- ``meta.json``: format version, graph checksum, sizes, build time, dtype/shape/sha256 per file.
+- ``meta.json``: format version, graph checksum, sizes, build time, and per file its dtype,
+  shape and digests (sha256, blake3).
 
 The embeddings are exactly as fresh as the archive: computed from the archive's graph when it
 was built (``built_at``), and a worker refuses them if the graph's checksum differs. Top-k
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from graph_assets.errors import StoreError
-from graph_assets.store import GraphStore, index_dtype, open_recorded_array, sha256_file
+from graph_assets.store import GraphStore, file_digests, index_dtype, open_recorded_array
 from model.link import LinkPredictor
 
 LINK_DIR = "link"
@@ -84,7 +85,7 @@ def write_link_assets(model: LinkPredictor, store: GraphStore, out_dir: Path) ->
         files[name] = {
             "dtype": array.dtype.str,
             "shape": list(array.shape),
-            "sha256": sha256_file(out / name),
+            **file_digests(out / name),
         }
     meta = {
         "format_version": FORMAT_VERSION,

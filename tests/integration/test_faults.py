@@ -233,7 +233,7 @@ def test_a_corrupt_archive_fails_to_register_with_one_clear_line(server, archive
 
     cases = {
         "wrongarch": (wrong_arch, "model.pt do not match the GAT that the model config"),
-        "tampered": (tampered_graph, "graph/features.npy has sha256"),
+        "tampered": (tampered_graph, "graph/features.npy has blake3"),
     }
     for name, (edit, problem) in cases.items():
         repack(archives / "tiny.mar", archives / f"{name}.mar", edit=edit)

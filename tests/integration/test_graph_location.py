@@ -174,7 +174,7 @@ def test_a_tampered_or_missing_store_is_refused_at_start(servers, built):
     meta = (copy / "meta.json").read_bytes()
     flip_a_feature_byte(copy)
     assert (copy / "meta.json").read_bytes() == meta
-    assert_refused(server, "tampered", f"is refused: {copy}/features.npy has sha256")
+    assert_refused(server, "tampered", f"is refused: {copy}/features.npy has blake3")
     shutil.rmtree(copy)
     missing = f"is missing: mount the store this archive was built with (checksum {checksum})"
     assert_refused(server, "missing", missing)

@@ -152,9 +152,24 @@ def test_flipped_byte_fails_the_checksum(store_path: Path) -> None:
     data[-1] ^= 0x01
     features.write_bytes(bytes(data))
     message = refusal(store_path)
-    assert "features.npy has sha256" in message and "the file is corrupt or was changed" in message
+    assert "features.npy has blake3" in message and "the file is corrupt or was changed" in message
     assert "python -m graph_assets build" in message
     open_store(store_path, verify_checksum=False)  # only the checksum catches a changed value
+
+
+def test_a_store_recorded_without_blake3_is_checked_by_sha256(store_path: Path) -> None:
+    """Stores written before meta.json recorded BLAKE3 digests open as before."""
+    meta_path = store_path / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    for entry in meta["files"].values():
+        del entry["blake3"]
+    meta_path.write_text(json.dumps(meta))
+    open_store(store_path)
+    features = store_path / "features.npy"
+    data = bytearray(features.read_bytes())
+    data[-1] ^= 0x01
+    features.write_bytes(bytes(data))
+    assert "features.npy has sha256" in refusal(store_path)
 
 
 def test_truncated_file(store_path: Path) -> None:

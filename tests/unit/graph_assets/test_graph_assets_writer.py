@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import graph_assets.writer as writer
 from graph_assets import RawGraph, StoreBuilder, StoreError, open_store, write_store
-from graph_assets.store import ARRAY_FILES, combined_checksum, index_dtype, sha256_file
+from graph_assets.store import ARRAY_FILES, combined_checksum, file_digests, index_dtype
 
 
 def raw_graph(
@@ -93,7 +93,12 @@ def test_meta_describes_every_file(tmp_path: Path) -> None:
         path = tmp_path / "s" / name
         array = np.load(path, allow_pickle=False)
         assert (entry["dtype"], entry["shape"]) == (array.dtype.str, list(array.shape))
-        assert (entry["bytes"], entry["sha256"]) == (path.stat().st_size, sha256_file(path))
+        digests = file_digests(path)
+        assert (entry["bytes"], entry["sha256"], entry["blake3"]) == (
+            path.stat().st_size,
+            digests["sha256"],
+            digests["blake3"],
+        )
     digests = {name: entry["sha256"] for name, entry in meta["files"].items()}
     assert meta["checksum"] == combined_checksum(digests)
 

@@ -6,7 +6,6 @@ tests/integration/test_faults.py registers such an archive with a real TorchServ
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import pickle
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from graph_assets.store import combined_checksum
+from graph_assets.store import combined_checksum, file_digests
 from handler.gnn_handler import GNNHandler
 from model import build_model
 from model.config import ModelConfig
@@ -67,12 +66,11 @@ def rewrite_array(graph: Path, name: str, array: np.ndarray) -> None:
     the format's own dtype/shape rules can catch it."""
     np.save(graph / name, array)
     meta = json.loads((graph / "meta.json").read_text())
-    digest = hashlib.sha256((graph / name).read_bytes()).hexdigest()
     meta["files"][name].update(
         dtype=array.dtype.str,
         shape=list(array.shape),
         bytes=(graph / name).stat().st_size,
-        sha256=digest,
+        **file_digests(graph / name),
     )
     meta["checksum"] = combined_checksum({n: e["sha256"] for n, e in meta["files"].items()})
     (graph / "meta.json").write_text(json.dumps(meta))
@@ -211,7 +209,7 @@ def test_a_corrupt_archive_does_not_poison_the_cache_for_a_good_one(archive, tmp
     shutil.copytree(archive, good)
     flip_last_byte(archive / "graph" / "features.npy")
     cache = tmp_path / "cache"
-    with pytest.raises(Exception, match=r"features\.npy has sha256"):
+    with pytest.raises(Exception, match=r"features\.npy has blake3"):
         start(archive, cache, share_graph=True)
     handler = start(good, cache, share_graph=True)
     assert handler.engine is not None

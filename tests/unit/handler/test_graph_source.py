@@ -155,7 +155,7 @@ BREAKERS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
     "another-graph": (another_graph, ["has checksum", "in its meta.json"]),
     "changed-feature-byte": (
         flip_a_feature_byte,
-        ["is refused", "features.npy has sha256", "corrupt or was changed"],
+        ["is refused", "features.npy has blake3", "corrupt or was changed"],
     ),
     "truncated-file": (
         lambda p: os.truncate(p / "labels.npy", 16),
@@ -188,7 +188,7 @@ def test_without_hashing_sizes_checksum_and_structure_are_checked_not_the_bytes(
     flip_a_feature_byte(volume)
     store = open_referenced_graph(volume, checksum, verify_checksum=False)
     assert store.checksum == checksum  # the trade-off docs/operations.md states
-    with pytest.raises(StoreError, match=r"features\.npy has sha256"):
+    with pytest.raises(StoreError, match=r"features\.npy has blake3"):
         open_referenced_graph(volume, checksum, verify_checksum=True)
     os.truncate(volume / "labels.npy", 16)
     with pytest.raises(StoreError, match=r"labels\.npy is 16 bytes"):
