@@ -83,6 +83,10 @@ Serving (written to the archive's model-config YAML)
   --no-verify-checksum    workers check the graph's file sizes, meta.json and structure at
                           start but do not re-hash its files: a faster start for a large graph,
                           and a changed byte in a file is not noticed (default: re-hash)
+  --precompute            compute every layer of every node at build time (layer by layer, in
+                          chunks) and answer predictions, embeddings, link scores and top-k from
+                          those rows: exact whatever --fanouts says, refreshed row by row by
+                          live updates (node and link archives; docs/precompute.md)
 
 Live updates (docs/dynamic-graphs.md)
   --enable-updates        accept {"op": "update"} requests carrying the update key (off by default)
@@ -107,7 +111,7 @@ die() { echo "build_mar.sh: error: $*" >&2; exit 2; }
 step() { echo "==> $*"; }
 
 graph="$ROOT/graph_assets/demo"; store=""; synthetic=(); undirected=(); task=node; arch=""
-graph_location=""; referenced=""
+graph_location=""; referenced=""; precompute=""
 name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""; graph_given=""
 synthetic_graphs=""; model_args=(); train_args=(); synth_args=(); yaml_args=(); task_args=()
 
@@ -136,6 +140,7 @@ while [ $# -gt 0 ]; do
     --explain-steps|--explain-budget-ms)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --enable-updates|--no-verify-checksum) yaml_args+=("$1"); shift ;;
+    --precompute) precompute=1; shift ;;
     --update-state-dir|--update-secret-file|--update-follow-interval|--min-version-wait)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --name) need "$@"; name="$2"; shift 2 ;;
@@ -174,6 +179,8 @@ if [ -n "$graph_location" ]; then
   graph_location="$(cd "$graph_location" && pwd)"
   yaml_args+=("--graph-location=$graph_location")
 fi
+[ -z "$precompute" ] || [ "$task" != graph ] \
+  || die "--precompute goes with --task node or link (a graph archive's graphs come with each request)"
 mkdir -p "$export_path"
 export_path="$(cd "$export_path" && pwd)"
 [ "$version" = 1.0 ] && archive="$name.mar" || archive="${name}_v${version}.mar"
@@ -228,6 +235,11 @@ else
     "${model_args[@]}" "${train_args[@]}"
 fi
 cp "$work/model/model_config.json" "$work/model/metrics.json" "$stage/"
+if [ -n "$precompute" ]; then
+  step "2/4 precomputing every layer of every node"
+  "$PYTHON" -m model precompute --store "$graph_store" --model-dir "$work/model" \
+    --out "$stage/precomputed"
+fi
 
 step "3/4 writing the model-config YAML and staging the code"
 "$PYTHON" -m archive_build.archive_config --out "$work/model-config.yaml" --task "$task" \

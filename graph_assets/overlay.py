@@ -60,8 +60,20 @@ class InEdges:
     indices: np.ndarray
 
 
+@dataclass
+class OverlayChange:
+    """What one applied request changed: the nodes whose feature row was set (new nodes
+    included) and the nodes whose in-neighbour list changed, each with its list before."""
+
+    feature_rows: set[int]
+    in_lists_before: dict[int, np.ndarray]
+
+
 class GraphOverlay:
-    """The updates applied so far to one base graph, with the lookups serving needs."""
+    """The updates applied so far to one base graph, with the lookups serving needs.
+
+    ``listeners`` are called with each applied request's :class:`OverlayChange`, after it is
+    committed and the seq moved (precomputed rows refresh from it)."""
 
     def __init__(self, base: GraphStore, max_new_nodes: int = 10_000_000) -> None:
         self.base = base
@@ -87,6 +99,8 @@ class GraphOverlay:
         # Set when a base node's in-list moves to the overlay; never cleared (a flagged node
         # whose list was restored just reads the base list through in_list()).
         self._dirty = np.zeros(base.num_nodes, dtype=bool)
+        self.listeners: list[Callable[[OverlayChange], None]] = []
+        self._change = OverlayChange(set(), {})
 
     @property
     def num_nodes(self) -> int:
@@ -108,6 +122,7 @@ class GraphOverlay:
         """
         undo: list[Callable[[], None]] = []
         self._base_index = self._look_up_base_ids(operations)
+        change = self._change = OverlayChange(set(), {})
         try:
             for index, operation in enumerate(operations):
                 self._apply_one(index, operation, undo)
@@ -119,7 +134,24 @@ class GraphOverlay:
             raise
         finally:
             self._base_index = {}
+            self._change = OverlayChange(set(), {})
         self.seq = seq
+        for listener in self.listeners:
+            listener(change)
+
+    def changes_so_far(self) -> OverlayChange:
+        """Everything applied on top of the base as one change (a listener that starts after
+        the log was replayed catches up with it)."""
+        return OverlayChange(
+            feature_rows=set(self.changed_rows),
+            in_lists_before={node: self._base_in_list(node) for node in self.in_lists},
+        )
+
+    def _base_in_list(self, node: int) -> np.ndarray:
+        if node < self.base.num_nodes:
+            start, end = int(self._indptr[node]), int(self._indptr[node + 1])
+            return np.asarray(self._indices[start:end], dtype=np.int64)
+        return np.empty(0, dtype=np.int64)
 
     def _look_up_base_ids(self, operations: Sequence[Any]) -> dict[int | str, int]:
         """Base index of every node ID the operations name, in one lookup (one per ID cost
@@ -164,10 +196,7 @@ class GraphOverlay:
         """The current in-neighbours of ``node`` (int64, ascending)."""
         if node in self.in_lists:
             return self.in_lists[node]
-        if node < self.base.num_nodes:
-            start, end = int(self._indptr[node]), int(self._indptr[node + 1])
-            return np.asarray(self._indices[start:end], dtype=np.int64)
-        return np.empty(0, dtype=np.int64)
+        return self._base_in_list(node)
 
     def dirty_mask(self, nodes: np.ndarray) -> np.ndarray:
         """Which of ``nodes`` must read their in-edges from the overlay (O(len(nodes)))."""
@@ -311,6 +340,7 @@ class GraphOverlay:
         self.new_labels.append(label)
         self._new_index[key] = node
         self.changed_rows[node] = vector
+        self._change.feature_rows.add(node)
 
         def forget() -> None:
             self.new_ids.pop()
@@ -356,6 +386,8 @@ class GraphOverlay:
     def _set_in_list(self, node: int, values: np.ndarray, undo: list[Callable[[], None]]) -> None:
         had = node in self.in_lists
         previous = self.in_lists.get(node)
+        if node not in self._change.in_lists_before:
+            self._change.in_lists_before[node] = self.in_list(node)
         self.in_lists[node] = np.asarray(values, dtype=np.int64)  # callers pass fresh arrays
         if node < self.base.num_nodes:
             self._dirty[node] = True
@@ -371,6 +403,7 @@ class GraphOverlay:
     def _set_row(self, node: int, vector: np.ndarray, undo: list[Callable[[], None]]) -> None:
         previous = self.changed_rows.get(node)
         self.changed_rows[node] = vector
+        self._change.feature_rows.add(node)
 
         def restore() -> None:
             if previous is None:

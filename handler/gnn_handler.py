@@ -22,6 +22,7 @@ from ts.torch_handler.base_handler import BaseHandler
 from handler.core.batch import Response, StageTimes
 from handler.core.graph_source import open_graph
 from handler.core.metrics import GAUGES, BatchMetrics
+from handler.core.precomputed import RefreshStats
 from handler.core.router import RoutedBatch, RoutedResult, Router
 from handler.core.settings import ServingSettings, worker_settings
 from handler.live.live_graph import UPDATE_KEY_HEADER, LiveGraph, answer_update, update_body
@@ -75,6 +76,8 @@ class GNNHandler(BaseHandler):
         self.settings = ServingSettings()
         self.batch_metrics = BatchMetrics(self.settings.metrics_interval_s)
         self._log_errors_reported = 0
+        self._refreshes_reported: tuple[int, int, float] = (0, 0, 0.0)
+        self._reads_reported = 0
 
     def initialize(self, context: Context) -> None:
         """Loads everything once per worker; a bad archive fails here, not mid-request.
@@ -266,6 +269,8 @@ class GNNHandler(BaseHandler):
         )
         if self.live is not None:
             self._report_updates(metrics)
+        if self.task is not None and self.task.precomputed is not None:
+            self._report_refreshes(metrics, self.task.precomputed.stats)
 
     def _report_updates(self, metrics: Any) -> None:
         """The live graph's health (docs/operations.md): a record that cannot be applied, the
@@ -287,6 +292,27 @@ class GNNHandler(BaseHandler):
             live.log_errors,
         )
         metrics.add_metric("GnnUpdateLogErrors", errors, "Count", dimensions=self._dimensions())
+
+    def _report_refreshes(self, metrics: Any, stats: RefreshStats) -> None:
+        """A precomputed archive's refreshes since the last report: rows recomputed, time per
+        update, and batches that applied (and refreshed for) other workers' updates first."""
+        updates, rows, seconds = self._refreshes_reported
+        reads = self.live.reads_after_apply if self.live is not None else 0
+        count = stats.updates - updates
+        figures = {
+            "GnnPrecomputedRefreshRows": (stats.rows - rows, "Count"),
+            "GnnPrecomputedRefreshTime": (
+                1000 * (stats.seconds - seconds) / count if count else 0.0,
+                "ms",
+            ),
+            "GnnPrecomputedReadsRefreshed": (reads - self._reads_reported, "Count"),
+        }
+        for name, (value, unit) in figures.items():
+            metrics.add_metric(
+                name, round(value, 3), unit, dimensions=self._dimensions(), metric_type=_GAUGE
+            )
+        self._refreshes_reported = (stats.updates, stats.rows, stats.seconds)
+        self._reads_reported = reads
 
     def _dimensions(self) -> list[Dimension]:
         """A fresh list per call: TorchServe appends default dimensions to the one it is given."""

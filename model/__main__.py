@@ -17,6 +17,7 @@ import argparse
 import inspect
 import json
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
@@ -28,7 +29,15 @@ import torch
 from graph_assets.errors import StoreError
 from graph_assets.store import GraphStore, open_store
 from model.config import Arch, ModelConfig
-from model.export import CONFIG_FILE, check_state_dict, export_model, write_model_files
+from model.export import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    check_state_dict,
+    export_model,
+    load_model,
+    write_model_files,
+)
+from model.precompute import precompute, weights_digest
 from model.registry import build_model
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
 from model.train import train_node_classifier
@@ -49,6 +58,16 @@ def _parser() -> argparse.ArgumentParser:
         "package", help="check pre-trained weights against a graph store and export them"
     )
     package.add_argument("--weights", required=True, help="a state_dict saved with torch.save")
+    precompute = commands.add_parser(
+        "precompute",
+        help="every layer's rows of every node, for a --precompute archive (model.precompute)",
+    )
+    precompute.add_argument("--store", required=True, help="the graph store the model serves")
+    precompute.add_argument(
+        "--model-dir", required=True, help="directory with model.pt and model_config.json"
+    )
+    precompute.add_argument("--out", required=True, help="directory to write (precomputed/)")
+    precompute.add_argument("--quiet", action="store_true", help="no progress bar")
     add_task_commands(commands)
     for command in (train, package):
         _add_model_flags(command, model_defaults)
@@ -82,6 +101,24 @@ def _add_model_flags(command: argparse.ArgumentParser, defaults: dict[str, Any])
             default=argparse.SUPPRESS,
             help=f"{text} (default: {defaults[name]})",
         )
+
+
+def _precompute(args: dict[str, Any], store: GraphStore) -> str:
+    """Writes ``--out``; returns the summary line."""
+    model_dir = Path(args["model_dir"])
+    model, _ = load_model(model_dir)
+    started = time.perf_counter()
+    meta = precompute(
+        model,
+        store,
+        Path(args["out"]),
+        weights_digest(model_dir / WEIGHTS_FILE),
+        progress=not args["quiet"],
+    )
+    return (
+        f"precomputed {meta['num_layers']} layers (widths {meta['dims']}) of "
+        f"{store.num_nodes} nodes in {time.perf_counter() - started:.1f} s"
+    )
 
 
 def _package(args: dict[str, Any], store: GraphStore) -> str:
@@ -168,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(run_task_command(args))
             return 0
         store = open_store(Path(args["store"]))
+        if args["command"] == "precompute":
+            print(_precompute(args, store))
+            return 0
         command = _train if args["command"] == "train" else _package
         summary = command(args, store)
     except (ValueError, StoreError, FileNotFoundError) as error:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GINConv, MessagePassing, SAGEConv
+from torch_geometric.nn import GCNConv, GINConv, MessagePassing, SAGEConv
 from torch_geometric.nn import models as pyg_models
 from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
@@ -73,6 +73,39 @@ class NodeClassifier(torch.nn.Module):
     ) -> Tensor:
         """One layer's output for the first ``rows`` rows of ``x`` (its destinations)."""
         return conv((x, x[:rows]), edge_index)
+
+    def layer(
+        self,
+        index: int,
+        x: Tensor,
+        edge_index: Tensor,
+        rows: int,
+        degree: Tensor | None = None,
+    ) -> Tensor:
+        """Layer ``index`` of the full-graph forward for the first ``rows`` rows of ``x``, as the
+        next layer reads it (after the activation; the last layer's logits as they are).
+
+        ``x`` holds the layer's input for the destination rows first, then for the other
+        sources of ``edge_index`` (local rows), which must hold every in-edge of each
+        destination; ``degree``: full-graph in-degrees of the rows of ``x`` (GCN). Precomputed
+        archives build every layer of every node with it, and refresh the rows an update
+        reaches with it: one rule for both (model.precompute).
+        """
+        gnn = self.gnn
+        out = self._layer_output(gnn.convs[index], x, rows, edge_index, degree)
+        if index < gnn.num_layers - 1 and gnn.act is not None:
+            out = gnn.act(out)
+        return out
+
+    def _layer_output(
+        self,
+        conv: torch.nn.Module,
+        x: Tensor,
+        rows: int,
+        edge_index: Tensor,
+        degree: Tensor | None,
+    ) -> Tensor:
+        return self._trimmed_layer(conv, x, rows, edge_index)
 
 
 def runs_stock_propagate(conv: MessagePassing) -> bool:
@@ -146,6 +179,27 @@ class GCN(NodeClassifier):
             )
         edge_index, edge_weight = gcn_norm_with_degree(edge_index, x.size(0), degree, x.dtype)
         return self.gnn(x, edge_index, edge_weight=edge_weight)
+
+    def _layer_output(
+        self,
+        conv: torch.nn.Module,
+        x: Tensor,
+        rows: int,
+        edge_index: Tensor,
+        degree: Tensor | None,
+    ) -> Tensor:
+        """``lin(sum_j w_ij x_j) + bias``: the weighted sum first, then the linear map (equal
+        to GCNConv's ``sum_j w_ij lin(x_j)``), so only the destination rows are multiplied."""
+        looped, weight = gcn_norm_with_degree(edge_index, x.size(0), degree, x.dtype)
+        into = looped[1] < rows
+        src, dst = looped[0][into], looped[1][into]
+        if not (isinstance(conv, GCNConv) and runs_stock_propagate(conv)):
+            return conv(x, looped[:, into], edge_weight=weight[into])[:rows]
+        total = x.new_zeros(rows, x.size(1)).index_add_(
+            0, dst, x.index_select(0, src) * weight[into].unsqueeze(1)
+        )
+        out = conv.lin(total)
+        return out if conv.bias is None else out + conv.bias
 
 
 class GraphSAGE(NodeClassifier):

@@ -16,11 +16,13 @@ import torch
 
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
+from handler.core.precomputed import PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph
 from handler.protocol.body import NodeId, show
 from handler.protocol.errors import NodeNotFound
+from model.precompute import Precomputed
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +48,8 @@ class EgoGraphs:
     device: torch.device
     settings: ServingSettings
     live: LiveGraph | None = None
+    # A precomputed archive's stored layer rows: answers read them instead of sampling.
+    precomputed: PrecomputedRows | None = None
 
     @classmethod
     def create(
@@ -55,16 +59,23 @@ class EgoGraphs:
         settings: ServingSettings,
         device: torch.device,
         live: LiveGraph | None = None,
+        precomputed: Precomputed | None = None,
     ) -> EgoGraphs:
-        """The graph of one worker: the model on its device, the archive's sampler."""
+        """The graph of one worker: the model on its device, the archive's sampler, and the
+        precomputed rows kept up to date with the live graph."""
         overlay = live.overlay if live is not None else None
+        model = model.to(device).eval()
+        rows = None
+        if precomputed is not None:
+            rows = PrecomputedRows(precomputed, model, store, overlay)
         return cls(
             store=store,
-            model=model.to(device).eval(),
+            model=model,
             sampler=sampler_for(store, settings, device, overlay),
             device=device,
             settings=settings,
             live=live,
+            precomputed=rows,
         )
 
     def sync(self) -> None:

@@ -172,6 +172,8 @@ class LiveGraph:
         self.unreachable: str | None = None  # why the log cannot be reached now
         self.log_errors = 0  # failed attempts to reach the log, since the start
         self.log_end = 0  # the end of the log when it was last looked at
+        # Batches that first applied records other workers wrote (precomputed rows refreshed)
+        self.reads_after_apply = 0
         self._reconnect_delay = RECONNECT_FIRST_S
         self._retry_at = 0.0
         self._offset = 0
@@ -241,7 +243,10 @@ class LiveGraph:
         batch looks up, samples, gathers and reports ``graph_version`` on one graph. The
         batch's own updates still apply inside it (the lock is re-entrant)."""
         with self._lock:
+            seq = self.overlay.seq
             self.sync()
+            if self.overlay.seq > seq:
+                self.reads_after_apply += 1
             yield
 
     def sync(self) -> None:

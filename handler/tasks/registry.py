@@ -13,6 +13,7 @@ from handler.tasks.link.task import TASK as LINK
 from handler.tasks.node.task import TASK as NODE
 from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec
 from model.export import load_model
+from model.precompute import open_archive_precomputed
 
 TASKS: dict[str, TaskSpec] = {
     "node": NODE,
@@ -32,7 +33,13 @@ def start_task(archive: Archive, open_graph: Callable[[], GraphStore]) -> Starte
             f"archive is inconsistent: model_config.json is for task {config.task.value!r}, the "
             f"model-config YAML (gnn: task) says {task!r}; rebuild the archive"
         )
-    return spec.start(archive, Loaded(model=model, config=config, store=store))
+    precomputed = None
+    if store is not None:
+        precomputed = open_archive_precomputed(
+            archive.model_dir, store, archive.settings.verify_checksum
+        )
+    loaded = Loaded(model=model, config=config, store=store, precomputed=precomputed)
+    return spec.start(archive, loaded)
 
 
 def describe(task: StartedTask) -> dict[str, Any]:
@@ -58,6 +65,8 @@ def describe(task: StartedTask) -> dict[str, Any]:
         described[settings.task] = task.details()
     if task.live is not None:
         described["updates"] = task.live.describe()
+    if task.precomputed is not None:
+        described["precomputed"] = task.precomputed.describe()
     described["explanations"] = {
         "method": METHOD,
         "steps": settings.explain_steps,

@@ -11,10 +11,12 @@ from typing import Any
 import torch
 
 from graph_assets import GraphStore
+from handler.core.precomputed import PrecomputedRows
 from handler.core.router import Router
 from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph, UpdatePolicy
 from model.config import ModelConfig
+from model.precompute import Precomputed
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Loaded:
     model: torch.nn.Module
     config: ModelConfig
     store: GraphStore | None
+    precomputed: Precomputed | None = None  # built with --precompute
 
     def stored_graph(self) -> GraphStore:
         if self.store is None:
@@ -54,6 +57,7 @@ class StartedTask:
     store: GraphStore | None = None
     live: LiveGraph | None = None
     update_policy: UpdatePolicy = field(default_factory=lambda: UpdatePolicy(None, 0))
+    precomputed: PrecomputedRows | None = None  # answers read stored rows (--precompute)
 
     def summary(self) -> str:
         """What the worker's "ready" log line says about the graph it serves."""

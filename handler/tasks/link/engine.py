@@ -22,6 +22,7 @@ import torch
 from handler.core.arrays import readonly_tensor
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, OnEgoGraphs, seed_rows
+from handler.core.sampler import SampledSubgraph
 from handler.protocol.errors import ApiError
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
 from model.link import LinkPredictor
@@ -69,9 +70,10 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
     def make_group(self, positions: list[int], outcomes: list[ResolvedLink | ApiError]) -> Any:
         if isinstance(_link(outcomes[positions[0]]).request, TopKRequest):
             return None
-        return self.ego.sample(
-            np.concatenate([_link(outcomes[p]).nodes.ravel() for p in positions])
-        )
+        nodes = np.concatenate([_link(outcomes[p]).nodes.ravel() for p in positions])
+        if self.ego.precomputed is not None:  # the stored embeddings: nothing to sample
+            return torch.from_numpy(np.unique(nodes)), None
+        return self.ego.sample(nodes)
 
     def run_group(self, group: Group, batch: Batch[ResolvedLink]) -> None:
         if group.payload is None:
@@ -84,21 +86,38 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             stop()
             return
         seeds, sub = group.payload
-        stop = timed(batch.times, "gather")
-        x, degree = self.ego.gather(sub.node)
-        stop()
-        batch.times.seed_nodes += sub.num_seeds
-        batch.times.sampled_nodes += sub.num_nodes
-        batch.times.sampled_edges += sub.num_edges
+        batch.times.seed_nodes += int(seeds.numel())
+        z = self._embeddings(seeds, sub, batch)
         stop = timed(batch.times, "forward")
         with torch.inference_mode():
-            z = self.predictor(x, sub.edge_index, degree=degree)[: sub.num_seeds]
             for position in group.positions:
                 nodes = _link(batch.outcomes[position]).nodes
                 src, dst = seed_rows(seeds, nodes[:, 0]), seed_rows(seeds, nodes[:, 1])
                 scores = torch.sigmoid(self.predictor.score(z[src], z[dst]).float())
                 batch.results[position] = scores.cpu().tolist()
         stop()
+
+    def _embeddings(
+        self, seeds: torch.Tensor, sub: SampledSubgraph | None, batch: Batch[ResolvedLink]
+    ) -> torch.Tensor:
+        """The seeds' embeddings: stored rows (precomputed), or one encoder pass over their
+        ego-graph."""
+        stop = timed(batch.times, "gather")
+        rows = self.ego.precomputed
+        if sub is None:
+            assert rows is not None
+            z = torch.from_numpy(rows.rows(rows.num_layers, seeds.numpy())).to(self.device)
+            stop()
+            return z
+        x, degree = self.ego.gather(sub.node)
+        stop()
+        batch.times.sampled_nodes += sub.num_nodes
+        batch.times.sampled_edges += sub.num_edges
+        stop = timed(batch.times, "forward")
+        with torch.inference_mode():
+            z = self.predictor(x, sub.edge_index, degree=degree)[: sub.num_seeds]
+        stop()
+        return z
 
     def top_k(self, node: int, k: int, exclude_neighbors: bool) -> list[tuple[int, float]]:
         """The ``k`` best ``(node index, score)`` for ``node`` over the whole graph."""

@@ -24,14 +24,23 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
             f"embeddings are {config.out_dim} (model_config.json out_dim); rebuild the archive"
         )
     apply_threads(settings)
-    ego = EgoGraphs.create(store, loaded.model, settings, archive.device)
+    ego = EgoGraphs.create(
+        store, loaded.model, settings, archive.device, precomputed=loaded.precomputed
+    )
     engine = LinkEngine(ego, assets, archive.model_version)
     engines: dict[str, TaskEngine] = {
         PREDICT: engine,
         EXPLAIN: ExplainEngine(PairExplanation(ego), archive.model_version),
     }
     router = Router(engines, predict_or_explain)
-    return StartedTask(archive, engine, router, details=engine.describe, store=store)
+    return StartedTask(
+        archive,
+        engine,
+        router,
+        details=engine.describe,
+        store=store,
+        precomputed=ego.precomputed,
+    )
 
 
 TASK = TaskSpec(stored_graph=True, start=start)

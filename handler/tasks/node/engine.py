@@ -29,6 +29,7 @@ from handler.protocol.class_answer import class_answer
 from handler.protocol.errors import ApiError, InternalError, NodeNotFound
 from handler.protocol.kserve_v2 import v2_response
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
+from model.precompute import Precomputed
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +71,12 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         model_version: str,
         live: LiveGraph | None = None,
         model_name: str = "gnn",
+        precomputed: Precomputed | None = None,
     ) -> NodeClassificationEngine:
         """The engine of one worker (the node task starts it so): the worker's threads set,
         the graph and sampler built over the stored graph and its live updates."""
         apply_threads(settings)
-        ego = EgoGraphs.create(store, model, settings, device, live)
+        ego = EgoGraphs.create(store, model, settings, device, live, precomputed)
         return cls(ego, model_version, model_name=model_name)
 
     @property
@@ -126,13 +128,48 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
 
     def make_group(
         self, positions: list[int], outcomes: list[ResolvedRequest | ApiError]
-    ) -> tuple[torch.Tensor, SampledSubgraph]:
-        """``(seeds, ego-graph)`` of the union of the requests' nodes."""
-        return self.ego.sample(np.concatenate([_valid(outcomes[i]).nodes for i in positions]))
+    ) -> tuple[torch.Tensor, SampledSubgraph | None]:
+        """``(seeds, ego-graph)`` of the union of the requests' nodes; a precomputed archive
+        samples nothing (``None``): its answers are stored rows."""
+        nodes = np.concatenate([_valid(outcomes[i]).nodes for i in positions])
+        if self.ego.precomputed is not None:
+            return torch.from_numpy(np.unique(nodes)), None
+        return self.ego.sample(nodes)
 
     def run_group(self, group: Group, batch: Batch[ResolvedRequest]) -> None:
         times = batch.times
         seeds, sub = group.payload
+        if sub is None:
+            probabilities = self._stored_probabilities(seeds, batch)
+        else:
+            probabilities = self._sampled_probabilities(sub, batch)
+        times.seed_nodes += int(seeds.numel())
+        # Seeds are sorted and unique (np.unique), so each request's rows are a binary search;
+        # one numpy copy instead of a tensor indexing per request.
+        table, sorted_seeds = probabilities.numpy(), seeds.numpy()
+        for position in group.positions:
+            nodes = _valid(batch.outcomes[position]).nodes
+            batch.results[position] = table[np.searchsorted(sorted_seeds, nodes)]
+
+    def _stored_probabilities(
+        self, seeds: torch.Tensor, batch: Batch[ResolvedRequest]
+    ) -> torch.Tensor:
+        """The output layer's stored rows of ``seeds``, as probabilities."""
+        precomputed = self.ego.precomputed
+        assert precomputed is not None
+        stop = timed(batch.times, "gather")
+        logits = torch.from_numpy(precomputed.rows(precomputed.num_layers, seeds.numpy()))
+        stop()
+        stop = timed(batch.times, "forward")
+        probabilities = torch.softmax(logits, dim=-1)
+        stop()
+        return probabilities
+
+    def _sampled_probabilities(
+        self, sub: SampledSubgraph, batch: Batch[ResolvedRequest]
+    ) -> torch.Tensor:
+        """One forward pass over the seeds' ego-graph."""
+        times = batch.times
         stop = timed(times, "gather")
         with torch.inference_mode():
             x, degree = self.ego.gather(sub.node)
@@ -144,15 +181,9 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
             ]
             probabilities = torch.softmax(logits.float(), dim=-1).cpu()
         stop()
-        times.seed_nodes += int(seeds.numel())
         times.sampled_nodes += sub.num_nodes
         times.sampled_edges += sub.num_edges
-        # Seeds are sorted and unique (np.unique), so each request's rows are a binary search;
-        # one numpy copy instead of a tensor indexing per request.
-        table, sorted_seeds = probabilities.numpy(), seeds.numpy()
-        for position in group.positions:
-            nodes = _valid(batch.outcomes[position]).nodes
-            batch.results[position] = table[np.searchsorted(sorted_seeds, nodes)]
+        return probabilities
 
     def body(self, request: ResolvedRequest, result: Any) -> dict[str, Any]:
         inner = request.request

@@ -44,9 +44,18 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
         archive.model_version,
         live=live,
         model_name=archive.model_name,
+        precomputed=loaded.precomputed,
     )
     router = node_router(engine, archive.model_version)
-    return StartedTask(archive, engine, router, store=store, live=live, update_policy=policy)
+    return StartedTask(
+        archive,
+        engine,
+        router,
+        store=store,
+        live=live,
+        update_policy=policy,
+        precomputed=engine.ego.precomputed,
+    )
 
 
 TASK = TaskSpec(stored_graph=True, start=start)

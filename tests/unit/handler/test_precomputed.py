@@ -1,0 +1,209 @@
+"""Precomputed archives (model.precompute, handler.core.precomputed): answers read stored rows
+and stay equal to PyG's full-graph forward on the graph version they report, through random
+streams of live updates, on every worker, whatever the fanouts."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from graph_assets import RawGraph, StoreError, open_store, write_store
+from handler.core.ego import EgoGraphs
+from handler.core.settings import ServingSettings
+from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.tasks.link.engine import LinkEngine
+from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.extras import NodeExtrasEngine
+from model import build_model
+from model.embedding import forward_with_embedding
+from model.link_assets import open_link_assets, write_link_assets
+from model.precompute import open_precomputed, precompute
+from tests.live_reference import materialized_forward, random_update
+
+from .conftest import FEATURES, random_model
+
+ARCHS = ["gcn", "sage", "gat", "gin"]
+
+
+def precomputed_engine(store, model, tmp_path, log=None, fanouts=(2, 2)):
+    """A worker of a precomputed archive (sampled fanouts: the rows make answers exact)."""
+    directory = tmp_path / "precomputed"
+    if not directory.exists():
+        precompute(model, store, directory, "weights", chunk_edges=64, progress=False)
+    live = LiveGraph(store, log) if log is not None else None
+    settings = ServingSettings.from_yaml_section({"fanouts": list(fanouts)})
+    engine = NodeClassificationEngine.create(
+        store,
+        model,
+        settings,
+        torch.device("cpu"),
+        "1.0",
+        live,
+        precomputed=open_precomputed(directory, store, "weights"),
+    )
+    return engine, live
+
+
+def engine_extras(engine):
+    return NodeExtrasEngine(engine.ego, "1.0")
+
+
+def served(engine, ids):
+    answers = engine.handle(
+        [{"body": {"node_ids": ids[i : i + 32]}} for i in range(0, len(ids), 32)]
+    )
+    assert all(a.status == 200 for a in answers), [a.body for a in answers if a.status != 200]
+    return torch.tensor([p["probabilities"] for a in answers for p in a.body["predictions"]])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_stored_rows_equal_the_full_graph_forward(int_store, tmp_path, arch):
+    model = random_model(int_store, arch)
+    engine, _ = precomputed_engine(int_store, model, tmp_path)
+    x = torch.from_numpy(np.array(int_store.features))
+    with torch.no_grad():
+        expected = torch.softmax(model(x, torch.from_numpy(int_store.edge_index())), dim=-1)
+    ids = int_store.external_ids(np.arange(int_store.num_nodes))
+    assert float((served(engine, ids) - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_exact_after_300_random_updates_on_two_workers(int_store, tmp_path, arch):
+    model = random_model(int_store, arch)
+    log = tmp_path / "updates.log"
+    first, live = precomputed_engine(int_store, model, tmp_path, log)
+    second, second_live = precomputed_engine(int_store, model, tmp_path, log)
+    rng, counter = random.Random(11), [0]
+    for step in range(300):
+        taker = live if step % 3 else second_live  # both workers take updates
+        taker.update(UpdateRequest(random_update(rng, taker, counter)))
+    ids, expected = materialized_forward(live, model)
+    for engine in (first, second):
+        assert float((served(engine, ids) - expected).abs().max()) <= 1e-5
+    assert first.ego.precomputed.stats.updates > 0
+
+
+@pytest.mark.parametrize("arch", ["gcn", "gat"])
+def test_a_worker_started_after_the_updates_catches_up(int_store, tmp_path, arch):
+    model = random_model(int_store, arch)
+    log = tmp_path / "updates.log"
+    _, live = precomputed_engine(int_store, model, tmp_path, log)
+    rng, counter = random.Random(5), [0]
+    for _ in range(60):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    late, late_live = precomputed_engine(int_store, model, tmp_path, log)
+    assert late_live.version == live.version
+    ids, expected = materialized_forward(late_live, model)
+    assert float((served(late, ids) - expected).abs().max()) <= 1e-5
+
+
+def test_embeddings_are_the_stored_last_hidden_layer(int_store, tmp_path):
+    model = random_model(int_store, "gat")
+    engine, _ = precomputed_engine(int_store, model, tmp_path)
+    x = torch.from_numpy(np.array(int_store.features))
+    with torch.no_grad():
+        _, embedding = forward_with_embedding(model, x, torch.from_numpy(int_store.edge_index()))
+    ids = int_store.external_ids(np.arange(5))
+    (answer,) = engine_extras(engine).handle(
+        [{"body": {"node_ids": ids, "return_embedding": True}}]
+    )
+    got = torch.tensor([p["embedding"] for p in answer.body["predictions"]])
+    assert float((got - embedding[:5]).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_new_node_with_senders_reads_their_stored_rows(int_store, tmp_path, arch):
+    model = random_model(int_store, arch)
+    engine, _ = precomputed_engine(int_store, model, tmp_path)
+    senders = int_store.external_ids(np.array([1, 5, 9]))
+    features = [0.25] * FEATURES
+    (answer,) = engine_extras(engine).handle(
+        [{"body": {"new_node": {"x": features, "neighbors": senders, "direction": "in"}}}]
+    )
+    assert answer.status == 200, answer.body
+    n = int_store.num_nodes
+    x = torch.cat((torch.from_numpy(np.array(int_store.features)), torch.tensor([features])))
+    rows = int_store.lookup(senders)
+    added = torch.tensor([rows.tolist(), [n] * len(senders)])
+    edge_index = torch.cat((torch.from_numpy(int_store.edge_index()), added), dim=1)
+    with torch.no_grad():
+        expected = torch.softmax(model(x, edge_index), dim=-1)[n]
+    assert float((torch.tensor(answer.body["probabilities"]) - expected).abs().max()) <= 1e-5
+
+
+def test_a_hub_and_a_read_right_after_an_update_to_its_neighbour(tmp_path):
+    """A node with 100,000 in-neighbours is answered exactly, before and after an update."""
+    fans = 100_000
+    rng = np.random.default_rng(0)
+    ids = np.arange(fans + 1, dtype=np.int64)
+    src = np.concatenate((np.arange(1, fans + 1), rng.integers(1, fans + 1, 2000)))
+    dst = np.concatenate((np.zeros(fans, dtype=np.int64), rng.integers(1, fans + 1, 2000)))
+    keep = src != dst
+    raw = RawGraph(
+        ids=ids,
+        features=rng.standard_normal((fans + 1, FEATURES)).astype(np.float32),
+        labels=rng.integers(0, 3, fans + 1),
+        src=src[keep],
+        dst=dst[keep],
+        class_names=None,
+        feature_names=[f"f{i}" for i in range(FEATURES)],
+    )
+    write_store(raw, tmp_path / "store")
+    store = open_store(tmp_path / "store")
+    model = random_model(store, "gcn")
+    engine, live = precomputed_engine(store, model, tmp_path, tmp_path / "updates.log")
+    _, expected = materialized_forward(live, model)
+    (answer,) = engine.handle([{"body": {"node_id": 0}}])
+    assert float((torch.tensor(answer.body["probabilities"]) - expected[0]).abs().max()) <= 1e-5
+    live.update(UpdateRequest([{"type": "set_features", "id": 7, "x": [3.0] * FEATURES}]))
+    (after,) = engine.handle([{"body": {"node_id": 0}}])
+    _, expected = materialized_forward(live, model)
+    assert after.body["graph_version"].endswith("+1")
+    assert float((torch.tensor(after.body["probabilities"]) - expected[0]).abs().max()) <= 1e-5
+    assert after.body["probabilities"] != answer.body["probabilities"]
+
+
+def test_rows_of_other_weights_or_another_graph_are_refused(int_store, str_store, tmp_path):
+    model = random_model(int_store, "sage")
+    precompute(model, int_store, tmp_path / "p", "weights", progress=False)
+    with pytest.raises(StoreError, match="other weights"):
+        open_precomputed(tmp_path / "p", int_store, "other")
+    with pytest.raises(StoreError, match="computed from graph"):
+        open_precomputed(tmp_path / "p", str_store, "weights")
+    layer = tmp_path / "p" / "layer_1.npy"
+    data = bytearray(layer.read_bytes())
+    data[-1] ^= 1
+    layer.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=r"layer_1\.npy has blake3"):
+        open_precomputed(tmp_path / "p", int_store, "weights")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_link_pair_scores_read_the_stored_embeddings(int_store, tmp_path, arch):
+    torch.manual_seed(0)
+    config = {"task": "link", "arch": arch, "in_dim": int_store.feature_dim, "out_dim": 8}
+    model = build_model({**config, "hidden_dim": 16}).eval()
+    write_link_assets(model, int_store, tmp_path / "link")
+    precompute(model, int_store, tmp_path / "p", "weights", chunk_edges=64, progress=False)
+    settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [2, 2]})
+    ego = EgoGraphs.create(
+        int_store,
+        model,
+        settings,
+        torch.device("cpu"),
+        precomputed=open_precomputed(tmp_path / "p", int_store, "weights"),
+    )
+    engine = LinkEngine(ego, open_link_assets(tmp_path / "link", int_store), "1.0")
+    ids = int_store.external_ids(np.arange(int_store.num_nodes))
+    pairs = [[ids[i], ids[(7 * i + 3) % len(ids)]] for i in range(40)]
+    (answer,) = engine.handle([{"body": {"pairs": pairs}}])
+    x = torch.from_numpy(np.array(int_store.features))
+    with torch.no_grad():
+        z = model(x, torch.from_numpy(int_store.edge_index()))
+        rows = [(i, (7 * i + 3) % len(ids)) for i in range(40)]
+        expected = torch.sigmoid(model.score(z[[a for a, _ in rows]], z[[b for _, b in rows]]))
+    got = torch.tensor([p["score"] for p in answer.body["predictions"]])
+    assert float((got - expected).abs().max()) <= 1e-5
