@@ -60,6 +60,10 @@ class TorchServe:
     inference_port: int = 0
     management_port: int = 0
     metrics_port: int = 0
+    # TorchServe always opens its gRPC APIs too: inference (and, with
+    # ts_open_inference_protocol=true, the Open Inference Protocol's service) and management.
+    grpc_inference_port: int = 0
+    grpc_management_port: int = 0
     pid: int | None = None
     # Set by restart() only: the ports to keep instead of picking free ones.
     fixed_ports: tuple[int, int, int] | None = None
@@ -75,6 +79,11 @@ class TorchServe:
     @property
     def management_url(self) -> str:
         return f"http://127.0.0.1:{self.management_port}"
+
+    @property
+    def grpc_inference_target(self) -> str:
+        """``host:port`` of the gRPC inference API, as ``grpc.insecure_channel`` takes it."""
+        return f"127.0.0.1:{self.grpc_inference_port}"
 
     def keys(self) -> dict[str, str]:
         data = json.loads((self.home / "key_file.json").read_text())
@@ -100,10 +109,10 @@ class TorchServe:
         """The repo's shipped config.properties with free ports and this test's model store."""
         ports = self.fixed_ports or tuple(free_ports(3))
         self.inference_port, self.management_port, self.metrics_port = ports
-        grpc_inference, grpc_management = free_ports(2)  # TorchServe always opens gRPC too
+        self.grpc_inference_port, self.grpc_management_port = free_ports(2)
         overrides = {
-            "grpc_inference_port": str(grpc_inference),
-            "grpc_management_port": str(grpc_management),
+            "grpc_inference_port": str(self.grpc_inference_port),
+            "grpc_management_port": str(self.grpc_management_port),
             "inference_address": f"http://127.0.0.1:{self.inference_port}",
             "management_address": f"http://127.0.0.1:{self.management_port}",
             "metrics_address": f"http://127.0.0.1:{self.metrics_port}",

@@ -93,9 +93,11 @@ def body_of(item: Any) -> Any:
             if key in item:
                 return item[key]
         if item:
-            # curl -d without a Content-Type sends a form; TorchServe splits it into fields.
+            # curl -d without a Content-Type sends a form; TorchServe splits it into fields. So
+            # does its gRPC Predictions with input keys of the client's choosing.
             raise BadRequest(
                 "the body arrived as form fields, not JSON; send it with the header "
-                "'Content-Type: application/json'"
+                "'Content-Type: application/json' (over TorchServe's gRPC Predictions: the JSON "
+                'under the input key "data" or "body")'
             )
     raise BadRequest('empty request; send a JSON object like {"node_id": 42}')

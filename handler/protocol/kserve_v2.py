@@ -1,21 +1,25 @@
-"""The KServe v2 (Open Inference Protocol) request and response for node classification.
+"""KServe v2 (Open Inference Protocol) bodies: the input tensors every task reads, the answers
+and errors it writes.
 
 TorchServe's KServe envelopes unwrap only the first request of a batch, which breaks
-``batchSize`` > 1; accepting the v2 body natively keeps TorchServe's batching. A request carries
-one input tensor of node IDs (INT64/INT32 integers or BYTES strings)::
+``batchSize`` > 1; reading the v2 body natively keeps TorchServe's batching. A request carries
+named input tensors::
 
     {"id": "r1",
      "inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64", "data": [1, 2]}]}
 
-and is answered with one output tensor per field (``node_id``, ``predicted_class``,
-``probabilities`` as a flattened ``[n, C]`` FP32 tensor).
+This module checks what every v2 request shares (the tensors' structure, each shape against its
+data, the values against their datatype, gRPC's base64 BYTES); each task's ``requests.py`` says
+which tensors it takes and what their shapes mean (docs/api.md, "KServe v2").
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Literal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, StrictInt, StrictStr, ValidationError
 
@@ -23,8 +27,27 @@ from handler.protocol.body import show
 from handler.protocol.errors import BadRequest, TooLarge
 from handler.protocol.validation import describe_errors
 
-INPUT_NAMES = ("node_id", "node_ids")
-_DATATYPES = {"INT64": int, "INT32": int, "BYTES": str}
+ID_TYPES = ("INT64", "INT32", "BYTES")
+INT_TYPES = ("INT64", "INT32")
+FLOAT_TYPES = ("FP32", "FP64")
+# What a datatype's JSON values are (bool is never one: it is an int subclass in Python).
+_VALUES: dict[str, tuple[type, ...]] = {
+    "INT64": (int,),
+    "INT32": (int,),
+    "BYTES": (str,),
+    "FP32": (int, float),
+    "FP64": (int, float),
+}
+_WORDS = {
+    "INT64": "integer",
+    "INT32": "integer",
+    "BYTES": "string",
+    "FP32": "number",
+    "FP64": "number",
+}
+NODE_EXAMPLE = (
+    '{"inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64", "data": [1, 2]}]}'
+)
 
 
 class _Tensor(BaseModel):
@@ -32,8 +55,8 @@ class _Tensor(BaseModel):
 
     name: StrictStr
     shape: list[StrictInt]
-    datatype: Literal["INT64", "INT32", "BYTES"]
-    data: list[StrictInt | StrictStr]
+    datatype: StrictStr
+    data: list[Any]
 
 
 class _Body(BaseModel):
@@ -43,49 +66,30 @@ class _Body(BaseModel):
     inputs: list[_Tensor]
 
 
-def is_v2_body(body: dict[str, Any]) -> bool:
-    """A v2 request is recognised by its ``inputs`` list."""
-    return "inputs" in body
+@dataclass(frozen=True)
+class Wanted:
+    """An input tensor a task takes: its names (the first is the one results are keyed by),
+    the datatypes it accepts, and whether it may hold no values (a graph without edges)."""
+
+    names: tuple[str, ...]
+    datatypes: tuple[str, ...]
+    may_be_empty: bool = False
 
 
-def parse_v2_node_ids(body: dict[str, Any], max_ids: int) -> tuple[list[int | str], str | None]:
-    """The node IDs of a v2 request and its ``id``; every problem is a 400 (or 413)."""
-    inputs = body.get("inputs")
-    if isinstance(inputs, list) and len(inputs) == 1 and isinstance(inputs[0], dict):
-        data = inputs[0].get("data")
-        if isinstance(data, list) and len(data) > max_ids:
-            raise TooLarge(
-                f"the input tensor has {len(data)} node IDs; this archive accepts at most "
-                f"{max_ids} per request"
-            )
-    try:
-        parsed = _Body.model_validate(body)
-    except ValidationError as exc:
-        raise BadRequest(
-            f"invalid KServe v2 request ({describe_errors(exc)}); send "
-            '{"inputs": [{"name": "node_ids", "shape": [2], "datatype": "INT64", "data": [1, 2]}]}'
-        ) from None
-    if len(parsed.inputs) != 1:
-        raise BadRequest(f"send exactly one input tensor of node IDs; got {len(parsed.inputs)}")
-    tensor = parsed.inputs[0]
-    if tensor.name not in INPUT_NAMES:
-        raise BadRequest(f"the input tensor must be named node_id or node_ids; got {tensor.name!r}")
-    if not _holds(tensor.shape, len(tensor.data)):
-        raise BadRequest(
-            f"shape {tensor.shape} does not match the {len(tensor.data)} values in data; "
-            f"send shape [{len(tensor.data)}] (or [{len(tensor.data)}, 1])"
-        )
-    if not tensor.data:
-        raise BadRequest("the input tensor holds no node IDs")
-    kind = _DATATYPES[tensor.datatype]
-    wrong = [value for value in tensor.data if not isinstance(value, kind)]
-    if wrong:
-        raise BadRequest(
-            f"datatype {tensor.datatype} needs {kind.__name__} values; got {wrong[0]!r}"
-        )
-    if tensor.datatype == "BYTES" and is_grpc_body(body):
-        return [_from_base64(value) for value in tensor.data], parsed.id
-    return list(tensor.data), parsed.id
+@dataclass(frozen=True)
+class Tensor:
+    """One input tensor: ``values`` flat, row-major, checked against ``datatype`` (BYTES sent
+    over gRPC already decoded) and as many as ``shape`` holds."""
+
+    name: str
+    shape: tuple[int, ...]
+    datatype: str
+    values: list[Any]
+
+
+def is_v2_body(body: Any) -> bool:
+    """A v2 request is recognised by its ``inputs`` key."""
+    return isinstance(body, dict) and "inputs" in body
 
 
 def is_grpc_body(body: dict[str, Any]) -> bool:
@@ -95,11 +99,168 @@ def is_grpc_body(body: dict[str, Any]) -> bool:
     return "model_name" in body
 
 
-def _from_base64(value: Any) -> str:
+def raw_length(body: dict[str, Any], name: str) -> int:
+    """How many values the input ``name`` sends in ``data`` (0 when there is none), counted
+    before anything is validated, so that an oversized request is refused 413 without the
+    cost of checking it. A nested ``data`` is counted one level down, as a matrix."""
+    inputs = body.get("inputs")
+    for tensor in inputs if isinstance(inputs, list) else ():
+        if isinstance(tensor, dict) and tensor.get("name") == name:
+            data = tensor.get("data")
+            if not isinstance(data, list):
+                return 0
+            return sum(len(row) if isinstance(row, list) else 1 for row in data)
+    return 0
+
+
+def read_inputs(
+    body: dict[str, Any], wanted: Sequence[Wanted], example: str
+) -> tuple[dict[str, Tensor], str | None]:
+    """The request's tensors, keyed by their first wanted name, and its ``id``; every problem
+    is a 400 that names what to send instead."""
     try:
-        return base64.b64decode(str(value), validate=True).decode("utf-8")
+        parsed = _Body.model_validate(body)
+    except ValidationError as exc:
+        raise BadRequest(
+            f"invalid KServe v2 request ({describe_errors(exc)}); send {example}"
+        ) from None
+    names = [tensor.name for tensor in parsed.inputs]
+    by_name = {name: want for want in wanted for name in want.names}
+    expected = " and ".join(" or ".join(want.names) for want in wanted)
+    if len(names) != len(wanted) or any(name not in by_name for name in names):
+        raise BadRequest(f"send the input tensor(s) {expected}; got {show(names)}; e.g. {example}")
+    tensors: dict[str, Tensor] = {}
+    for tensor in parsed.inputs:
+        want = by_name[tensor.name]
+        if want.names[0] in tensors:
+            raise BadRequest(f"the input tensor {want.names[0]} is sent twice; send it once")
+        tensors[want.names[0]] = _checked(tensor, want, is_grpc_body(body))
+    return tensors, parsed.id
+
+
+def _checked(tensor: _Tensor, want: Wanted, grpc: bool) -> Tensor:
+    name = tensor.name
+    if tensor.datatype not in want.datatypes:
+        raise BadRequest(
+            f"the input tensor {name} must have datatype {' or '.join(want.datatypes)}; got "
+            f"{show(tensor.datatype)}"
+        )
+    values = _flat(tensor.data, name)
+    if not values and not want.may_be_empty:
+        raise BadRequest(
+            f"the input tensor {name} holds no values: send them in data (JSON) or in "
+            "contents (gRPC); raw_input_contents and binary tensor data are not read"
+        )
+    if not _holds(tensor.shape, len(values)):
+        raise BadRequest(
+            f"the shape {tensor.shape} of the input tensor {name} does not hold the "
+            f"{len(values)} values in its data: send a shape whose dimensions multiply to "
+            f"{len(values)}"
+        )
+    kinds = _VALUES[tensor.datatype]
+    wrong = [value for value in values if type(value) not in kinds]
+    if wrong:
+        raise BadRequest(
+            f"datatype {tensor.datatype} of the input tensor {name} needs "
+            f"{_WORDS[tensor.datatype]} values; got {show(wrong[0])}"
+        )
+    if tensor.datatype == "BYTES" and grpc:
+        values = [_from_base64(value) for value in values]
+    return Tensor(name, tuple(tensor.shape), tensor.datatype, values)
+
+
+def _flat(data: list[Any], name: str) -> list[Any]:
+    """``data`` in its flat, row-major form: the protocol allows the nested form too."""
+    values = data
+    while any(isinstance(value, list) for value in values):
+        if not all(isinstance(value, list) for value in values):
+            raise BadRequest(f"the data of the input tensor {name} mixes lists and values")
+        values = [item for value in values for item in value]
+    return values
+
+
+def _holds(shape: list[int], count: int) -> bool:
+    """Whether a tensor of ``shape`` holds ``count`` elements."""
+    size = 1
+    for dimension in shape:
+        if dimension < 0:
+            return False
+        size *= dimension
+    return bool(shape) and size == count
+
+
+def _from_base64(value: str) -> str:
+    try:
+        return base64.b64decode(value, validate=True).decode("utf-8")
     except (binascii.Error, UnicodeDecodeError):
-        raise BadRequest(f"a BYTES node ID is not base64 of UTF-8 text: {show(value)}") from None
+        raise BadRequest(f"a BYTES value is not base64 of UTF-8 text: {show(value)}") from None
+
+
+def parse_v2_node_ids(body: dict[str, Any], max_ids: int) -> tuple[list[int | str], str | None]:
+    """The node IDs of a v2 request (one tensor ``node_ids`` or ``node_id``, any shape of ``n``
+    elements: ``[n]``, ``[n, 1]``, ``[1, n]``) and its ``id``."""
+    count = raw_length(body, "node_ids") or raw_length(body, "node_id")
+    if count > max_ids:
+        raise TooLarge(
+            f"the input tensor has {count} node IDs; this archive accepts at most {max_ids} per "
+            "request"
+        )
+    tensors, request_id = read_inputs(
+        body, [Wanted(("node_ids", "node_id"), ID_TYPES)], NODE_EXAMPLE
+    )
+    return tensors["node_ids"].values, request_id
+
+
+def ids_datatype(ids: Sequence[int | str]) -> str:
+    """``INT64`` when every ID is an integer, else ``BYTES`` (IDs go back as they came)."""
+    return "INT64" if all(isinstance(node, int) for node in ids) else "BYTES"
+
+
+def output(name: str, datatype: str, shape: list[int], data: list[Any]) -> dict[str, Any]:
+    """One output tensor, ``data`` flat and row-major."""
+    return {"name": name, "shape": shape, "datatype": datatype, "data": data}
+
+
+def class_outputs(probabilities: list[list[float]]) -> list[dict[str, Any]]:
+    """``predicted_class`` ``[n]`` and ``probabilities`` ``[n, C]``, one row per answer."""
+    classes = [max(range(len(row)), key=row.__getitem__) for row in probabilities]
+    width = len(probabilities[0]) if probabilities else 0
+    return [
+        output("predicted_class", "INT64", [len(classes)], classes),
+        output(
+            "probabilities",
+            "FP32",
+            [len(probabilities), width],
+            [value for row in probabilities for value in row],
+        ),
+    ]
+
+
+def inference_response(
+    request_id: str | None, model_name: str, model_version: str, outputs: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A v2 answer: ``model_name``, ``model_version``, ``outputs``, and the request's ``id``."""
+    response: dict[str, Any] = {
+        "model_name": model_name,
+        "model_version": model_version,
+        "outputs": outputs,
+    }
+    if request_id is not None:
+        response["id"] = request_id
+    return response
+
+
+def v2_response(
+    request_id: str | None,
+    model_name: str,
+    model_version: str,
+    node_ids: list[int | str],
+    probabilities: list[list[float]],
+) -> dict[str, Any]:
+    """A node archive's v2 answer: the node IDs echoed, classes, probabilities."""
+    ids = output("node_id", ids_datatype(node_ids), [len(node_ids)], node_ids)
+    outputs = [ids, *class_outputs(probabilities)]
+    return inference_response(request_id, model_name, model_version, outputs)
 
 
 def v2_error(error: dict[str, Any], body: Any, model_name: str, model_version: str) -> dict:
@@ -115,19 +276,14 @@ def v2_error(error: dict[str, Any], body: Any, model_name: str, model_version: s
         "id": request_id if isinstance(request_id, str) else "",
         "model_name": model_name,
         "model_version": model_version,
-        "outputs": [{"name": "error", "shape": [1], "datatype": "BYTES", "data": [message]}],
+        "outputs": [output("error", "BYTES", [1], [message])],
     }
 
 
-def _holds(shape: list[int], count: int) -> bool:
-    """Whether a tensor of ``shape`` holds ``count`` elements: ``[n]``, ``[n, 1]``, ``[1, n]``
-    and any other shape of ``n`` elements (row-major data, as the protocol sends it)."""
-    size = 1
-    for dimension in shape:
-        if dimension < 0:
-            return False
-        size *= dimension
-    return bool(shape) and size == count
+def explanation_refusal(example: str) -> BadRequest:
+    """Explanations answer in their own JSON shape, which v2 outputs cannot carry: a v2 body
+    sent to ``/explanations`` (or ``/v2/models/<m>/explain``) is told what to send."""
+    return BadRequest(f"explanations take the JSON body, e.g. {example}, not KServe v2 tensors")
 
 
 BINARY_HEADER = "inference-header-content-length"
@@ -141,38 +297,3 @@ def binary_extension_refusal() -> BadRequest:
         "tritonclient: InferInput.set_data_from_numpy(array, binary_data=False) and "
         "InferRequestedOutput(name, binary_data=False))"
     )
-
-
-def v2_response(
-    request_id: str | None,
-    model_name: str,
-    model_version: str,
-    node_ids: list[int | str],
-    probabilities: list[list[float]],
-) -> dict[str, Any]:
-    """The v2 answer: node IDs echoed (BYTES when any is a string), classes, probabilities."""
-    classes = [max(range(len(row)), key=row.__getitem__) for row in probabilities]
-    width = len(probabilities[0]) if probabilities else 0
-    id_type = "INT64" if all(isinstance(node, int) for node in node_ids) else "BYTES"
-    response: dict[str, Any] = {
-        "model_name": model_name,
-        "model_version": model_version,
-        "outputs": [
-            {"name": "node_id", "shape": [len(node_ids)], "datatype": id_type, "data": node_ids},
-            {
-                "name": "predicted_class",
-                "shape": [len(classes)],
-                "datatype": "INT64",
-                "data": classes,
-            },
-            {
-                "name": "probabilities",
-                "shape": [len(probabilities), width],
-                "datatype": "FP32",
-                "data": [value for row in probabilities for value in row],
-            },
-        ],
-    }
-    if request_id is not None:
-        response["id"] = request_id
-    return response

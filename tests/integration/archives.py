@@ -13,6 +13,8 @@ import pandas as pd
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+# The models of conftest's tasks_store, as `torchserve --models` takes them.
+TASK_MODELS = "gnn=gnn.mar,link=link.mar,graphs=graphs.mar"
 
 
 def write_small_graph(directory: Path) -> Path:

@@ -1,15 +1,18 @@
-"""Fixtures shared by the integration modules: the node archive built by build_mar.sh, the
-``serve`` factory every module starts its TorchServe with, and one server on that archive."""
+"""Fixtures shared by the integration modules: the node archive built by build_mar.sh, a store
+holding it with a link and a graph archive, the ``serve`` factory every module starts its
+TorchServe with, and one server on the node archive."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
 from bench.harness.torchserve import Serve, TorchServe
+from graph_assets.graph_dataset import generate_graph_dataset, write_graph_dataset_csv
 
 from .archives import build_archive, write_small_graph
 
@@ -70,6 +73,32 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--max-ids",
         "16",
     )
+
+
+@pytest.fixture(scope="session")
+def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Path:
+    """One archive of each task: the node archive above (``gnn``), ``link`` and ``graphs``
+    (TorchServe batching on: 8 requests, 100 ms)."""
+    root = tmp_path_factory.mktemp("tasks")
+    store = root / "model_store"
+    store.mkdir()
+    os.link(model_store / "gnn.mar", store / "gnn.mar")  # the node archive (gcn, -1,-1)
+    common = ["--batch-size", "8", "--max-batch-delay", "100"]
+    build_archive(
+        store,
+        write_small_graph(root / "graph"),
+        *("--task", "link", "--name", "link", "--arch", "gcn", "--decoder", "mlp"),
+        *("--fanouts", "-1,-1", "--max-top-k", "20", "--epochs", "8", *common),
+    )
+    graphs = root / "graphs"
+    write_graph_dataset_csv(generate_graph_dataset(160, seed=1), graphs)
+    build_archive(
+        store,
+        graphs,
+        *("--task", "graph", "--name", "graphs", "--max-graph-nodes", "40", "--epochs", "40"),
+        *("--metrics-interval", "0", *common),  # a log line per batch: tests read batch sizes
+    )
+    return store
 
 
 @pytest.fixture(scope="module")

@@ -1,48 +1,51 @@
 """Clients users already have, against a real TorchServe: tritonclient's HTTP client on the
-KServe v2 route. Answers equal the JSON API's, errors are readable by the client, and a burst
-mixing the client's good and bad requests with JSON ones keeps every good answer 200 and every
-worker up."""
+KServe v2 route of every archive kind. Answers equal the JSON API's, errors are readable by the
+client, the health calls answer what TorchServe 0.12 serves, and a burst mixing the client's
+good and bad requests with JSON ones keeps every good answer 200 and every worker up."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
-import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.torchserve import TorchServe, worker_pids
+from bench.harness.torchserve import Serve, TorchServe, worker_pids
+
+from .archives import TASK_MODELS
+from .v2_clients import (
+    graph_tensors,
+    node_tensors,
+    pair_tensors,
+    rest,
+    strings,
+    triton_client,
+    triton_infer,
+)
 
 pytestmark = pytest.mark.integration
 
-
-def client(server: TorchServe) -> triton.InferenceServerClient:
-    return triton.InferenceServerClient(server.inference_url.removeprefix("http://"))
+GRAPH = {"x": [[1.0] + [0.0] * 7] * 4, "edge_index": [[0, 0, 0, 1, 2, 3], [1, 2, 3, 0, 0, 0]]}
 
 
-def infer(server: TorchServe, ids: list[str], shape: list[int], binary: bool = False):
-    tensor = triton.InferInput("node_ids", shape, "BYTES")
-    tensor.set_data_from_numpy(np.array(ids, dtype=object).reshape(shape), binary_data=binary)
-    outputs = [
-        triton.InferRequestedOutput(n, binary_data=False) for n in ("node_id", "probabilities")
-    ]
-    # tritonclient adds its own headers to the dict it is given: a fresh one per call
-    return client(server).infer(
-        "gnn", [tensor], outputs=outputs, request_id="req-7", headers=dict(server.auth("inference"))
-    )
+@pytest.fixture(scope="module")
+def server(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
+    with serve(tasks_store, TASK_MODELS, name="clients_server") as started:
+        yield started
 
 
 def json_probabilities(server: TorchServe, ids: list[str]) -> np.ndarray:
-    answer = requests.post(
-        f"{server.inference_url}/predictions/gnn",
-        json={"node_ids": ids},
-        headers=server.auth("inference"),
-        timeout=60,
-    )
+    answer = rest(server, "gnn", {"node_ids": ids})
     assert answer.status_code == 200, answer.text
     return np.array([p["probabilities"] for p in answer.json()["predictions"]])
+
+
+def infer(server: TorchServe, ids: list[str], shape: list[int], binary: bool = False):
+    return triton_infer(server, "gnn", node_tensors(ids, shape, binary))
 
 
 @pytest.mark.parametrize("shape", [[3], [3, 1]])
@@ -50,16 +53,69 @@ def test_tritonclient_answers_equal_the_json_api(server, shape):
     ids = ["acct_1", "acct_2", "acct_42"]
     result = infer(server, ids, shape)
     assert result.get_response()["id"] == "req-7"
-    assert [i.decode() if isinstance(i, bytes) else i for i in result.as_numpy("node_id")] == ids
+    assert strings(result.as_numpy("node_id")) == ids
     probabilities = result.as_numpy("probabilities")
     assert np.allclose(probabilities, json_probabilities(server, ids), atol=1e-6)
+
+
+def test_tritonclient_link_pairs_equal_the_json_api(server):
+    pairs = [["acct_1", "acct_2"], ["acct_5", "acct_9"], ["acct_2", "acct_1"]]
+    result = triton_infer(server, "link", pair_tensors(pairs))
+    assert result.get_response()["id"] == "req-7"
+    assert strings(result.as_numpy("src")) == [src for src, _ in pairs]
+    assert strings(result.as_numpy("dst")) == [dst for _, dst in pairs]
+    answer = rest(server, "link", {"pairs": pairs}).json()
+    expected = [p["score"] for p in answer["predictions"]]
+    assert np.allclose(result.as_numpy("score"), expected, atol=1e-6)
+
+
+def test_tritonclient_inline_graph_equals_the_json_api(server):
+    result = triton_infer(server, "graphs", graph_tensors(GRAPH))
+    answer = rest(server, "graphs", {"graph": GRAPH}).json()
+    assert result.as_numpy("predicted_class").tolist() == [answer["predicted_class"]]
+    probabilities = result.as_numpy("probabilities")
+    assert probabilities.shape == (1, len(answer["probabilities"]))
+    assert np.allclose(probabilities[0], answer["probabilities"], atol=1e-6)
 
 
 def test_tritonclient_reads_the_errors(server):
     with pytest.raises(InferenceServerException, match=r"node\(s\) not in the graph: 'nobody'"):
         infer(server, ["nobody"], [1])
-    with pytest.raises(InferenceServerException, match="binary_data=False"):
-        infer(server, ["acct_1"], [1], binary=True)  # tritonclient's default encoding
+    binary = [  # tritonclient's default encoding, refused for every archive kind
+        ("gnn", node_tensors(["acct_1"], [1], binary=True)),
+        ("link", pair_tensors([["acct_1", "acct_2"]], binary=True)),
+        ("graphs", graph_tensors(GRAPH, binary=True)),
+    ]
+    for model, inputs in binary:
+        with pytest.raises(InferenceServerException, match="binary_data=False") as refused:
+            triton_infer(server, model, inputs)
+        assert refused.value.status() == "400"
+    with pytest.raises(InferenceServerException, match=r"not in the graph: 'nobody'"):
+        triton_infer(server, "link", pair_tensors([["acct_1", "nobody"]]))
+    bad = {"x": GRAPH["x"], "edge_index": [[0], [7]]}
+    with pytest.raises(InferenceServerException, match=r"outside \[0, 3\]") as refused:
+        triton_infer(server, "graphs", graph_tensors(bad))
+    assert refused.value.status() == "400"
+
+
+def test_health_calls_answer_what_torchserve_serves(server):
+    """With ts_open_inference_protocol=true (the shipped config) TorchServe 0.12 serves
+    /v2/health/live and /v2/health/ready, but no /v2/models/<m>/ready nor /v2/models/<m>:
+    tritonclient's is_model_ready is false, and model metadata is TorchServe's 404, on a
+    healthy server whose workers are all up (gRPC ModelReady answers it: test_grpc.py)."""
+    ping = requests.get(
+        f"{server.inference_url}/ping", headers=server.auth("inference"), timeout=30
+    )
+    assert ping.status_code == 200 and ping.json() == {"status": "Healthy"}  # as without it
+    client = triton_client(server)
+    headers = server.auth
+    assert client.is_server_live(headers=dict(headers("inference")))
+    assert client.is_server_ready(headers=dict(headers("inference")))
+    for model in ("gnn", "link", "graphs"):
+        assert not client.is_model_ready(model, headers=dict(headers("inference")))
+    with pytest.raises(InferenceServerException, match="ResourceNotFoundException"):
+        client.get_model_metadata("gnn", headers=dict(headers("inference")))
+    assert triton_infer(server, "gnn", node_tensors(["acct_1"], [1])).as_numpy("node_id").size
 
 
 def test_a_burst_of_client_and_bad_requests_keeps_good_answers_and_workers(server):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,43 +17,18 @@ import torch
 
 from bench.harness.torchserve import Serve, TorchServe, largest_batches
 from graph_assets import open_store
-from graph_assets.graph_dataset import generate_graph_dataset, write_graph_dataset_csv
+from graph_assets.graph_dataset import generate_graph_dataset
 from model import build_model
 from model.embedding import forward_with_embedding
 
-from .archives import build_archive, write_small_graph
+from .archives import TASK_MODELS
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Path:
-    root = tmp_path_factory.mktemp("tasks")
-    store = root / "model_store"
-    store.mkdir()
-    os.link(model_store / "gnn.mar", store / "gnn.mar")  # conftest's node archive (gcn, -1,-1)
-    common = ["--batch-size", "8", "--max-batch-delay", "100"]
-    build_archive(
-        store,
-        write_small_graph(root / "graph"),
-        *("--task", "link", "--name", "link", "--arch", "gcn", "--decoder", "mlp"),
-        *("--fanouts", "-1,-1", "--max-top-k", "20", "--epochs", "8", *common),
-    )
-    graphs = root / "graphs"
-    write_graph_dataset_csv(generate_graph_dataset(160, seed=1), graphs)
-    build_archive(
-        store,
-        graphs,
-        *("--task", "graph", "--name", "graphs", "--max-graph-nodes", "40", "--epochs", "40"),
-        *("--metrics-interval", "0", *common),  # a log line per batch, read below
-    )
-    return store
-
-
-@pytest.fixture(scope="module")
 def served(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
-    models = "gnn=gnn.mar,link=link.mar,graphs=graphs.mar"
-    with serve(tasks_store, models, name="tasks_server") as started:
+    with serve(tasks_store, TASK_MODELS, name="tasks_server") as started:
         yield started
 
 

@@ -16,6 +16,7 @@ import torch
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.settings import ServingSettings
 from handler.protocol.class_answer import class_answer
+from handler.protocol.kserve_v2 import class_outputs, inference_response
 from handler.tasks.graph.requests import GraphRequest, parse_graph_request
 from model.graph_level import GraphClassifier, as_data, batch_of
 
@@ -32,6 +33,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
         settings: ServingSettings,
         device: torch.device,
         model_version: str,
+        model_name: str = "graphs",
     ) -> None:
         if not isinstance(model, GraphClassifier):
             raise TypeError(f"a graph archive needs a GraphClassifier, got {type(model).__name__}")
@@ -42,6 +44,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
         self.settings = settings
         self.device = device
         self.model_version = model_version
+        self.model_name = model_name
 
     def parse(self, item: Any) -> GraphRequest:
         settings = self.settings
@@ -72,6 +75,11 @@ class GraphEngine(BatchEngine[GraphRequest]):
 
     def body(self, request: GraphRequest, result: Any) -> dict[str, Any]:
         probabilities, embedding = result
+        if request.protocol == "v2":  # one graph: predicted_class [1], probabilities [1, C]
+            outputs = class_outputs([probabilities.tolist()])
+            return inference_response(
+                request.request_id, self.model_name, self.model_version, outputs
+            )
         answer = class_answer(probabilities.tolist(), self.class_names)
         if request.return_embedding:
             answer["embedding"] = embedding.tolist()

@@ -11,8 +11,9 @@ import torch
 from handler.core.batch import Batch
 from handler.core.ego import plain_module
 from handler.core.explain import classes, integrated_gradients, summarize
+from handler.protocol.kserve_v2 import explanation_refusal
 from handler.tasks.graph.engine import GraphEngine
-from handler.tasks.graph.requests import GraphRequest
+from handler.tasks.graph.requests import GRAPH_EXAMPLE, GraphRequest
 
 
 class GraphExplanation:
@@ -27,7 +28,10 @@ class GraphExplanation:
         """Inline graphs: nothing to catch up with."""
 
     def parse(self, item: Any) -> GraphRequest:
-        return self.graphs.parse(item)
+        request = self.graphs.parse(item)
+        if request.protocol == "v2":
+            raise explanation_refusal(GRAPH_EXAMPLE)
+        return request
 
     def sample(self, target: GraphRequest) -> None:
         """The request carries its whole graph: nothing to sample."""

@@ -1,19 +1,33 @@
-"""Graph archive requests: one inline graph per request, checked against the model's feature
-width and the archive's size limits."""
+"""Graph archive requests: one inline graph per request (JSON, or KServe v2 tensors ``x`` and
+``edge_index``), checked against the model's feature width and the archive's size limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field, StrictBool, StrictInt
 
 from handler.protocol.body import as_request, show
 from handler.protocol.errors import BadRequest
+from handler.protocol.kserve_v2 import (
+    FLOAT_TYPES,
+    INT_TYPES,
+    Wanted,
+    is_v2_body,
+    raw_length,
+    read_inputs,
+)
 from handler.protocol.validation import Number, Strict, check_count, float32_features, validate
 
 GRAPH_EXAMPLE = '{"graph": {"x": [[1.0, 0.5], [0.2, 0.1]], "edge_index": [[0, 1], [1, 0]]}}'
+V2_GRAPH_EXAMPLE = (
+    '{"inputs": [{"name": "x", "shape": [2, 2], "datatype": "FP32", "data": [1.0, 0.5, 0.2, '
+    '0.1]}, {"name": "edge_index", "shape": [2, 2], "datatype": "INT64", "data": [0, 1, 1, 0]}]}'
+)
+_JSON_NAMES = ("graph.x", "graph.edge_index")
+_V2_NAMES = ("the x tensor", "the edge_index tensor")
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,11 +38,15 @@ class GraphRequest:
         x: ``[n, F]`` float32, finite.
         edge_index: ``[2, e]`` int64 in ``[0, n)``, self-loops and duplicates removed.
         return_embedding: also return the pooled graph embedding.
+        protocol: ``json``, or ``v2`` (tensors ``x`` and ``edge_index``; answered in kind).
+        request_id: the v2 request's ``id``, echoed in its response.
     """
 
     x: np.ndarray
     edge_index: np.ndarray
     return_embedding: bool
+    protocol: Literal["json", "v2"] = "json"
+    request_id: str | None = None
 
 
 class _Graph(Strict):
@@ -46,6 +64,8 @@ def parse_graph_request(
 ) -> GraphRequest:
     """An inline graph, checked against the model's feature width and the archive's limits."""
     body = as_request(item).json_object(GRAPH_EXAMPLE)
+    if is_v2_body(body):
+        return parse_v2_graph(body, feature_dim, max_nodes, max_edges)
     graph = body.get("graph")
     if isinstance(graph, dict):
         if isinstance(graph.get("x"), list):
@@ -67,14 +87,53 @@ def parse_graph_request(
             f"{len(src)} and {len(dst)}"
         )
     n = x.shape[0]
-    edge_index = _edge_index(src, dst, n)
+    edge_index = _edge_index(src, dst, n, _JSON_NAMES)
     return GraphRequest(
         x=x, edge_index=clean_edges(edge_index, n), return_embedding=parsed.return_embedding
     )
 
 
-def _edge_index(src: list[int], dst: list[int], num_nodes: int) -> np.ndarray:
-    """``[2, e]`` int64 node numbers, each in ``[0, num_nodes)``."""
+def parse_v2_graph(
+    body: dict[str, Any], feature_dim: int, max_nodes: int, max_edges: int
+) -> GraphRequest:
+    """A v2 request's graph: ``x`` (FP32 or FP64, shape ``[n, F]``) and ``edge_index``
+    (INT64 or INT32, shape ``[2, e]``: the sources, then the destinations), with the checks
+    of the JSON body."""
+    nodes_sent = raw_length(body, "x") // max(feature_dim, 1)
+    check_count("the x tensor (nodes)", nodes_sent, max_nodes, "max_graph_nodes")
+    edges_sent = raw_length(body, "edge_index") // 2
+    check_count("the edge_index tensor (edges)", edges_sent, max_edges, "max_graph_edges")
+    wanted = [Wanted(("x",), FLOAT_TYPES), Wanted(("edge_index",), INT_TYPES, may_be_empty=True)]
+    tensors, request_id = read_inputs(body, wanted, V2_GRAPH_EXAMPLE)
+    x_tensor, edges = tensors["x"], tensors["edge_index"]
+    if len(x_tensor.shape) != 2 or x_tensor.shape[1] != feature_dim:
+        raise BadRequest(
+            f"the x tensor must have shape [n, {feature_dim}]: one row of {feature_dim} "
+            f"features (the model's width) per node; got shape {list(x_tensor.shape)}"
+        )
+    if len(edges.shape) != 2 or edges.shape[0] != 2:
+        raise BadRequest(
+            "the edge_index tensor must have shape [2, e]: the e sources, then the e "
+            f"destinations; got shape {list(edges.shape)}"
+        )
+    nodes, count = x_tensor.shape[0], edges.shape[1]
+    rows = [x_tensor.values[i * feature_dim : (i + 1) * feature_dim] for i in range(nodes)]
+    x = float32_features(rows, feature_dim, "the x tensor")
+    edge_index = _edge_index(edges.values[:count], edges.values[count:], nodes, _V2_NAMES)
+    return GraphRequest(
+        x=x,
+        edge_index=clean_edges(edge_index, nodes),
+        return_embedding=False,
+        protocol="v2",
+        request_id=request_id,
+    )
+
+
+def _edge_index(
+    src: list[int], dst: list[int], num_nodes: int, names: tuple[str, str]
+) -> np.ndarray:
+    """``[2, e]`` int64 node numbers, each in ``[0, num_nodes)``; ``names``: what the client
+    calls the features and the edges, for the message."""
     try:
         edge_index = np.array([src, dst], dtype=np.int64).reshape(2, -1)
     except OverflowError:  # beyond int64: JSON integers are unbounded
@@ -84,8 +143,8 @@ def _edge_index(src: list[int], dst: list[int], num_nodes: int) -> np.ndarray:
     ):
         numbers = src + dst
         raise BadRequest(
-            f"graph.edge_index holds node numbers outside [0, {num_nodes - 1}] (the rows of "
-            f"graph.x): min {show(min(numbers))}, max {show(max(numbers))}"
+            f"{names[1]} holds node numbers outside [0, {num_nodes - 1}] (the rows of "
+            f"{names[0]}): min {show(min(numbers))}, max {show(max(numbers))}"
         )
     return edge_index
 

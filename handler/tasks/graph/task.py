@@ -19,7 +19,12 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
     class_names = json.loads(classes.read_text())["class_names"] if classes.is_file() else None
     apply_threads(archive.settings)
     engine = GraphEngine(
-        loaded.model, class_names, archive.settings, archive.device, archive.model_version
+        loaded.model,
+        class_names,
+        archive.settings,
+        archive.device,
+        archive.model_version,
+        archive.model_name,
     )
     engines: dict[str, TaskEngine] = {
         PREDICT: engine,

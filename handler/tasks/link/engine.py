@@ -24,6 +24,7 @@ from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, OnEgoGraphs, seed_rows
 from handler.core.sampler import SampledSubgraph
 from handler.protocol.errors import ApiError
+from handler.protocol.kserve_v2 import ids_datatype, inference_response, output
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
 from model.link import LinkPredictor
 from model.link_assets import LinkAssets
@@ -40,7 +41,9 @@ class ResolvedLink:
 class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
     """Answers the three link request forms of a link prediction archive."""
 
-    def __init__(self, ego: EgoGraphs, assets: LinkAssets, model_version: str) -> None:
+    def __init__(
+        self, ego: EgoGraphs, assets: LinkAssets, model_version: str, model_name: str = "link"
+    ) -> None:
         if not isinstance(ego.model, LinkPredictor):
             raise TypeError(f"a link archive needs a LinkPredictor, got {type(ego.model).__name__}")
         self.ego = ego
@@ -48,6 +51,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         self.assets = assets
         self.device = ego.device
         self.model_version = model_version
+        self.model_name = model_name
         self.table = readonly_tensor(assets.embeddings)
         if self.device.type != "cpu":
             self.table = self.table.to(self.device)
@@ -154,6 +158,8 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
                 "exclude_neighbors": inner.exclude_neighbors,
                 "model_version": self.model_version,
             }
+        if inner.protocol == "v2":
+            return self._v2_body(inner, result)
         predictions = [
             {"src": src, "dst": dst, "score": score}
             for (src, dst), score in zip(inner.pairs, result, strict=True)
@@ -161,6 +167,17 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         if inner.single:
             return {**predictions[0], "model_version": self.model_version}
         return {"predictions": predictions, "model_version": self.model_version}
+
+    def _v2_body(self, request: PairRequest, scores: list[float]) -> dict[str, Any]:
+        """``src`` and ``dst`` ``[n]`` (the IDs as sent) and ``score`` ``[n]`` FP32."""
+        sources = [src for src, _ in request.pairs]
+        targets = [dst for _, dst in request.pairs]
+        outputs = [
+            output("src", ids_datatype(sources), [len(sources)], sources),
+            output("dst", ids_datatype(targets), [len(targets)], targets),
+            output("score", "FP32", [len(scores)], scores),
+        ]
+        return inference_response(request.request_id, self.model_name, self.model_version, outputs)
 
     def describe(self) -> dict[str, Any]:
         """The link part of the management API's description."""

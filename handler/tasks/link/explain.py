@@ -13,6 +13,7 @@ from handler.core.batch import Batch
 from handler.core.explain import EgoExplanation
 from handler.protocol.body import NodeId
 from handler.protocol.errors import BadRequest
+from handler.protocol.kserve_v2 import explanation_refusal
 from handler.tasks.link.requests import PairRequest, parse_link_request
 from model.link import LinkPredictor, PairLogit
 
@@ -29,6 +30,8 @@ class PairExplanation(EgoExplanation):
     def parse(self, item: Any) -> PairTarget:
         settings = self.settings
         request = parse_link_request(item, settings.max_ids_per_request, settings.max_top_k)
+        if isinstance(request, PairRequest) and request.protocol == "v2":
+            raise explanation_refusal('{"src": 1, "dst": 2}')
         if not isinstance(request, PairRequest) or not request.single:
             raise BadRequest('explain one pair per request: {"src": 1, "dst": 2}')
         ids = request.pairs[0]

@@ -1,25 +1,32 @@
-"""Link archive requests: scored pairs and top-k recommendations."""
+"""Link archive requests: scored pairs (JSON or KServe v2) and top-k recommendations."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, StrictInt
 
 from handler.protocol.body import NodeId, as_request, show
 from handler.protocol.errors import BadRequest, TooLarge
+from handler.protocol.kserve_v2 import ID_TYPES, Wanted, is_v2_body, raw_length, read_inputs
 from handler.protocol.validation import IdField, Strict, check_count, validate
 
 LINK_EXAMPLE = '{"src": 1, "dst": 2}, {"pairs": [[1, 2], [3, 4]]} or {"src": 1, "top_k": 10}'
+PAIRS_EXAMPLE = (
+    '{"inputs": [{"name": "pairs", "shape": [2, 2], "datatype": "INT64", "data": [1, 2, 3, 4]}]}'
+)
 
 
 @dataclass(frozen=True)
 class PairRequest:
-    """``{"src": a, "dst": b}`` (``single``) or ``{"pairs": [[a, b], ...]}``."""
+    """``{"src": a, "dst": b}`` (``single``), ``{"pairs": [[a, b], ...]}``, or a v2 body with
+    a ``pairs`` tensor ``[n, 2]`` (``protocol`` ``v2``, answered in kind, its ``id`` echoed)."""
 
     pairs: tuple[tuple[NodeId, NodeId], ...]
     single: bool
+    protocol: Literal["json", "v2"] = "json"
+    request_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -40,8 +47,10 @@ class _LinkBody(Strict):
 
 
 def parse_link_request(item: Any, max_ids: int, max_top_k: int) -> PairRequest | TopKRequest:
-    """One of the three link request forms; anything else is a 400."""
+    """One of the three link request forms, or a v2 pairs tensor; anything else is a 400."""
     body = as_request(item).json_object(LINK_EXAMPLE)
+    if is_v2_body(body):
+        return parse_v2_pairs(body, max_ids)
     if isinstance(body.get("pairs"), list):
         check_count("pairs", len(body["pairs"]), max_ids, "max_ids_per_request")
     parsed = validate(_LinkBody, body, LINK_EXAMPLE)
@@ -64,3 +73,23 @@ def parse_link_request(item: Any, max_ids: int, max_top_k: int) -> PairRequest |
             )
         return TopKRequest(src, top_k, parsed.exclude_neighbors)
     raise BadRequest(f"send one of {LINK_EXAMPLE}; got the field(s) {sorted(body)}")
+
+
+def parse_v2_pairs(body: dict[str, Any], max_ids: int) -> PairRequest:
+    """A v2 request's ``pairs`` tensor: shape ``[n, 2]``, one ``[src, dst]`` row per pair,
+    INT64/INT32 or BYTES IDs."""
+    check_count("the pairs tensor", raw_length(body, "pairs") // 2, max_ids, "max_ids_per_request")
+    tensors, request_id = read_inputs(body, [Wanted(("pairs",), ID_TYPES)], PAIRS_EXAMPLE)
+    pairs = tensors["pairs"]
+    if len(pairs.shape) != 2 or pairs.shape[1] != 2:
+        raise BadRequest(
+            f"the pairs tensor must have shape [n, 2], one [src, dst] row per pair; got shape "
+            f"{list(pairs.shape)}"
+        )
+    values = pairs.values
+    return PairRequest(
+        pairs=tuple(zip(values[0::2], values[1::2], strict=True)),
+        single=False,
+        protocol="v2",
+        request_id=request_id,
+    )

@@ -27,7 +27,7 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
     ego = EgoGraphs.create(
         store, loaded.model, settings, archive.device, precomputed=loaded.precomputed
     )
-    engine = LinkEngine(ego, assets, archive.model_version)
+    engine = LinkEngine(ego, assets, archive.model_version, archive.model_name)
     engines: dict[str, TaskEngine] = {
         PREDICT: engine,
         EXPLAIN: ExplainEngine(PairExplanation(ego), archive.model_version),

@@ -550,6 +550,9 @@ def test_the_kserve_config_has_the_runtime_keys_and_a_batching_snapshot():
     # An envelope answers only the first request of a batch: none here, and no TS_* override.
     assert not config.get("service_envelope")
     assert config["enable_envvars_config"] == "false"
+    # The Open Inference Protocol's health and gRPC service, as in the shipped config (whose
+    # servers tests/integration/test_grpc.py checks).
+    assert config["ts_open_inference_protocol"] == "true"
 
 
 def test_the_kserve_config_turns_tokens_off_only_behind_loopback():

@@ -1,4 +1,5 @@
-"""Fuzzing of the other request kinds: link, graph, node extras, and graph updates.
+"""Fuzzing of the other request kinds: link, graph (JSON and KServe v2), node extras, and graph
+updates.
 
 Same contract as test_fuzz.py: any input is parsed or refused with a 4xx ApiError, never an
 exception; an update either applies or changes nothing.
@@ -70,6 +71,21 @@ extra_bodies = st.fixed_dictionaries(
         | json_values,
     },
 )
+v2_tensors = st.fixed_dictionaries(
+    {},
+    optional={
+        "name": st.sampled_from(["pairs", "x", "edge_index", "node_ids"]) | json_values,
+        "shape": st.lists(st.integers(-2, 10), max_size=3) | json_values,
+        "datatype": st.sampled_from(["INT64", "INT32", "BYTES", "FP32", "FP64", "BOOL"])
+        | json_values,
+        "data": st.lists(numbers | st.text(max_size=6) | st.lists(numbers, max_size=9), max_size=12)
+        | json_values,
+    },
+)
+v2_bodies = st.fixed_dictionaries(
+    {"inputs": st.lists(v2_tensors, max_size=3) | json_values},
+    optional={"id": json_values, "model_name": st.just("gnn")},  # model_name: as over gRPC
+)
 operation_types = st.sampled_from(
     ["add_node", "add_edge", "remove_edge", "set_features", "remove_node", "other"]
 )
@@ -100,6 +116,13 @@ def test_link_requests(body):
 @FUZZ
 @given(body=graph_bodies | json_values)
 def test_graph_requests(body):
+    refused_cleanly(lambda: parse_graph_request({"body": body}, FEATURES, max_nodes=5, max_edges=6))
+
+
+@FUZZ
+@given(body=v2_bodies)
+def test_v2_link_and_graph_requests(body):
+    refused_cleanly(lambda: parse_link_request({"body": body}, max_ids=8, max_top_k=100))
     refused_cleanly(lambda: parse_graph_request({"body": body}, FEATURES, max_nodes=5, max_edges=6))
 
 
