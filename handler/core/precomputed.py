@@ -110,6 +110,19 @@ class PrecomputedRows:
             return self.overlay
         return self.store
 
+    def width(self, layer: int) -> int:
+        """Columns of layer ``layer``'s rows (0: the features)."""
+        if layer == 0:
+            return self.store.feature_dim
+        return int(self.precomputed.layers[layer - 1].shape[1])
+
+    def in_list(self, node: int) -> np.ndarray:
+        """The current in-neighbours of ``node`` (int64, ascending)."""
+        if self.overlay is not None:
+            return self.overlay.in_list(node)
+        start, end = int(self.store.indptr[node]), int(self.store.indptr[node + 1])
+        return np.asarray(self.store.indices[start:end], dtype=np.int64)
+
     def rows(self, layer: int, nodes: np.ndarray) -> np.ndarray:
         """float32 rows of layer ``layer`` (0: the features, ``num_layers``: the output) of
         the internal indices ``nodes``, as the served graph version has them."""

@@ -27,15 +27,12 @@ import torch
 
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.precomputed import PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SubgraphTooLarge
 from handler.protocol.class_answer import class_answer
 from handler.protocol.errors import ApiError
+from handler.tasks.node.new_node_rows import NEW_NODE, new_node_rows
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
 from model.embedding import forward_with_embedding
-from model.precompute import LocalGraph, layer_rows, needs_degree
-
-NEW_NODE = -1  # the row label of the new node in a cold-start ego-graph
 
 
 @dataclass(frozen=True)
@@ -128,37 +125,10 @@ def sample_with_new_node(
 
 @dataclass(frozen=True)
 class StoredRows:
-    """A group answered from a precomputed archive's rows: the known nodes (sorted, unique)
-    or a new node's senders."""
+    """A group answered from a precomputed archive's rows: the known nodes (sorted, unique),
+    or a new node's neighbours."""
 
     nodes: np.ndarray
-
-
-def new_node_rows(
-    rows: PrecomputedRows, x: np.ndarray, senders: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(output [1, C], embedding [1, D])`` of a new node whose in-neighbours are ``senders``:
-    each layer from its own row and the senders' rows one layer below (theirs do not change)."""
-    count = len(senders)
-    edge_index = torch.stack((torch.arange(1, count + 1), torch.zeros(count, dtype=torch.int64)))
-    graph = LocalGraph(nodes=np.concatenate(([NEW_NODE], senders)), edge_index=edge_index, rows=1)
-    degree = None
-    if needs_degree(rows.model):
-        degree = np.concatenate(([count], rows.view.degree_rows(senders))).astype(np.float32)
-    own = np.asarray(x, dtype=np.float32).reshape(1, -1)
-    below = own
-    for layer in range(1, rows.num_layers + 1):
-        below, own = (
-            own,
-            layer_rows(
-                rows.model,
-                layer - 1,
-                graph,
-                np.concatenate((own, rows.rows(layer - 1, senders))),
-                degree,
-            ),
-        )
-    return own, below
 
 
 class NodeExtrasEngine(BatchEngine[Resolved]):
@@ -194,7 +164,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
                 return StoredRows(np.unique(nodes))
             return self.ego.sample(nodes)
         request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
-        if self.ego.precomputed is not None and request.direction == "in":
+        if self.ego.precomputed is not None:
             return StoredRows(neighbours.numpy())
         none = neighbours[:0]
         settings = self.ego.settings
@@ -251,15 +221,17 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
 
     def _from_stored_rows(self, group: Group, batch: Batch[Resolved]) -> None:
         """A precomputed archive: known nodes' output and embedding rows as stored; a new node
-        with senders only (``direction`` ``in``: no stored row changes) computed layer by
-        layer from its senders' stored rows one layer below."""
+        from the stored rows of its upstream cone (``new_node_rows``)."""
         rows = self.ego.precomputed
         assert rows is not None
         nodes, layers = group.payload.nodes, rows.num_layers
         stop = timed(batch.times, "gather")
         request = _request(batch.outcomes[group.positions[0]])
         if isinstance(request, NewNodeRequest):
-            output, embedding = new_node_rows(rows, request.x, nodes)
+            none = nodes[:0]
+            senders = nodes if request.direction in ("in", "both") else none
+            receivers = nodes if request.direction in ("out", "both") else none
+            output, embedding = new_node_rows(rows, request.x, senders, receivers)
         else:
             output, embedding = rows.rows(layers, nodes), rows.rows(layers - 1, nodes)
         stop()

@@ -114,21 +114,25 @@ def test_embeddings_are_the_stored_last_hidden_layer(int_store, tmp_path):
     assert float((got - embedding[:5]).abs().max()) <= 1e-5
 
 
+@pytest.mark.parametrize("direction", ["in", "out", "both"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_new_node_with_senders_reads_their_stored_rows(int_store, tmp_path, arch):
-    model = random_model(int_store, arch)
-    engine, _ = precomputed_engine(int_store, model, tmp_path)
-    senders = int_store.external_ids(np.array([1, 5, 9]))
+def test_a_new_node_is_exact_from_the_stored_rows(int_store, tmp_path, arch, direction):
+    model = random_model(int_store, arch, num_layers=3)
+    engine, _ = precomputed_engine(int_store, model, tmp_path, fanouts=(2, 2, 2))
+    neighbours = int_store.external_ids(np.array([1, 5, 9, 30]))
     features = [0.25] * FEATURES
-    (answer,) = engine_extras(engine).handle(
-        [{"body": {"new_node": {"x": features, "neighbors": senders, "direction": "in"}}}]
-    )
+    body = {"new_node": {"x": features, "neighbors": neighbours, "direction": direction}}
+    (answer,) = engine_extras(engine).handle([{"body": body}])
     assert answer.status == 200, answer.body
     n = int_store.num_nodes
     x = torch.cat((torch.from_numpy(np.array(int_store.features)), torch.tensor([features])))
-    rows = int_store.lookup(senders)
-    added = torch.tensor([rows.tolist(), [n] * len(senders)])
-    edge_index = torch.cat((torch.from_numpy(int_store.edge_index()), added), dim=1)
+    rows = int_store.lookup(neighbours).tolist()
+    added = []
+    if direction in ("in", "both"):
+        added.append(torch.tensor([rows, [n] * len(rows)]))
+    if direction in ("out", "both"):
+        added.append(torch.tensor([[n] * len(rows), rows]))
+    edge_index = torch.cat((torch.from_numpy(int_store.edge_index()), *added), dim=1)
     with torch.no_grad():
         expected = torch.softmax(model(x, edge_index), dim=-1)[n]
     assert float((torch.tensor(answer.body["probabilities"]) - expected).abs().max()) <= 1e-5
