@@ -181,6 +181,9 @@ if [ -n "$graph_location" ]; then
 fi
 [ -z "$precompute" ] || [ "$task" != graph ] \
   || die "--precompute goes with --task node or link (a graph archive's graphs come with each request)"
+if [ "$task" = link ] && [[ " ${yaml_args[*]} " == *" --enable-updates "* ]]; then
+  [ -n "$precompute" ] || die "--enable-updates on a link archive needs --precompute: top-k searches every node's embedding, which only precomputed rows keep current"
+fi
 mkdir -p "$export_path"
 export_path="$(cd "$export_path" && pwd)"
 [ "$version" = 1.0 ] && archive="$name.mar" || archive="${name}_v${version}.mar"

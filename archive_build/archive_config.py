@@ -277,8 +277,11 @@ def _check_task_options(args: argparse.Namespace) -> None:
         raise ValueError(
             "--fanouts applies to node and link archives; a graph archive samples none"
         )
-    if args.task != "node" and args.enable_updates:
-        raise ValueError("--enable-updates applies to node archives only")
+    if args.task == "graph" and args.enable_updates:
+        raise ValueError(
+            "--enable-updates applies to node and link archives; a graph archive's graphs "
+            "come with each request"
+        )
 
 
 if __name__ == "__main__":

@@ -55,3 +55,20 @@ def materialized_forward(live: LiveGraph, model) -> tuple[list, torch.Tensor]:
     edge_index = torch.tensor([src, dst], dtype=torch.int64)
     with torch.no_grad():
         return ids, torch.softmax(model(x, edge_index), dim=-1)
+
+
+def materialized_embeddings(live: LiveGraph, model) -> tuple[list, torch.Tensor, list]:
+    """Live IDs, the link encoder's full-graph embeddings of the updated graph, its edges."""
+    overlay = live.overlay
+    ids = live_ids(live)
+    nodes = overlay.lookup(ids)
+    position = {int(n): i for i, n in enumerate(nodes)}
+    x = torch.from_numpy(overlay.feature_rows(nodes))
+    edges = [
+        (position[source], position[node])
+        for node in nodes.tolist()
+        for source in overlay.in_list(node).tolist()
+    ]
+    edge_index = torch.tensor(edges, dtype=torch.int64).T.reshape(2, -1)
+    with torch.no_grad():
+        return ids, model(x, edge_index), edges

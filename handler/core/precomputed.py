@@ -184,6 +184,18 @@ class PrecomputedRows:
                 found.append(np.fromiter(added, dtype=np.int64))
         return np.unique(np.concatenate(found))
 
+    def exact_out_neighbours(self, node: int) -> np.ndarray:
+        """The nodes with an in-edge from ``node`` now (``out_neighbours`` without the
+        superset: a candidate whose in-list changed is checked against it)."""
+        found = self.out_neighbours(np.array([node], dtype=np.int64))
+        if self.overlay is None or self.overlay.is_empty or found.size == 0:
+            return found
+        changed = self.overlay.dirty_mask(found)
+        keep = ~changed
+        for position in np.flatnonzero(changed).tolist():
+            keep[position] = node in set(self.in_list(int(found[position])).tolist())
+        return found[keep]
+
     def _follow_edges(self, change: OverlayChange) -> None:
         """Records the sources each changed in-list gained, so out-neighbours stay complete."""
         if self.overlay is None:

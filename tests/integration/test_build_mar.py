@@ -64,6 +64,7 @@ def test_help_documents_every_option():
         (["--task", "link", "--synthetic-graphs", "10"], "goes with --task graph"),
         (["--task", "graph", "--synthetic", "10", "20"], "give --graph DIR or --synthetic-graphs"),
         (["--task", "graph", "--precompute"], "--precompute goes with --task node or link"),
+        (["--task", "link", "--enable-updates"], "a link archive needs --precompute"),
     ],
 )
 def test_task_options_that_do_not_fit_are_refused_with_a_reason(tmp_path, options, words):

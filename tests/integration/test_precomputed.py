@@ -22,7 +22,7 @@ from graph_assets import open_store
 from graph_assets.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model import build_model
-from tests.live_reference import materialized_forward, random_update
+from tests.live_reference import materialized_embeddings, materialized_forward, random_update
 
 from .archives import build_archive, write_small_graph
 
@@ -31,10 +31,11 @@ SECRET = "precomputed-update-secret-42"
 UPDATES = 120
 
 
-def precomputed_archive(root: Path, arch: str) -> Path:
+def precomputed_archive(root: Path, arch: str, *task: str) -> Path:
     return build_archive(
         root / "model_store",
         write_small_graph(root / "graph"),
+        *task,
         *("--arch", arch, "--epochs", "3", "--fanouts", "2,2", "--precompute"),
         *("--batch-size", "4", "--max-batch-delay", "5", "--min-workers", "2"),
         *("--max-workers", "2", "--enable-updates", "--update-state-dir", str(root / "state")),
@@ -42,10 +43,12 @@ def precomputed_archive(root: Path, arch: str) -> Path:
 
 
 @contextlib.contextmanager
-def reference_graph(model_store: Path, work: Path, **log) -> Iterator[tuple[LiveGraph, object]]:
+def reference_graph(
+    model_store: Path, work: Path, name: str = "gnn", **log
+) -> Iterator[tuple[LiveGraph, object]]:
     """The archive's graph and weights in this process; updates go to its own log unless it
     follows the servers' (``redis_log``)."""
-    with zipfile.ZipFile(model_store / "gnn.mar") as archive:
+    with zipfile.ZipFile(model_store / f"{name}.mar") as archive:
         archive.extractall(work, [n for n in archive.namelist() if n.startswith("graph/")])
         model = build_model(json.loads(archive.read("model_config.json")))
         model.load_state_dict(torch.load(io.BytesIO(archive.read("model.pt")), weights_only=True))
@@ -57,10 +60,10 @@ def reference_graph(model_store: Path, work: Path, **log) -> Iterator[tuple[Live
         live.close()
 
 
-def update(server: TorchServe, operations: list[dict]) -> requests.Response:
+def update(server: TorchServe, operations: list[dict], model: str = "gnn") -> requests.Response:
     headers = {**server.auth("inference"), "X-Gnnserve-Update-Key": SECRET}
     return requests.post(
-        f"{server.inference_url}/predictions/gnn",
+        f"{server.inference_url}/predictions/{model}",
         json={"op": "update", "operations": operations},
         headers=headers,
         timeout=60,
@@ -144,3 +147,37 @@ def test_two_replicas_on_one_redis_log_hold_identical_rows(serve, tmp_path):
             assert float((first - expected).abs().max()) <= 1e-5
     finally:
         redis.stop()
+
+
+def test_a_live_link_archive_scores_and_ranks_the_updated_graph(serve, tmp_path):
+    model_store = precomputed_archive(tmp_path, "sage", "--task", "link", "--name", "link")
+    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
+    with (
+        serve(model_store, "link=link.mar", name="precomputed-link", env=env) as server,
+        reference_graph(model_store, tmp_path / "reference", "link") as (live, model),
+    ):
+        rng, counter = random.Random(9), [0]
+        for _ in range(60):
+            batch = random_update(rng, live, counter)
+            answer = update(server, batch, "link")
+            assert answer.status_code == 200, answer.text
+            live.update(UpdateRequest(batch))
+        ids, z, edges = materialized_embeddings(live, model)
+        url, headers = f"{server.inference_url}/predictions/link", server.auth("inference")
+        pairs = [[ids[i], ids[(5 * i + 1) % len(ids)]] for i in range(30)]
+        scored = requests.post(url, json={"pairs": pairs}, headers=headers, timeout=60)
+        assert scored.status_code == 200, scored.text
+        with torch.no_grad():
+            expected = torch.sigmoid(
+                model.score(z[list(range(30))], z[[(5 * i + 1) % len(ids) for i in range(30)]])
+            )
+        got = torch.tensor([p["score"] for p in scored.json()["predictions"]])
+        assert float((got - expected).abs().max()) <= 1e-5
+        src = len(ids) - 1  # the most recent live node: possibly one an update added
+        skip = {a for a, b in edges if b == src} | {b for a, b in edges if a == src} | {src}
+        with torch.no_grad():
+            logits = model.score_against(z[src], z)
+        ranked = [i for i in torch.argsort(logits, descending=True).tolist() if i not in skip]
+        top = requests.post(url, json={"src": ids[src], "top_k": 5}, headers=headers, timeout=60)
+        assert top.status_code == 200, top.text
+        assert [r["dst"] for r in top.json()["recommendations"]] == [ids[i] for i in ranked[:5]]

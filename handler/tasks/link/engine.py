@@ -9,6 +9,10 @@
   build time, so exactly as fresh as the archive's graph; ``model.link_assets``), ``a`` itself
   and, unless ``exclude_neighbors`` is false, its in- and out-neighbours are left out, and the
   ``k`` best are returned with their scores.
+
+A precomputed archive (``--precompute``) answers both from its stored output rows instead, which
+its live updates keep equal to the full-graph forward of the version served: pair scores without
+sampling, and top-k over the current nodes (added ones included, removed ones left out).
 """
 
 from __future__ import annotations
@@ -52,7 +56,10 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         self.device = ego.device
         self.model_version = model_version
         self.model_name = model_name
-        self.table = readonly_tensor(assets.embeddings)
+        # Every node's embedding at build time: the precomputed output rows where there are
+        # (which live updates refresh: see _scores_against_every_node), else link/'s.
+        stored = ego.precomputed.precomputed.layers[-1] if ego.precomputed else assets.embeddings
+        self.table = readonly_tensor(stored)
         if self.device.type != "cpu":
             self.table = self.table.to(self.device)
 
@@ -123,19 +130,20 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         stop()
         return z
 
+    def refresh(self) -> None:
+        # Updates acknowledged by any worker are visible from here on.
+        self.ego.sync()
+
     def top_k(self, node: int, k: int, exclude_neighbors: bool) -> list[tuple[int, float]]:
-        """The ``k`` best ``(node index, score)`` for ``node`` over the whole graph."""
+        """The ``k`` best ``(node index, score)`` for ``node`` over the whole graph (the
+        version served: a precomputed archive's rows follow its live updates)."""
         with torch.inference_mode():
-            z_src = self.table[node].to(self.device)
-            logits = self.predictor.score_against(z_src, self.table).float()
+            logits = self._scores_against_every_node(node)
             excluded = [np.array([node])]
             if exclude_neighbors:
-                store, assets = self.ego.store, self.assets
-                excluded.append(store.indices[store.indptr[node] : store.indptr[node + 1]])
-                out = assets.out_indices[assets.out_indptr[node] : assets.out_indptr[node + 1]]
-                excluded.append(out)
+                excluded += self._neighbours(node)
             drop = torch.from_numpy(np.concatenate(excluded).astype(np.int64)).to(logits.device)
-            allowed = torch.ones_like(logits, dtype=torch.bool)
+            allowed = torch.isfinite(logits)
             allowed[drop] = False
             logits = logits.masked_fill(~allowed, float("-inf"))
             count = min(k, int(allowed.sum()))
@@ -143,12 +151,45 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             scores = torch.sigmoid(best.values).cpu().tolist()
             return list(zip(best.indices.cpu().tolist(), scores, strict=True))
 
+    def _scores_against_every_node(self, node: int) -> torch.Tensor:
+        """Logits of ``node`` against every internal index; ``-inf`` for removed nodes."""
+        rows = self.ego.precomputed
+        if rows is None:
+            z_src = self.table[node].to(self.device)
+            return self.predictor.score_against(z_src, self.table).float()
+        z_src = torch.from_numpy(rows.rows(rows.num_layers, np.array([node]))[0]).to(self.device)
+        logits = self.predictor.score_against(z_src, self.table).float()
+        changed = rows.changed[rows.num_layers - 1]
+        total = rows.view.num_nodes
+        if not changed and total == len(logits):
+            return logits
+        every = torch.full((total,), float("-inf"), device=logits.device)
+        every[: len(logits)] = logits
+        if changed:
+            nodes = torch.tensor(list(changed), dtype=torch.int64, device=logits.device)
+            table = torch.from_numpy(np.stack(list(changed.values()))).to(self.device)
+            every[nodes] = self.predictor.score_against(z_src, table).float()
+        if self.ego.live is not None and self.ego.live.overlay.removed:
+            removed = list(self.ego.live.overlay.removed)
+            every[torch.tensor(removed, dtype=torch.int64, device=logits.device)] = float("-inf")
+        return every
+
+    def _neighbours(self, node: int) -> list[np.ndarray]:
+        """``node``'s in- and out-neighbours on the graph version served."""
+        rows = self.ego.precomputed
+        if rows is not None and self.ego.live is not None:
+            return [rows.in_list(node), rows.exact_out_neighbours(node)]
+        store, assets = self.ego.store, self.assets
+        return [
+            np.asarray(store.indices[store.indptr[node] : store.indptr[node + 1]]),
+            np.asarray(assets.out_indices[assets.out_indptr[node] : assets.out_indptr[node + 1]]),
+        ]
+
     def body(self, request: ResolvedLink, result: Any) -> dict[str, Any]:
         inner = request.request
+        version = {} if self.live is None else {"graph_version": self.live.version}
         if isinstance(inner, TopKRequest):
-            ids = self.ego.store.external_ids(
-                np.array([index for index, _ in result], dtype=np.int64)
-            )
+            ids = self.ego.external_ids(np.array([index for index, _ in result], dtype=np.int64))
             return {
                 "src": inner.src,
                 "recommendations": [
@@ -157,6 +198,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
                 ],
                 "exclude_neighbors": inner.exclude_neighbors,
                 "model_version": self.model_version,
+                **version,
             }
         if inner.protocol == "v2":
             return self._v2_body(inner, result)
@@ -165,8 +207,8 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             for (src, dst), score in zip(inner.pairs, result, strict=True)
         ]
         if inner.single:
-            return {**predictions[0], "model_version": self.model_version}
-        return {"predictions": predictions, "model_version": self.model_version}
+            return {**predictions[0], "model_version": self.model_version, **version}
+        return {"predictions": predictions, "model_version": self.model_version, **version}
 
     def _v2_body(self, request: PairRequest, scores: list[float]) -> dict[str, Any]:
         """``src`` and ``dst`` ``[n]`` (the IDs as sent) and ``score`` ``[n]`` FP32."""

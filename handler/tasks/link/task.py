@@ -1,5 +1,6 @@
 """The link prediction task: pair scores and top-k recommendations from the archive's
-candidate embeddings, and pair explanations."""
+candidate embeddings (or its precomputed rows, which follow live updates), and pair
+explanations."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from handler.core.batch import apply_threads
 from handler.core.ego import EgoGraphs
 from handler.core.explain import ExplainEngine
 from handler.core.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
+from handler.live.live_graph import open_live_graph
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.link.explain import PairExplanation
 from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits
@@ -23,9 +25,15 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
             f"{LINK_DIR}/embeddings.npy is {assets.embeddings.shape[1]} wide, the model's "
             f"embeddings are {config.out_dim} (model_config.json out_dim); rebuild the archive"
         )
+    if settings.updates_enabled and loaded.precomputed is None:
+        raise ValueError(
+            "a link archive that takes updates needs precomputed rows (top-k searches every "
+            "node's embedding); rebuild it with ./build_mar.sh --task link --precompute"
+        )
     apply_threads(settings)
+    live, policy = open_live_graph(store, settings)
     ego = EgoGraphs.create(
-        store, loaded.model, settings, archive.device, precomputed=loaded.precomputed
+        store, loaded.model, settings, archive.device, live, precomputed=loaded.precomputed
     )
     engine = LinkEngine(ego, assets, archive.model_version, archive.model_name)
     engines: dict[str, TaskEngine] = {
@@ -39,6 +47,8 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
         router,
         details=engine.describe,
         store=store,
+        live=live,
+        update_policy=policy,
         precomputed=ego.precomputed,
     )
 

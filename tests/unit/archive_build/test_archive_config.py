@@ -34,8 +34,9 @@ def test_graph_archives_take_no_fanouts_and_no_updates(tmp_path, capsys):
     assert written(tmp_path, "--task", "graph", "--max-graph-nodes", "30")[0] == 0
     assert written(tmp_path / "a", "--task", "graph", "--fanouts", "5,5")[0] == 2
     assert "a graph archive samples none" in capsys.readouterr().err
-    assert written(tmp_path / "b", "--task", "link", "--enable-updates")[0] == 2
-    assert "node archives only" in capsys.readouterr().err
+    assert written(tmp_path / "b", "--task", "graph", "--enable-updates")[0] == 2
+    assert "applies to node and link archives" in capsys.readouterr().err
+    assert written(tmp_path / "c", "--task", "link", "--enable-updates")[0] == 0
 
 
 def test_workers_are_left_to_torchserve_unless_the_builder_names_them(tmp_path):

@@ -15,13 +15,16 @@ from handler.core.ego import EgoGraphs
 from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.tasks.link.engine import LinkEngine
+from handler.tasks.link.task import TASK as LINK
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.extras import NodeExtrasEngine
+from handler.tasks.spec import Archive, Loaded
 from model import build_model
+from model.config import ModelConfig
 from model.embedding import forward_with_embedding
 from model.link_assets import open_link_assets, write_link_assets
 from model.precompute import open_precomputed, precompute
-from tests.live_reference import materialized_forward, random_update
+from tests.live_reference import materialized_embeddings, materialized_forward, random_update
 
 from .conftest import FEATURES, random_model
 
@@ -211,3 +214,63 @@ def test_link_pair_scores_read_the_stored_embeddings(int_store, tmp_path, arch):
         expected = torch.sigmoid(model.score(z[[a for a, _ in rows]], z[[b for _, b in rows]]))
     got = torch.tensor([p["score"] for p in answer.body["predictions"]])
     assert float((got - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("arch", ["gcn", "gat"])
+def test_a_live_link_archive_scores_and_ranks_the_updated_graph(int_store, tmp_path, arch):
+    torch.manual_seed(0)
+    config = {"task": "link", "arch": arch, "in_dim": int_store.feature_dim, "out_dim": 8}
+    model = build_model({**config, "hidden_dim": 16}).eval()
+    write_link_assets(model, int_store, tmp_path / "link")
+    precompute(model, int_store, tmp_path / "p", "weights", chunk_edges=64, progress=False)
+    settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [2, 2]})
+    log = tmp_path / "updates.log"
+    engines, lives = [], []
+    for _ in range(2):  # two workers on one log
+        live = LiveGraph(int_store, log)
+        ego = EgoGraphs.create(
+            int_store,
+            model,
+            settings,
+            torch.device("cpu"),
+            live,
+            precomputed=open_precomputed(tmp_path / "p", int_store, "weights"),
+        )
+        engines.append(LinkEngine(ego, open_link_assets(tmp_path / "link", int_store), "1.0"))
+        lives.append(live)
+    rng, counter = random.Random(3), [0]
+    for step in range(120):
+        taker = lives[step % 2]
+        taker.update(UpdateRequest(random_update(rng, taker, counter)))
+    lives[0].sync()
+    ids, z, edges = materialized_embeddings(lives[0], model)
+    pairs = [[ids[i], ids[(7 * i + 3) % len(ids)]] for i in range(40)]
+    expected = torch.sigmoid(
+        model.score(z[[i for i in range(40)]], z[[(7 * i + 3) % len(ids) for i in range(40)]])
+    )
+    src = 5
+    neighbours = {a for a, b in edges if b == src} | {b for a, b in edges if a == src} | {src}
+    logits = model.score_against(z[src], z)
+    ranked = [i for i in torch.argsort(logits, descending=True).tolist() if i not in neighbours]
+    for engine in engines:
+        (answer,) = engine.handle([{"body": {"pairs": pairs}}])
+        assert answer.status == 200, answer.body
+        assert answer.body["graph_version"].endswith("+120")
+        got = torch.tensor([p["score"] for p in answer.body["predictions"]])
+        assert float((got - expected).abs().max()) <= 1e-5
+        (top,) = engine.handle([{"body": {"src": ids[src], "top_k": 5}}])
+        assert [r["dst"] for r in top.body["recommendations"]] == [ids[i] for i in ranked[:5]]
+        scores = torch.tensor([r["score"] for r in top.body["recommendations"]])
+        assert float((scores - torch.sigmoid(logits[ranked[:5]])).abs().max()) <= 1e-5
+
+
+def test_a_link_archive_that_takes_updates_without_precomputed_rows_is_refused(int_store, tmp_path):
+    config = ModelConfig.from_dict(
+        {"task": "link", "arch": "sage", "in_dim": int_store.feature_dim, "out_dim": 8}
+    )
+    model = build_model(config).eval()
+    write_link_assets(model, int_store, tmp_path / "link")
+    settings = ServingSettings.from_yaml_section({"task": "link", "updates_enabled": True})
+    archive = Archive(tmp_path, settings, torch.device("cpu"), "1.0", "link")
+    with pytest.raises(ValueError, match="needs precomputed rows"):
+        LINK.start(archive, Loaded(model=model, config=config, store=int_store))
