@@ -98,10 +98,10 @@ def _spawn_zygote(frontend_pid: int) -> None:
     """Starts the zygote for this frontend and waits until it has imported everything (it
     fails here if it could not). Several launchers racing here leave one zygote: the others
     find its lock taken and return at once."""
-    log_dir = Path(os.environ.get("LOG_LOCATION") or os.environ.get("TMPDIR") or "/tmp")
-    log_dir.mkdir(parents=True, exist_ok=True)
+    directory = log_dir()
+    directory.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "gnnserve_prefork.zygote", "--frontend-pid", str(frontend_pid)]
-    with (log_dir / "gnnserve_prefork.log").open("ab") as log:
+    with (directory / "gnnserve_prefork.log").open("ab") as log:
         subprocess.run(
             command,
             stdin=subprocess.DEVNULL,
@@ -121,6 +121,11 @@ def _start_worker(sock: socket.socket) -> tuple[LineReader, int]:
     except BaseException:
         sock.close()
         raise
+
+
+def log_dir() -> Path:
+    """Where the zygote writes its log: TorchServe's log folder, else the temp dir."""
+    return Path(os.environ.get("LOG_LOCATION") or os.environ.get("TMPDIR") or "/tmp")
 
 
 def _request_worker(sock: socket.socket) -> tuple[LineReader, int]:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TypeGuard
 
+from gnnserve_prefork.early import FRONTEND_WAIT_S, wait_for_frontend
 from gnnserve_prefork.protocol import (
     Refused,
     check_peer,
@@ -85,7 +86,16 @@ class Zygote:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--frontend-pid", type=int, required=True, help="the TorchServe frontend")
+    frontend_given = parser.add_mutually_exclusive_group(required=True)
+    frontend_given.add_argument("--frontend-pid", type=int, help="the TorchServe frontend")
+    frontend_given.add_argument(
+        "--frontend-pid-file",
+        type=Path,
+        help="wait for TorchServe's CLI to write the frontend's PID there (early.py)",
+    )
+    parser.add_argument(
+        "--newer-than", type=float, default=0.0, help="Unix time before which the file is stale"
+    )
     parser.add_argument(
         "--imports",
         default=os.environ.get(IMPORTS_ENV, DEFAULT_IMPORTS),
@@ -93,6 +103,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(asctime)s zygote %(process)d %(message)s", level=logging.INFO)
+    if args.frontend_pid_file is not None:
+        args.frontend_pid = wait_for_frontend(
+            args.frontend_pid_file, args.newer_than, FRONTEND_WAIT_S
+        )
+        if args.frontend_pid is None:
+            logger.info("no frontend wrote %s; exiting", args.frontend_pid_file)
+            return 0
+        logger.info("started with frontend %d, before its first worker", args.frontend_pid)
     frontend = Frontend(args.frontend_pid)
     try:
         script = worker_script()

@@ -56,7 +56,10 @@ def zygote(server: TorchServe) -> psutil.Process:
     parent = psutil.Process(worker).parent()
     assert parent is not None
     assert "gnnserve_prefork.zygote" in " ".join(parent.cmdline())
-    assert f"--frontend-pid {server.pid}" in " ".join(parent.cmdline())
+    # Started by `torchserve --start` itself, before the frontend's first worker (early.py).
+    assert "--frontend-pid-file" in parent.cmdline()
+    log = (server.home / "logs" / "gnnserve_prefork.log").read_text()
+    assert f"started with frontend {server.pid}, before its first worker" in log
     return parent
 
 
