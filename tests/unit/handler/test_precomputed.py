@@ -4,11 +4,13 @@ streams of live updates, on every worker, whatever the fanouts."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
 import pytest
 import torch
+from ts.context import RequestProcessor
 
 from graph_assets import RawGraph, StoreError, open_store, write_store
 from handler.core.ego import EgoGraphs
@@ -22,11 +24,12 @@ from handler.tasks.spec import Archive, Loaded
 from model import build_model
 from model.config import ModelConfig
 from model.embedding import forward_with_embedding
+from model.export import load_model
 from model.link_assets import open_link_assets, write_link_assets
-from model.precompute import open_precomputed, precompute
+from model.precompute import open_precomputed, precompute, weights_digest
 from tests.live_reference import materialized_embeddings, materialized_forward, random_update
 
-from .conftest import FEATURES, random_model
+from .conftest import FEATURES, random_model, started
 
 ARCHS = ["gcn", "sage", "gat", "gin"]
 
@@ -274,3 +277,47 @@ def test_a_link_archive_that_takes_updates_without_precomputed_rows_is_refused(i
     archive = Archive(tmp_path, settings, torch.device("cpu"), "1.0", "link")
     with pytest.raises(ValueError, match="needs precomputed rows"):
         LINK.start(archive, Loaded(model=model, config=config, store=int_store))
+
+
+def test_the_handler_serves_a_precomputed_archive_and_reports_its_refreshes(
+    model_dir, tmp_path, monkeypatch
+):
+    """Through GNNHandler: the archive's precomputed/ is found and checked, an update refreshes
+    rows, the metrics and describe say so, and answers stay exact."""
+    store = open_store(model_dir / "graph")
+    model, _config = load_model(model_dir)
+    precompute(
+        model,
+        store,
+        model_dir / "precomputed",
+        weights_digest(model_dir / "model.pt"),
+        progress=False,
+    )
+    monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", "s" * 24)
+    handler, context = started(
+        model_dir,
+        2,
+        fanouts=[2, 2],
+        updates_enabled=True,
+        update_state_dir=str(tmp_path / "state"),
+        metrics_interval_s=0,
+    )
+    ids = store.external_ids(np.array([3, 6]))
+    context.request_processor = [
+        RequestProcessor({"x-gnnserve-update-key": "s" * 24}),
+        RequestProcessor({}),
+    ]
+    update = {"op": "update", "operations": [{"type": "add_edge", "src": ids[0], "dst": ids[1]}]}
+    data = [{"body": update}, {"body": {"node_id": ids[1]}}]
+    bodies = [json.loads(item) for item in handler.handle(data, context)]
+    assert [context.get_response_status(i)[0] for i in range(2)] == [200, 200], bodies
+    recorded = dict(context.metrics.recorded)
+    assert recorded["GnnPrecomputedRefreshRows"] > 0
+    assert "GnnPrecomputedRefreshTime" in recorded and "GnnPrecomputedReadsRefreshed" in recorded
+    described = json.loads(handler.describe_handle())
+    assert described["precomputed"]["layers"] == 2
+    assert described["precomputed"]["refreshed_updates"] == 1
+    ids_now, expected = materialized_forward(handler.live, model)
+    position = ids_now.index(ids[1])
+    got = torch.tensor(bodies[1]["probabilities"])
+    assert float((got - expected[position]).abs().max()) <= 1e-5
