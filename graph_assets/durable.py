@@ -1,4 +1,4 @@
-"""Durability of directory entries: a new file or directory survives a crash only once the
+"""Durability of files and directory entries: a new file or directory survives a crash only once the
 directory that holds it is fsync'd, not only the file itself."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 
 
-def fsync_dir(path: Path) -> None:
-    """Makes new entries in the directory ``path`` durable."""
+def fsync_path(path: Path) -> None:
+    """Makes the file ``path`` durable, or the new entries of the directory ``path``."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

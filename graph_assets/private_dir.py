@@ -22,7 +22,7 @@ import os
 import stat
 from pathlib import Path
 
-from graph_assets.durable import fsync_dir
+from graph_assets.durable import fsync_path
 from graph_assets.errors import UnsafeDirectory
 
 logger = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def _make_or_check_link(component: Path, path: Path) -> None:
         # Another worker may make it first: then it is checked like any existing one.
         with contextlib.suppress(FileExistsError):
             os.mkdir(component, 0o700)
-            fsync_dir(component.parent)  # durable, like the update log written inside it
+            fsync_path(component.parent)  # durable, like the update log written inside it
         info = os.lstat(component)
     if stat.S_ISLNK(info.st_mode):
         holder = os.stat(component.parent)

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graph_assets.durable import fsync_dir
+from graph_assets.durable import fsync_path
 from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
 from graph_assets.private_dir import ensure_private_dir
 
@@ -125,7 +125,7 @@ class UpdateLog:
                 os.link(staging, path)
             except FileExistsError:
                 return False
-            fsync_dir(path.parent)
+            fsync_path(path.parent)
             return True
         finally:
             staging.unlink(missing_ok=True)
@@ -326,7 +326,7 @@ def _open_log(path: Path) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         return os.open(path, os.O_RDWR)
-    fsync_dir(path.parent)
+    fsync_path(path.parent)
     return fd
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -33,6 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from graph_assets.durable import fsync_path
 from graph_assets.errors import StoreError
 from graph_assets.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
@@ -174,7 +174,7 @@ def precompute(
     names = [layer_file(i + 1) for i in range(len(dims))] + list(OUT_FILES)
     files = {}
     for name in names:
-        _fsync(out / name)
+        fsync_path(out / name)
         array = np.load(out / name, mmap_mode="r", allow_pickle=False)
         files[name] = {
             "dtype": array.dtype.str,
@@ -204,14 +204,6 @@ def _layer_width(model: NodeClassifier, index: int, below: np.ndarray) -> int:
     )
     degree = np.zeros(1) if needs_degree(model) else None
     return int(layer_rows(model, index, graph, np.array(below[:1]), degree).shape[1])
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True, eq=False)

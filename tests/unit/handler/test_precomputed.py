@@ -191,13 +191,19 @@ def test_rows_of_other_weights_or_another_graph_are_refused(int_store, str_store
         open_precomputed(tmp_path / "p", int_store, "weights")
 
 
+def precomputed_link_model(store, tmp_path, arch):
+    """A link model with its link/ assets and precomputed rows under ``tmp_path``."""
+    torch.manual_seed(0)
+    config = {"task": "link", "arch": arch, "in_dim": store.feature_dim, "out_dim": 8}
+    model = build_model({**config, "hidden_dim": 16}).eval()
+    write_link_assets(model, store, tmp_path / "link")
+    precompute(model, store, tmp_path / "p", "weights", chunk_edges=64, progress=False)
+    return model
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_link_pair_scores_read_the_stored_embeddings(int_store, tmp_path, arch):
-    torch.manual_seed(0)
-    config = {"task": "link", "arch": arch, "in_dim": int_store.feature_dim, "out_dim": 8}
-    model = build_model({**config, "hidden_dim": 16}).eval()
-    write_link_assets(model, int_store, tmp_path / "link")
-    precompute(model, int_store, tmp_path / "p", "weights", chunk_edges=64, progress=False)
+    model = precomputed_link_model(int_store, tmp_path, arch)
     settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [2, 2]})
     ego = EgoGraphs.create(
         int_store,
@@ -221,11 +227,7 @@ def test_link_pair_scores_read_the_stored_embeddings(int_store, tmp_path, arch):
 
 @pytest.mark.parametrize("arch", ["gcn", "gat"])
 def test_a_live_link_archive_scores_and_ranks_the_updated_graph(int_store, tmp_path, arch):
-    torch.manual_seed(0)
-    config = {"task": "link", "arch": arch, "in_dim": int_store.feature_dim, "out_dim": 8}
-    model = build_model({**config, "hidden_dim": 16}).eval()
-    write_link_assets(model, int_store, tmp_path / "link")
-    precompute(model, int_store, tmp_path / "p", "weights", chunk_edges=64, progress=False)
+    model = precomputed_link_model(int_store, tmp_path, arch)
     settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [2, 2]})
     log = tmp_path / "updates.log"
     engines, lives = [], []
