@@ -76,8 +76,7 @@ class GNNHandler(BaseHandler):
         self.settings = ServingSettings()
         self.batch_metrics = BatchMetrics(self.settings.metrics_interval_s)
         self._log_errors_reported = 0
-        self._refreshes_reported: tuple[int, int, float] = (0, 0, 0.0)
-        self._reads_reported = 0
+        self._refreshes_reported: tuple[int, int, float, int] = (0, 0, 0.0, 0)
 
     def initialize(self, context: Context) -> None:
         """Loads everything once per worker; a bad archive fails here, not mid-request.
@@ -270,7 +269,8 @@ class GNNHandler(BaseHandler):
         if self.live is not None:
             self._report_updates(metrics)
         if self.task is not None and self.task.precomputed is not None:
-            self._report_refreshes(metrics, self.task.precomputed.stats)
+            rows = self.task.precomputed
+            self._report_refreshes(metrics, rows.stats, rows.pending_rows)
 
     def _report_updates(self, metrics: Any) -> None:
         """The live graph's health (docs/operations.md): a record that cannot be applied, the
@@ -293,11 +293,10 @@ class GNNHandler(BaseHandler):
         )
         metrics.add_metric("GnnUpdateLogErrors", errors, "Count", dimensions=self._dimensions())
 
-    def _report_refreshes(self, metrics: Any, stats: RefreshStats) -> None:
-        """A precomputed archive's refreshes since the last report: rows recomputed, time per
-        update, and batches that applied (and refreshed for) other workers' updates first."""
-        updates, rows, seconds = self._refreshes_reported
-        reads = self.live.reads_after_apply if self.live is not None else 0
+    def _report_refreshes(self, metrics: Any, stats: RefreshStats, pending: int) -> None:
+        """A precomputed archive since the last report: rows recomputed, marking and
+        recomputing time per update, reads that recomputed rows first; rows still marked."""
+        updates, rows, seconds, reads = self._refreshes_reported
         count = stats.updates - updates
         figures = {
             "GnnPrecomputedRefreshRows": (stats.rows - rows, "Count"),
@@ -305,14 +304,14 @@ class GNNHandler(BaseHandler):
                 1000 * (stats.seconds - seconds) / count if count else 0.0,
                 "ms",
             ),
-            "GnnPrecomputedReadsRefreshed": (reads - self._reads_reported, "Count"),
+            "GnnPrecomputedReadsRefreshed": (stats.reads_refreshed - reads, "Count"),
+            "GnnPrecomputedPendingRows": (pending, "Count"),
         }
         for name, (value, unit) in figures.items():
             metrics.add_metric(
                 name, round(value, 3), unit, dimensions=self._dimensions(), metric_type=_GAUGE
             )
-        self._refreshes_reported = (stats.updates, stats.rows, stats.seconds)
-        self._reads_reported = reads
+        self._refreshes_reported = (stats.updates, stats.rows, stats.seconds, stats.reads_refreshed)
 
     def _dimensions(self) -> list[Dimension]:
         """A fresh list per call: TorchServe appends default dimensions to the one it is given."""

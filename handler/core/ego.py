@@ -6,6 +6,7 @@ explanation request sees exactly the graph version and the ego-graph a predictio
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import torch
 
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
-from handler.core.precomputed import PrecomputedRows
+from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph
@@ -68,6 +69,8 @@ class EgoGraphs:
         rows = None
         if precomputed is not None:
             rows = PrecomputedRows(precomputed, model, store, overlay)
+            if live is not None:  # the follower recomputes marked rows between batches
+                live.background.append(functools.partial(rows.drain, DRAIN_ROWS))
         return cls(
             store=store,
             model=model,

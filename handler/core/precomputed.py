@@ -1,28 +1,30 @@
 """:class:`PrecomputedRows`: a precomputed archive's layer rows (model.precompute), kept equal to
 the full-graph forward of the graph version being served.
 
-Every request that changes the graph is followed, in seq order, by a refresh of the rows it
-reaches, before any answer can read that version (the overlay calls :meth:`refresh` right after
-applying the request, under the live graph's lock, on every worker and replica alike):
+Every request that changes the graph marks the rows it reaches, in seq order, as soon as it is
+applied (the overlay calls :meth:`mark` under the live graph's lock, on every worker and replica
+alike):
 
 - layer 0 (the features) changed at the nodes whose feature row was set (new nodes included);
 - a node whose in-neighbour list changed (an edge added or removed, a neighbour removed) has a
   new neighbourhood at every layer; with GCN its degree changed too, which changes the weight of
   each of its out-edges, so its out-neighbours are reached at every layer as well;
-- row ``v`` of layer ``l`` is recomputed when ``v`` or one of its in-neighbours was reached at
-  layer ``l-1``, or its neighbourhood changed: from the (already refreshed) rows of its whole
-  in-neighbourhood at layer ``l-1``, with ``NodeClassifier.layer``, the rule the build used.
+- row ``v`` of layer ``l`` is reached when ``v`` or one of its in-neighbours was reached at layer
+  ``l-1``, or its neighbourhood changed.
 
-A refreshed row replaces the stored one in memory; the stored files are never written. The cost
-of an update is the rows it reaches times their in-degrees (a hub's neighbour: the hub's row
-reads all of its in-neighbours once), paid before the update is acknowledged on the worker that
-takes it and before the next answer on the others.
+A marked row is recomputed from the current rows of its whole in-neighbourhood one layer below,
+with ``NodeClassifier.layer`` (the rule the build used), before anything reads it: a read
+recomputes the marked rows it needs (and, first, the marked rows those need), and the live
+graph's follower recomputes the rest in the background, a bounded number of rows at a time,
+between batches. So no answer ever reads a row older than the version it reports, an update is
+acknowledged after marking only, and a read pays only for the marked rows it reads. Refreshed
+rows replace the stored ones in memory; the stored files are never written.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,18 +45,19 @@ from model.precompute import (
 )
 
 _UNLIMITED = 1 << 62
+# Marked rows the follower recomputes per step between batches (a few ms of holding the graph).
+DRAIN_ROWS = 256
 
 
 @dataclass
 class RefreshStats:
-    """What the refreshes cost so far (the worker's metrics report them)."""
+    """What marking and refreshing cost so far (the worker's metrics report them)."""
 
-    updates: int = 0
-    rows: int = 0
-    seconds: float = 0.0
-    last_rows: int = 0
-    last_seconds: float = 0.0
-    per_layer: list[int] = field(default_factory=list)
+    updates: int = 0  # updates marked
+    marked: int = 0  # rows they reached, summed over layers
+    rows: int = 0  # rows recomputed
+    seconds: float = 0.0  # time spent marking and recomputing
+    reads_refreshed: int = 0  # reads that recomputed marked rows they needed first
 
 
 class PrecomputedRows:
@@ -73,6 +76,8 @@ class PrecomputedRows:
         self.overlay = overlay
         self.num_layers = precomputed.num_layers
         self.changed: list[dict[int, np.ndarray]] = [{} for _ in range(self.num_layers)]
+        self.pending: list[set[int]] = [set() for _ in range(self.num_layers)]
+        self._depth = 0  # > 0 while recomputing: the reads are the refresh's own
         self.out_added: dict[int, set[int]] = {}
         self.stats = RefreshStats()
         self._out_indptr = np.asarray(precomputed.out_indptr, dtype=np.int64)
@@ -89,8 +94,8 @@ class PrecomputedRows:
                 overlay=overlay,
             )
             if not overlay.is_empty:  # the log was replayed before these rows existed
-                self.refresh(overlay.changes_so_far())
-            overlay.listeners.append(self.refresh)
+                self.mark(overlay.changes_so_far())
+            overlay.listeners.append(self.mark)
 
     def describe(self) -> dict[str, Any]:
         """For ``describe``: what is stored, and what refreshing it has cost so far."""
@@ -102,7 +107,13 @@ class PrecomputedRows:
             "refreshed_updates": stats.updates,
             "refreshed_rows": stats.rows,
             "refresh_seconds": round(stats.seconds, 3),
+            "pending_rows": self.pending_rows,
         }
+
+    @property
+    def pending_rows(self) -> int:
+        """Rows marked by updates and not recomputed yet, over all layers."""
+        return sum(len(pending) for pending in self.pending)
 
     @property
     def view(self) -> GraphView:
@@ -128,6 +139,8 @@ class PrecomputedRows:
         the internal indices ``nodes``, as the served graph version has them."""
         if layer == 0:
             return self.view.feature_rows(nodes)
+        if self.pending[layer - 1] and self._ensure(layer, nodes) and self._depth == 0:
+            self.stats.reads_refreshed += 1
         stored = self.precomputed.layers[layer - 1]
         out = np.take(stored, np.minimum(nodes, stored.shape[0] - 1), axis=0)
         changed = self.changed[layer - 1]
@@ -138,8 +151,8 @@ class PrecomputedRows:
                     out[position] = row
         return out
 
-    def refresh(self, change: OverlayChange) -> None:
-        """Recomputes every row ``change`` reaches, layer by layer (module docstring)."""
+    def mark(self, change: OverlayChange) -> None:
+        """Marks every row ``change`` reaches, layer by layer (module docstring)."""
         started = time.perf_counter()
         self._follow_edges(change)
         neighbourhood = np.fromiter(change.in_lists_before, dtype=np.int64)
@@ -152,20 +165,35 @@ class PrecomputedRows:
             if self.overlay is not None and self.overlay.removed
             else np.empty(0, dtype=np.int64)
         )
-        per_layer = []
         for layer in range(1, self.num_layers + 1):
             dirty = np.union1d(np.union1d(reached, self.out_neighbours(reached)), structural)
             dirty = dirty[~np.isin(dirty, removed)]
-            self._recompute(layer, dirty)
-            per_layer.append(int(dirty.size))
+            self.pending[layer - 1].update(dirty.tolist())
+            self.stats.marked += int(dirty.size)
             reached = dirty
-        seconds = time.perf_counter() - started
-        stats = self.stats
-        stats.updates += 1
-        stats.last_rows, stats.last_seconds = sum(per_layer), seconds
-        stats.rows += stats.last_rows
-        stats.seconds += seconds
-        stats.per_layer = per_layer
+        self.stats.updates += 1
+        self.stats.seconds += time.perf_counter() - started
+
+    def drain(self, max_rows: int) -> int:
+        """Recomputes up to ``max_rows`` marked rows, lowest layer first (the follower's
+        background work); returns how many."""
+        done = 0
+        for layer in range(1, self.num_layers + 1):
+            pending = self.pending[layer - 1]
+            if pending and done < max_rows:
+                some = np.fromiter(
+                    pending, dtype=np.int64, count=min(len(pending), max_rows - done)
+                )
+                done += self._ensure(layer, some)
+        return done
+
+    def current(self, layer: int) -> dict[int, np.ndarray]:
+        """Layer ``layer``'s rows that differ from the stored ones, all recomputed first (a
+        top-k search reads every node's row)."""
+        pending = self.pending[layer - 1]
+        if pending:
+            self._ensure(layer, np.fromiter(pending, dtype=np.int64))
+        return self.changed[layer - 1]
 
     def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
         """Nodes with an in-edge from any of ``nodes`` (ascending; a superset after removals,
@@ -204,10 +232,27 @@ class PrecomputedRows:
             for source in np.setdiff1d(self.overlay.in_list(node), before).tolist():
                 self.out_added.setdefault(source, set()).add(node)
 
+    def _ensure(self, layer: int, nodes: np.ndarray) -> int:
+        """Recomputes the marked rows among ``nodes`` of ``layer``; returns how many."""
+        pending = self.pending[layer - 1]
+        need = np.unique(np.fromiter((n for n in nodes.tolist() if n in pending), dtype=np.int64))
+        if need.size == 0:
+            return 0
+        started = time.perf_counter()
+        self._depth += 1
+        try:
+            self._recompute(layer, need)
+        finally:
+            self._depth -= 1
+        pending.difference_update(need.tolist())
+        self.stats.rows += int(need.size)
+        if self._depth == 0:
+            self.stats.seconds += time.perf_counter() - started
+        return int(need.size)
+
     def _recompute(self, layer: int, nodes: np.ndarray) -> None:
-        """Rows ``nodes`` of ``layer`` from layer ``layer - 1``, in chunks of bounded edges."""
-        if nodes.size == 0:
-            return
+        """Rows ``nodes`` of ``layer`` from layer ``layer - 1`` (whose marked rows among their
+        inputs are recomputed first, by ``rows``), in chunks of bounded edges."""
         view = self.view
         degree = view.degree_rows if needs_degree(self.model) else None
         target = self.changed[layer - 1]

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,8 +172,9 @@ class LiveGraph:
         self.unreachable: str | None = None  # why the log cannot be reached now
         self.log_errors = 0  # failed attempts to reach the log, since the start
         self.log_end = 0  # the end of the log when it was last looked at
-        # Batches that first applied records other workers wrote (precomputed rows refreshed)
-        self.reads_after_apply = 0
+        # Work the follower does between batches, under the graph's lock, after each step
+        # (precomputed rows recompute what updates marked: handler.core.precomputed).
+        self.background: list[Callable[[], object]] = []
         self._reconnect_delay = RECONNECT_FIRST_S
         self._retry_at = 0.0
         self._offset = 0
@@ -243,10 +244,7 @@ class LiveGraph:
         batch looks up, samples, gathers and reports ``graph_version`` on one graph. The
         batch's own updates still apply inside it (the lock is re-entrant)."""
         with self._lock:
-            seq = self.overlay.seq
             self.sync()
-            if self.overlay.seq > seq:
-                self.reads_after_apply += 1
             yield
 
     def sync(self) -> None:
@@ -291,6 +289,13 @@ class LiveGraph:
         with self._lock:
             if self._offset == start:  # else a batch applied them meanwhile: read again later
                 self._apply(records, end)
+
+    def run_background(self) -> None:
+        """One step of each background task, holding the graph still meanwhile."""
+        if self.background:
+            with self._lock:
+                for task in self.background:
+                    task()
 
     def update(self, request: UpdateRequest) -> int:
         """Validates, logs durably (fsync), then applies; returns the new graph version number.
@@ -493,6 +498,7 @@ def _follow(graph: weakref.ref[LiveGraph], stop: threading.Event, interval_s: fl
             continue
         try:
             live.follow_once()
+            live.run_background()
         except Exception:  # the log damaged under a running worker: keep serving, say so
             logger.exception("the update follower of %s failed", live.store.checksum[:12])
         failed = live.failure is not None

@@ -159,7 +159,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             return self.predictor.score_against(z_src, self.table).float()
         z_src = torch.from_numpy(rows.rows(rows.num_layers, np.array([node]))[0]).to(self.device)
         logits = self.predictor.score_against(z_src, self.table).float()
-        changed = rows.changed[rows.num_layers - 1]
+        changed = rows.current(rows.num_layers)
         total = rows.view.num_nodes
         if not changed and total == len(logits):
             return logits

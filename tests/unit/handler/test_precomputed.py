@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import numpy as np
 import pytest
@@ -323,3 +324,58 @@ def test_the_handler_serves_a_precomputed_archive_and_reports_its_refreshes(
     position = ids_now.index(ids[1])
     got = torch.tensor(bodies[1]["probabilities"])
     assert float((got - expected[position]).abs().max()) <= 1e-5
+
+
+def test_an_update_marks_rows_and_a_read_recomputes_only_those_it_needs(int_store, tmp_path):
+    model = random_model(int_store, "sage")
+    engine, live = precomputed_engine(int_store, model, tmp_path, tmp_path / "updates.log")
+    rows = engine.ego.precomputed
+    ids = int_store.external_ids(np.arange(int_store.num_nodes))
+    live.update(UpdateRequest([{"type": "set_features", "id": ids[0], "x": [2.0] * FEATURES}]))
+    marked = rows.pending_rows
+    assert marked > 0 and rows.stats.rows == 0  # acknowledged after marking only
+    far = next(i for i in range(int_store.num_nodes) if all(i not in p for p in rows.pending))
+    served(engine, [ids[far]])
+    assert rows.stats.rows == 0 and rows.stats.reads_refreshed == 0
+    near = min(rows.pending[-1])
+    served(engine, [ids[near]])
+    assert 0 < rows.stats.rows < marked and rows.stats.reads_refreshed == 1
+    while rows.drain(4):  # the follower's background steps, 4 rows at a time
+        pass
+    assert rows.pending_rows == 0
+    everyone, expected = materialized_forward(live, model)
+    assert float((served(engine, everyone) - expected).abs().max()) <= 1e-5
+
+
+def test_the_follower_recomputes_marked_rows_in_the_background(int_store, tmp_path):
+    model = random_model(int_store, "gcn")
+    directory = tmp_path / "precomputed"
+    precompute(model, int_store, directory, "weights", progress=False)
+    log = tmp_path / "updates.log"
+    writer = LiveGraph(int_store, log)
+    live = LiveGraph(int_store, log, follow_interval_s=0.005)
+    try:
+        settings = ServingSettings.from_yaml_section({"fanouts": [2, 2]})
+        engine = NodeClassificationEngine.create(
+            int_store,
+            model,
+            settings,
+            torch.device("cpu"),
+            "1.0",
+            live,
+            precomputed=open_precomputed(directory, int_store, "weights"),
+        )
+        rng, counter = random.Random(2), [0]
+        for _ in range(20):
+            writer.update(UpdateRequest(random_update(rng, writer, counter)))
+        rows = engine.ego.precomputed
+        deadline = time.monotonic() + 30
+        while (live.seq < 20 or rows.pending_rows) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert live.seq == 20 and rows.pending_rows == 0 and rows.stats.rows > 0
+        assert rows.stats.reads_refreshed == 0
+        ids, expected = materialized_forward(live, model)
+        assert float((served(engine, ids) - expected).abs().max()) <= 1e-5
+    finally:
+        live.close()
+        writer.close()
