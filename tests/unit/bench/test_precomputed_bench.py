@@ -49,6 +49,7 @@ def test_the_in_process_figures_on_a_tiny_graph(tmp_path: Path, threads: None) -
     assert rows["mean"] == rows["predicted_mean"]  # the reach rule is the refresh's
     assert 285 <= rows["min"] <= rows["max"] <= 315
     assert reads["quiet_ms"]["n"] == 12 and reads["after_update_ms"]["n"] == 4
+    assert reads["after_own_update_ms"]["n"] == 4
     build = {
         "nodes": 2000,
         "edges": 20_000,
@@ -65,7 +66,7 @@ def test_the_in_process_figures_on_a_tiny_graph(tmp_path: Path, threads: None) -
     }
     lines = precomputed.build_rows(build) + precomputed.refresh_rows(refresh)
     assert "| <= 2 | 1.67 | met: 2.5 s vs 1.5 s, medians of 2 (ratios 1.50, 1.75);" in lines[0]
-    assert len(lines) == 6 and all(line.startswith("| ") and line.endswith(" |") for line in lines)
+    assert len(lines) == 7 and all(line.startswith("| ") and line.endswith(" |") for line in lines)
 
 
 def test_the_serving_rows_are_medians_of_the_pairs() -> None:
