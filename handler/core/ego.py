@@ -23,6 +23,7 @@ from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph
 from handler.protocol.body import NodeId, show
 from handler.protocol.errors import NodeNotFound
+from model.device import to_serving_device
 from model.precompute import Precomputed
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class EgoGraphs:
         """The graph of one worker: the model on its device, the archive's sampler, and the
         precomputed rows kept up to date with the live graph."""
         overlay = live.overlay if live is not None else None
-        model = model.to(device).eval()
+        model = to_serving_device(model, device)
         rows = None
         if precomputed is not None:
             rows = PrecomputedRows(precomputed, model, store, overlay)

@@ -18,6 +18,7 @@ from handler.core.settings import ServingSettings
 from handler.protocol.class_answer import class_answer
 from handler.protocol.kserve_v2 import class_outputs, inference_response
 from handler.tasks.graph.requests import GraphRequest, parse_graph_request
+from model.device import to_serving_device
 from model.graph_level import GraphClassifier, as_data, batch_of
 
 
@@ -37,7 +38,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
     ) -> None:
         if not isinstance(model, GraphClassifier):
             raise TypeError(f"a graph archive needs a GraphClassifier, got {type(model).__name__}")
-        self.model = model.to(device).eval()
+        self.model = to_serving_device(model, device)
         self.classifier: GraphClassifier = model
         self.in_dim = int(model.encoder.gnn.in_channels)
         self.class_names = class_names
