@@ -19,8 +19,10 @@ import os
 import shutil
 import subprocess
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -164,14 +166,8 @@ class Artifacts:
 
     def gnn_archive(self, spec: ArchiveSpec) -> Path:
         """The folder archive ``spec.name``: the graph's base archive with its own YAML."""
-        folder = self.archives / spec.name
-        if not folder.is_dir():
-            base = self.base_archive(spec.graph)
-            staging = self.archives / f".{spec.name}.tmp"
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.copytree(base, staging, copy_function=os.link)
-            config_file = staging / "model-config.yaml"
-            config = yaml.safe_load(config_file.read_text())
+
+        def configure(config: dict[str, Any]) -> None:
             config.update(
                 batchSize=spec.batch_size,
                 maxBatchDelay=spec.max_batch_delay_ms,
@@ -181,6 +177,20 @@ class Artifacts:
             config["gnn"].update(fanouts=list(spec.fanouts), torch_threads=spec.torch_threads)
             if spec.updates:
                 config["gnn"]["updates_enabled"] = True
+
+        return self.variant(self.base_archive(spec.graph), spec.name, configure)
+
+    def variant(self, base: Path, name: str, configure: Callable[[dict[str, Any]], None]) -> Path:
+        """The folder archive ``name``: the unpacked archive ``base`` in hard links, with its
+        model-config YAML changed by ``configure`` (built once)."""
+        folder = self.archives / name
+        if not folder.is_dir():
+            staging = self.archives / f".{name}.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
+            shutil.copytree(base, staging, copy_function=os.link)
+            config_file = staging / "model-config.yaml"
+            config = yaml.safe_load(config_file.read_text())
+            configure(config)
             config_file.unlink()  # a hard link to the base's file: replace, never write through
             config_file.write_text(yaml.safe_dump(config, sort_keys=False))
             staging.rename(folder)

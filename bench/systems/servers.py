@@ -30,16 +30,20 @@ EXTRA_CONFIG = "job_queue_size=1024\n"
 
 @contextlib.contextmanager
 def torchserve(
-    home: Path, model_store: Path, models: list[str], prefork: bool = True
+    home: Path,
+    model_store: Path,
+    models: list[str],
+    prefork: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Iterator[TorchServe]:
     """A TorchServe serving ``models`` (``name=file.mar``), stopped by PID on exit; its workers
     forked from one zygote as ``make serve`` runs them (prefork/), or plain when ``prefork`` is
-    False.
+    False; ``env`` is added to its environment (an update secret, say).
 
     ``home`` is emptied first: every run starts with fresh logs and an empty temp dir.
     """
     shutil.rmtree(home, ignore_errors=True)
-    server = TorchServe(home=home, model_store=model_store, prefork=prefork)
+    server = TorchServe(home=home, model_store=model_store, prefork=prefork, extra_env=env or {})
     try:
         print(f"  starting TorchServe with {', '.join(models)}", flush=True)
         server.start(",".join(models), timeout=600, extra_config=EXTRA_CONFIG)

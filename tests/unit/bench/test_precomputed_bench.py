@@ -94,3 +94,16 @@ def test_the_serving_rows_are_medians_of_the_pairs() -> None:
     )
     assert lines[1].startswith("| (sampled [10,10]: req/s") and "| info | 0.65 |" in lines[1]
     assert "| <= 1.1 | 1.08 | met: 10.80 vs 10.00 ms (medians); pairs 1.05, 1.20, 1.08;" in lines[2]
+
+
+def test_the_served_read_row_compares_p99s() -> None:
+    served = {
+        "rounds": 3,
+        "quiet_ms": {"p50": 7.0, "p99": 9.0, "n": 30},
+        "after_update_ms": {"p50": 8.0, "p99": 13.5, "n": 3},
+        "rows_reached_mean": 1001.3,
+        "describe": {"refreshed_rows": 2500, "refresh_seconds": 0.25, "pending_rows": 0},
+    }
+    (line,) = precomputed.served_read_rows(served)
+    assert "| <= 2 | 1.50 | met: 13.50 vs 9.00 ms (p50 8.00 vs 7.00 ms), 3 updates" in line
+    assert "reaching 1,001 rows on average, 30 quiet reads; one worker's describe: 2,500" in line
