@@ -1,4 +1,5 @@
-"""The buffered frontend reader decodes exactly what TorchServe's own reader decodes."""
+"""The buffered frontend reader and the one-pass batch decoder decode exactly what
+TorchServe's own reader decodes."""
 
 from __future__ import annotations
 
@@ -15,15 +16,24 @@ from ts.protocol import otf_message_handler
 from handler import worker_socket
 
 ORIGINAL_READER = otf_message_handler._retrieve_buffer
+ORIGINAL_BATCH = otf_message_handler._retrieve_inference_msg
+TORCHSERVE = (ORIGINAL_READER, ORIGINAL_BATCH)
+OURS = (worker_socket.buffered_retrieve, worker_socket.buffered_inference_msg)
 
 
 def _field(value: bytes) -> bytes:
     return struct.pack("!i", len(value)) + value
 
 
-def inference_frame(requests: list[tuple[bytes, list[tuple[bytes, bytes]], bytes, str]]) -> bytes:
-    """One batch as the Java frontend writes it: cmd, then per request its ID, headers and one
-    ``body`` parameter, each list ended by -1."""
+Parameter = tuple[bytes, str, bytes]  # name, content type, value
+
+
+def inference_frame(
+    requests: list[tuple[bytes, list[tuple[bytes, bytes]], bytes, str]],
+    extra: list[Parameter] | None = None,
+) -> bytes:
+    """One batch as the Java frontend writes it: cmd, then per request its ID, headers and a
+    ``body`` parameter (then ``extra`` ones), each list ended by -1."""
     end = struct.pack("!i", -1)
     frame = b"I"
     for request_id, headers, body, content_type in requests:
@@ -31,14 +41,15 @@ def inference_frame(requests: list[tuple[bytes, list[tuple[bytes, bytes]], bytes
         for name, value in headers:
             frame += _field(name) + _field(value)
         frame += end
-        frame += _field(b"body") + _field(content_type.encode()) + _field(body)
+        for name, kind, value in [(b"body", content_type, body), *(extra or [])]:
+            frame += _field(name) + _field(kind.encode()) + _field(value)
         frame += end
     return frame + end
 
 
-def decode_all(frames: bytes, count: int, chunks: list[int], reader) -> list:
+def decode_all(frames: bytes, count: int, chunks: list[int], decoders=OURS) -> list:
     """Sends ``frames`` in pieces of the given sizes from another thread and decodes ``count``
-    messages with ``reader`` installed as TorchServe's field reader."""
+    messages with ``decoders`` (a field reader, a batch decoder) installed in TorchServe."""
     server, client = socket.socketpair()
 
     def send() -> None:
@@ -52,12 +63,13 @@ def decode_all(frames: bytes, count: int, chunks: list[int], reader) -> list:
 
     sender = threading.Thread(target=send)
     sender.start()
-    previous = otf_message_handler._retrieve_buffer
-    otf_message_handler._retrieve_buffer = reader
+    previous = otf_message_handler._retrieve_buffer, otf_message_handler._retrieve_inference_msg
+    otf_message_handler._retrieve_buffer, otf_message_handler._retrieve_inference_msg = decoders
     try:
         return [otf_message_handler.retrieve_msg(server) for _ in range(count)]
     finally:
-        otf_message_handler._retrieve_buffer = previous
+        otf_message_handler._retrieve_buffer = previous[0]
+        otf_message_handler._retrieve_inference_msg = previous[1]
         sender.join()
         server.close()
         client.close()
@@ -69,9 +81,11 @@ requests_strategy = st.lists(
         st.lists(st.tuples(st.binary(max_size=20), st.binary(max_size=60)), max_size=6),
         st.one_of(
             st.binary(max_size=300),
-            st.sampled_from([b'{"node_id": 3}', b'{"node_ids": [1, "a"]}', b"{bad json"]),
+            st.sampled_from(
+                [b'{"node_id": 3}', b'{"node_ids": [1, "a"]}', b"{bad json", b"\xff\xfe", b""]
+            ),
         ),
-        st.sampled_from(["application/json", "application/octet-stream", "text/plain"]),
+        st.sampled_from(["application/json", "application/octet-stream", "text/plain", ""]),
     ),
     min_size=1,
     max_size=8,
@@ -82,20 +96,45 @@ requests_strategy = st.lists(
 @given(
     batches=st.lists(requests_strategy, min_size=1, max_size=4),
     chunks=st.lists(st.integers(min_value=1, max_value=200), max_size=30),
+    extra=st.lists(
+        st.tuples(  # the frontend writes names as UTF-8 (TorchServe's decoder requires it)
+            st.text(max_size=8).map(str.encode),
+            st.sampled_from(["text/csv", "image/png"]),
+            st.binary(),
+        ),
+        max_size=2,
+    ),
 )
-def test_buffered_reads_decode_like_torchserve(batches, chunks) -> None:
-    frames = b"".join(inference_frame(batch) for batch in batches)
-    expected = decode_all(frames, len(batches), chunks, ORIGINAL_READER)
-    assert decode_all(frames, len(batches), chunks, worker_socket.buffered_retrieve) == expected
+def test_buffered_reads_decode_like_torchserve(batches, chunks, extra) -> None:
+    frames = b"".join(inference_frame(batch, extra) for batch in batches)
+    expected = decode_all(frames, len(batches), chunks, TORCHSERVE)
+    assert decode_all(frames, len(batches), chunks, OURS) == expected
+    reader_only = (worker_socket.buffered_retrieve, ORIGINAL_BATCH)
+    assert decode_all(frames, len(batches), chunks, reader_only) == expected
+
+
+def test_undecodable_inputs_are_forwarded_as_bytes_like_torchserve(monkeypatch) -> None:
+    too_deep = b"[" * 100_000 + b"]" * 100_000  # json.loads raises RecursionError
+    frame = inference_frame(
+        [(b"r1", [], too_deep, "application/json"), (b"r2", [], b"\xff", "text/plain")]
+    )
+    expected = decode_all(frame, 1, [], TORCHSERVE)
+    assert decode_all(frame, 1, [], OURS) == expected
+    assert expected[0][1][0]["parameters"][0]["value"] == too_deep
+    monkeypatch.setenv("TS_DECODE_INPUT_REQUEST", "false")  # then no value is decoded
+    frame = inference_frame([(b"r1", [], b'{"node_id": 3}', "application/json")])
+    decoded = decode_all(frame, 1, [], OURS)
+    assert decoded == decode_all(frame, 1, [], TORCHSERVE)
+    assert decoded[0][1][0]["parameters"][0]["value"] == b'{"node_id": 3}'
 
 
 def test_a_body_larger_than_a_chunk_arrives_whole() -> None:
     body = bytes(range(256)) * (3 * worker_socket.CHUNK_BYTES // 256 + 7)
-    frame = inference_frame([(b"r1", [(b"h", b"v")], body, "application/octet-stream")]) * 2
-    messages = decode_all(frame, 2, [1000, 5, 70_000], worker_socket.buffered_retrieve)
+    frame = inference_frame([(b"r1", [(b"h", b"v")], body, "application/octet-stream")] * 3) * 2
+    messages = decode_all(frame, 2, [1000, 5, 70_000], OURS)
     for cmd, batch in messages:
         assert cmd == b"I"
-        assert batch[0]["parameters"][0]["value"] == body
+        assert [request["parameters"][0]["value"] for request in batch] == [body] * 3
 
 
 def test_empty_and_negative_lengths_read_nothing_like_torchserve() -> None:
@@ -119,13 +158,30 @@ def test_the_worker_exits_when_the_frontend_disconnects() -> None:
     server.close()
 
 
-def test_buffer_frontend_reads_installs_the_reader(monkeypatch) -> None:
+def test_the_worker_exits_when_the_frontend_disconnects_inside_a_batch() -> None:
+    server, client = socket.socketpair()
+    frame = inference_frame([(b"r1", [(b"h", b"v")], b"{}", "application/json")])
+    client.sendall(frame[:-9])  # cut off inside the body
+    client.close()
+    assert worker_socket.buffered_retrieve(server, 1) == b"I"
+    with pytest.raises(SystemExit):
+        worker_socket.buffered_inference_msg(server)
+    server.close()
+
+
+def test_buffer_frontend_reads_installs_the_reader_and_the_decoder(monkeypatch) -> None:
     monkeypatch.setattr(otf_message_handler, "_retrieve_buffer", ORIGINAL_READER)
+    monkeypatch.setattr(otf_message_handler, "_retrieve_inference_msg", ORIGINAL_BATCH)
     assert worker_socket.buffer_frontend_reads()
     assert otf_message_handler._retrieve_buffer is worker_socket.buffered_retrieve
+    assert otf_message_handler._retrieve_inference_msg is worker_socket.buffered_inference_msg
 
 
-def test_buffer_frontend_reads_leaves_an_unknown_torchserve_alone(monkeypatch) -> None:
-    monkeypatch.delattr(otf_message_handler, "_retrieve_buffer")
+@pytest.mark.parametrize("missing", ["_retrieve_buffer", "_retrieve_inference_msg"])
+def test_buffer_frontend_reads_leaves_an_unknown_torchserve_alone(monkeypatch, missing) -> None:
+    monkeypatch.setattr(otf_message_handler, "_retrieve_buffer", ORIGINAL_READER)
+    monkeypatch.setattr(otf_message_handler, "_retrieve_inference_msg", ORIGINAL_BATCH)
+    monkeypatch.delattr(otf_message_handler, missing)
     assert not worker_socket.buffer_frontend_reads()
-    assert not hasattr(otf_message_handler, "_retrieve_buffer")
+    assert otf_message_handler.__dict__.get("_retrieve_buffer") in (ORIGINAL_READER, None)
+    assert otf_message_handler.__dict__.get("_retrieve_inference_msg") in (ORIGINAL_BATCH, None)
