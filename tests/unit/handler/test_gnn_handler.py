@@ -223,3 +223,15 @@ def test_a_worker_whose_explanations_outlast_the_response_timeout_refuses_to_sta
         GNNHandler().initialize(MockContext(model_dir, config, 4))
     (line,) = [r.getMessage() for r in caplog.records if r.name == "handler.gnn_handler"]
     assert line.startswith("gnn worker refuses to start: a batch of 4 explanations")
+
+
+def test_torchserve_handler_and_prediction_times_come_with_the_interval_report(model_dir):
+    handler, context = started(model_dir, 2, metrics_interval_s=0)
+    handler.handle([{"body": {"node_id": 0}}], context)
+    recorded = dict(context.metrics.recorded)
+    assert recorded["HandlerTime"] > 0 and "PredictionTime" not in recorded
+    context.metrics.add_time("PredictionTime", 0.7)  # TorchServe, after the batch
+    context.metrics.add_time("PredictionTime", 0.9)
+    handler.handle([{"body": {"node_id": 1}}], context)
+    assert [v for name, v in context.metrics.recorded if name == "PredictionTime"] == [0.8]
+    assert [name for name, _ in context.metrics.recorded].count("HandlerTime") == 2
