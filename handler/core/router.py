@@ -23,6 +23,7 @@ from handler.protocol.errors import ApiError, InternalError
 logger = logging.getLogger(__name__)
 
 PREDICT, EXTRAS, EXPLAIN = "predict", "extras", "explain"
+_SUMMED = tuple(item.name for item in fields(StageTimes) if item.name != "batch_size")
 
 
 class TaskEngine(Protocol):
@@ -60,9 +61,8 @@ class RoutedBatch:
             times = getattr(part.prepared, "times", None)
             if times is None:
                 continue
-            for item in fields(StageTimes):
-                if item.name != "batch_size":
-                    setattr(total, item.name, getattr(total, item.name) + getattr(times, item.name))
+            for name in _SUMMED:
+                setattr(total, name, getattr(total, name) + getattr(times, name))
         return total
 
 

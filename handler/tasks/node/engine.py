@@ -119,12 +119,19 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         except Exception:
             logger.exception("node lookup failed for the batch; looking up request by request")
             return [self._parse(item) for item in items]
-        ends = np.cumsum([len(request.node_ids) for request in requests])
-        per_request = iter(np.split(found, ends[:-1]))
-        return [
-            _resolved(request, next(per_request)) if isinstance(request, NodeRequest) else request
-            for request in parsed
-        ]
+        all_found = found.size == 0 or int(found.min()) >= 0  # then no request needs a 404
+        outcomes: list[ResolvedRequest | ApiError] = []
+        start = 0
+        for request in parsed:
+            if not isinstance(request, NodeRequest):
+                outcomes.append(request)
+                continue
+            nodes = found[start : start + len(request.node_ids)]
+            start += len(request.node_ids)
+            outcomes.append(
+                ResolvedRequest(request, nodes) if all_found else _resolved(request, nodes)
+            )
+        return outcomes
 
     def make_group(
         self, positions: list[int], outcomes: list[ResolvedRequest | ApiError]
@@ -144,12 +151,14 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         else:
             probabilities = self._sampled_probabilities(sub, batch)
         times.seed_nodes += int(seeds.numel())
-        # Seeds are sorted and unique (np.unique), so each request's rows are a binary search;
-        # one numpy copy instead of a tensor indexing per request.
-        table, sorted_seeds = probabilities.numpy(), seeds.numpy()
-        for position in group.positions:
-            nodes = _valid(batch.outcomes[position]).nodes
-            batch.results[position] = table[np.searchsorted(sorted_seeds, nodes)]
+        # Seeds are sorted and unique (np.unique), so the requests' rows are one binary search
+        # and one numpy copy for the group, then a slice per request.
+        requested = [_valid(batch.outcomes[position]).nodes for position in group.positions]
+        rows = probabilities.numpy()[np.searchsorted(seeds.numpy(), np.concatenate(requested))]
+        start = 0
+        for position, nodes in zip(group.positions, requested, strict=True):
+            batch.results[position] = rows[start : start + len(nodes)]
+            start += len(nodes)
 
     def _stored_probabilities(
         self, seeds: torch.Tensor, batch: Batch[ResolvedRequest]
