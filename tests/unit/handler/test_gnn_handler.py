@@ -235,3 +235,16 @@ def test_torchserve_handler_and_prediction_times_come_with_the_interval_report(m
     handler.handle([{"body": {"node_id": 1}}], context)
     assert [v for name, v in context.metrics.recorded if name == "PredictionTime"] == [0.8]
     assert [name for name, _ in context.metrics.recorded].count("HandlerTime") == 2
+
+
+def test_torchserve_profiler_switch_still_profiles_the_batch(model_dir, monkeypatch):
+    handler, context = started(model_dir, 2)
+    handler.profiler_args = {
+        "activities": [torch.profiler.ProfilerActivity.CPU],
+        "on_trace_ready": lambda profile: None,  # no trace files
+    }
+    monkeypatch.setenv("ENABLE_TORCH_PROFILER", "true")
+    output = handler.handle([{"body": {"node_id": 0}}, {"body": {"node_id": 10**6}}], context)
+    assert json.loads(output[0])["node_id"] == 0
+    assert [context.get_response_status(i)[0] for i in range(2)] == [200, 404]
+    assert "HandlerTime" in dict(context.metrics.recorded)  # BaseHandler's own, per batch
