@@ -100,4 +100,10 @@ def body_of(item: Any) -> Any:
                 "'Content-Type: application/json' (over TorchServe's gRPC Predictions: the JSON "
                 'under the input key "data" or "body")'
             )
-    raise BadRequest('empty request; send a JSON object like {"node_id": 42}')
+    # TorchServe hands over no field at all for an empty body, and for a form body without a
+    # name=value pair: what `curl -d '{"node_id": 42}'` without a Content-Type sends.
+    raise BadRequest(
+        'empty request: no JSON body arrived; send a JSON object like {"node_id": 42} with the '
+        "header 'Content-Type: application/json' (without it, curl -d sends the body as a form, "
+        "which arrives empty)"
+    )

@@ -109,6 +109,15 @@ def shipped_setting(key: str) -> str:
     raise AssertionError(f"config.properties does not set {key}")
 
 
+def test_json_sent_as_a_form_is_told_how_to_send_it(server):
+    """``curl -d '{"node_id": 42}'`` labels the body a form, which TorchServe hands over empty;
+    with no Content-Type at all the body is read as it is."""
+    response = post_raw(server, b'{"node_id": "acct_1"}', FORM)
+    assert response.status_code == 400, response.text
+    assert "Content-Type: application/json" in response.json()["message"]
+    assert post_raw(server, b'{"node_id": "acct_1"}', None).json()["node_id"] == "acct_1"
+
+
 def test_a_body_over_max_request_size_gets_torchserves_413(server):
     limit = int(shipped_setting("max_request_size"))
     assert limit <= 1 << 20
