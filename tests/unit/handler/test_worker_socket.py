@@ -147,6 +147,27 @@ def test_empty_and_negative_lengths_read_nothing_like_torchserve() -> None:
     client.close()
 
 
+def test_a_batch_that_arrives_in_many_pieces_is_finished_by_torchserves_decoder(
+    monkeypatch,
+) -> None:
+    calls = []
+
+    def field_by_field(conn):
+        calls.append(conn)
+        return ORIGINAL_BATCH(conn)
+
+    monkeypatch.setattr(worker_socket, "_FIELD_BY_FIELD", field_by_field)
+    body = b'{"x": "' + b"7" * 200_000 + b'"}'
+    big = inference_frame(
+        [(b"r%d" % i, [(b"h", b"v")], body, "application/json") for i in range(4)]
+    )
+    small = inference_frame([(b"s1", [(b"h", b"v")], b'{"node_id": 3}', "application/json")])
+    frames = big + small + big
+    chunks = [50_000] * (2 * len(big) // 50_000 + 2)
+    assert decode_all(frames, 3, chunks) == decode_all(frames, 3, chunks, TORCHSERVE)
+    assert len(calls) == 2  # the two large batches, each after DECODE_ATTEMPTS decodes
+
+
 def test_the_worker_exits_when_the_frontend_disconnects() -> None:
     server, client = socket.socketpair()
     client.sendall(b"I" + struct.pack("!i", 10) + b"abc")  # cut off inside a request ID
