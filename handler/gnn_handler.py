@@ -7,6 +7,7 @@ task (``handler.tasks``) parses, samples and infers, and nothing below this modu
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -136,16 +137,16 @@ class GNNHandler(BaseHandler):
         self.context = context
         self._answered_batch: tuple[StageTimes, int] | None = None
         requests = self._at_the_edge(data, context)
-        if self.live is None:
-            output = self._answer(requests, context)
-        else:
+        held: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.live is not None:
             wanted = [seq for seq in self._wants if isinstance(seq, int)]
             if wanted and max(wanted) > self.live.seq:  # before reading(): the follower needs it
                 self.live.catch_up(max(wanted), self.settings.min_version_wait_ms / 1000)
-            with self.live.reading():
-                output = self._answer(requests, context)
-        if self._answered_batch is not None:
-            self._report(*self._answered_batch, time.perf_counter() - started)
+            held = self.live.reading()
+        with held:  # the report too: it reads the live graph's and the stored rows' state
+            output = self._answer(requests, context)
+            if self._answered_batch is not None:
+                self._report(*self._answered_batch, time.perf_counter() - started)
         return output
 
     def _answer(self, requests: list[Request], context: Context) -> list[bytes]:
