@@ -46,7 +46,7 @@ from handler.protocol.kserve_v2 import (
 )
 from handler.tasks.registry import describe, start_task
 from handler.tasks.spec import Archive, StartedTask
-from handler.worker_metrics import HeldPredictionTime
+from handler.worker_metrics import HANDLER_TIME, HeldTimes
 from handler.worker_socket import buffer_frontend_reads
 
 logger = logging.getLogger(__name__)
@@ -114,8 +114,8 @@ class GNNHandler(BaseHandler):
         task = start_task(archive, open_graph=lambda: open_graph(archive.model_dir, settings))
         self.task, self.engine, self.router = task, task.engine, task.router
         self.live, self.update_policy = task.live, task.update_policy
-        if context.metrics is not None and not isinstance(context.metrics, HeldPredictionTime):
-            context.metrics = HeldPredictionTime(context.metrics)
+        if context.metrics is not None and not isinstance(context.metrics, HeldTimes):
+            context.metrics = HeldTimes(context.metrics)
         self.context = context
         self.initialized = True
         logger.info(
@@ -146,14 +146,17 @@ class GNNHandler(BaseHandler):
         with held:  # the report too: it reads the live graph's and the stored rows' state
             output = self._answer(requests, context)
             if self._answered_batch is not None:
-                self._report(*self._answered_batch, time.perf_counter() - started)
+                if context.metrics is not None:
+                    elapsed_ms = 1000 * (time.perf_counter() - started)
+                    context.metrics.add_time(HANDLER_TIME, elapsed_ms)  # held (worker_metrics)
+                self._report(*self._answered_batch)
         return output
 
     def _answer(self, requests: list[Request], context: Context) -> list[bytes]:
         """preprocess, inference, postprocess. ``BaseHandler.handle`` would also write
-        TorchServe's ``HandlerTime`` metric line for every batch (~700 bytes that the worker
-        formats, ~20 us, and the frontend parses and logs); ``_report`` reports it once per
-        interval instead. TorchServe's profiler (``ENABLE_TORCH_PROFILER``) still runs there."""
+        TorchServe's ``HandlerTime`` metric line for every batch; ``handle`` records it to be
+        written with the interval report instead (handler.worker_metrics says why).
+        TorchServe's profiler (``ENABLE_TORCH_PROFILER``) still runs there."""
         if os.environ.get(TORCH_PROFILER_ENV):
             return list(super().handle(requests, context))
         return self.postprocess(self.inference(self.preprocess(requests)))
@@ -270,10 +273,10 @@ class GNNHandler(BaseHandler):
         shaped = v2_error(response.body, body, self.context.model_name, version)
         return Response(response.status, shaped, response.headers)
 
-    def _report(self, times: StageTimes, errors: int, handler_s: float) -> None:
+    def _report(self, times: StageTimes, errors: int) -> None:
         """Batch figures as custom metrics (on TorchServe's Prometheus endpoint) and one log
         line, summed over ``metrics_interval_s`` (handler.core.metrics says why)."""
-        summary = self.batch_metrics.add(times, errors, handler_s)
+        summary = self.batch_metrics.add(times, errors)
         if summary is None:
             return
         logger.info("%s", summary.describe())
@@ -285,8 +288,7 @@ class GNNHandler(BaseHandler):
             metrics.add_metric(
                 name, round(value, 3), unit, dimensions=self._dimensions(), metric_type=_GAUGE
             )
-        metrics.add_time("HandlerTime", round(summary.handler_ms_per_batch(), 2), None, "ms")
-        if isinstance(metrics, HeldPredictionTime):
+        if isinstance(metrics, HeldTimes):
             metrics.report()
         metrics.add_metric(
             "GnnErrorResponses", summary.errors, "Count", dimensions=self._dimensions()

@@ -38,17 +38,12 @@ class BatchSummary:
     largest_batch: int = 0
     errors: int = 0
     seconds: float = 0.0
-    handler_seconds: float = 0.0  # the handler's whole time on the interval's batches
     totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GAUGES, 0.0))
 
     def mean_per_batch(self) -> dict[str, float]:
         """Each StageTimes field averaged over the interval's batches (stage times in ms)."""
         scale = {name: 1000.0 if name in _SECONDS else 1.0 for name in GAUGES}
         return {name: self.totals[name] * scale[name] / self.batches for name in GAUGES}
-
-    def handler_ms_per_batch(self) -> float:
-        """TorchServe's ``HandlerTime``: the handler's time per batch, in ms."""
-        return 1000.0 * self.handler_seconds / self.batches
 
     def describe(self) -> str:
         """One log line: how many batches and how large, what they sampled, how long it took."""
@@ -75,14 +70,13 @@ class BatchMetrics:
         self._started: float | None = None
         self._pending = BatchSummary()
 
-    def add(self, times: StageTimes, errors: int, handler_s: float) -> BatchSummary | None:
+    def add(self, times: StageTimes, errors: int) -> BatchSummary | None:
         """Counts one batch; returns the summary to report when the interval is over."""
         now = self._clock()
         pending = self._pending
         pending.batches += 1
         pending.largest_batch = max(pending.largest_batch, times.batch_size)
         pending.errors += errors
-        pending.handler_seconds += handler_s
         for name in _FIELDS:
             pending.totals[name] += getattr(times, name)
         if self._started is not None and now - self._started < self.interval_s:

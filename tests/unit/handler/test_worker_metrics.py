@@ -1,8 +1,9 @@
-"""TorchServe's per-batch PredictionTime is held back and written once per report."""
+"""TorchServe's per-batch HandlerTime and PredictionTime are held back and written as their
+means once per report."""
 
 from __future__ import annotations
 
-from handler.worker_metrics import PREDICTION_TIME, HeldPredictionTime
+from handler.worker_metrics import HANDLER_TIME, PREDICTION_TIME, HeldTimes
 
 from .conftest import MockMetrics
 
@@ -21,7 +22,7 @@ class Recording(MockMetrics):
 
 def test_prediction_times_wait_for_the_report_and_are_written_as_their_mean() -> None:
     cache = Recording()
-    held = HeldPredictionTime(cache)
+    held = HeldTimes(cache)
     for value in (0.4, 0.6, 0.8):
         held.add_time(PREDICTION_TIME, value)  # as ts.service.Service calls it
     assert cache.calls == []
@@ -31,11 +32,20 @@ def test_prediction_times_wait_for_the_report_and_are_written_as_their_mean() ->
     assert len(cache.calls) == 1
 
 
+def test_handler_times_are_held_and_written_as_their_mean_per_batch() -> None:
+    cache = Recording()
+    held = HeldTimes(cache)
+    for milliseconds in (4, 8, 9):
+        held.add_time(HANDLER_TIME, milliseconds)  # as the handler records each batch
+    held.report()
+    assert cache.calls == [(HANDLER_TIME, round((4 + 8 + 9) / 3, 2), (None, "ms"), {})]
+
+
 def test_everything_else_goes_straight_to_the_cache() -> None:
     cache = Recording()
-    held = HeldPredictionTime(cache)
-    held.add_time("HandlerTime", 1.5, None, "ms")
-    held.add_time(PREDICTION_TIME, 2.0, None, "s")  # not TorchServe's plain call: passed on
+    held = HeldTimes(cache)
+    held.add_time(HANDLER_TIME, 1.5, None, "ms")  # not the plain call (BaseHandler's): passed on
+    held.add_time(PREDICTION_TIME, 2.0, None, "s")
     held.request_ids = {0: "a"}  # TorchServe sets the batch's IDs on the cache it holds
     assert cache.calls == [
         ("HandlerTime", 1.5, (None, "ms"), {}),
