@@ -46,14 +46,11 @@ import multiprocessing
 import os
 import random
 import resource
-import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -123,39 +120,20 @@ PROFILES = {
 # -- 1 and 2: one TorchServe, echo against the precomputed and the sampled archive ------------
 
 
-def _build(command: list[str], log: Path) -> None:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"  $ {' '.join(command)}", flush=True)
-    with log.open("ab") as out:
-        subprocess.run(command, cwd=ROOT, check=True, stdout=out, stderr=out, timeout=1800)
-
-
 def precomputed_archive(artifacts: Artifacts) -> Path:
     """``build_mar.sh --precompute`` of the 1M-edge store with the suite's weights, one worker,
     one intra-op thread, batch 16 / 5 ms, unpacked like the suite's archives (and cached with
     them, per digest of the code)."""
-    name = f"gnn_{GRAPH}_precomputed_b{BATCH}_d{DELAY}"
-    folder = artifacts.archives / name
-    if (folder / "MAR-INF" / "MANIFEST.json").is_file():
-        return folder
-    _build(
+    return artifacts.built(
+        f"gnn_{GRAPH}_precomputed_b{BATCH}_d{DELAY}",
         [
-            *(str(ROOT / "build_mar.sh"), "--precompute", "--store", str(artifacts.store(GRAPH))),
-            *("--weights", str(artifacts.model_dir() / WEIGHTS_FILE), "--name", name),
+            *("--precompute", "--store", str(artifacts.store(GRAPH))),
+            *("--weights", str(artifacts.model_dir() / WEIGHTS_FILE)),
             *("--device", "cpu", "--fanouts", "10,10", "--torch-threads", "1"),
             *("--batch-size", str(BATCH), "--max-batch-delay", str(DELAY)),
-            *("--min-workers", "1", "--max-workers", "1", "--export-path", str(artifacts.archives)),
+            *("--min-workers", "1", "--max-workers", "1"),
         ],
-        artifacts.logs / "build.log",
     )
-    mar = artifacts.archives / f"{name}.mar"
-    staging = artifacts.archives / f".{name}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    with zipfile.ZipFile(mar) as archive:
-        archive.extractall(staging)
-    mar.unlink()
-    staging.rename(folder)
-    return folder
 
 
 def described(server: TorchServe, model: str) -> dict[str, Any]:

@@ -145,23 +145,30 @@ class Artifacts:
 
     def base_archive(self, graph: str) -> Path:
         """``build_mar.sh --synthetic`` for ``graph`` with the random weights, unpacked."""
-        folder = self.archives / f"base_{graph}"
+        spec = GRAPHS[graph]
+        return self.built(
+            f"base_{graph}",
+            [
+                *("--synthetic", str(spec.nodes), str(spec.edges)),
+                *("--weights", str(self.model_dir() / "model.pt"), "--device", "cpu"),
+            ],
+        )
+
+    def built(self, name: str, build_args: list[str]) -> Path:
+        """The folder archive ``name``: ``build_mar.sh`` with ``build_args``, unpacked (built
+        once per code digest)."""
+        folder = self.archives / name
         if not (folder / "MAR-INF" / "MANIFEST.json").is_file():
-            spec = GRAPHS[graph]
-            _run(
-                [
-                    *(str(ROOT / "build_mar.sh"), "--synthetic"),
-                    *(str(spec.nodes), str(spec.edges)),
-                    *("--weights", str(self.model_dir() / "model.pt"), "--name", f"base_{graph}"),
-                    *("--device", "cpu", "--export-path", str(self.archives)),
-                ],
-                self.logs / "build.log",
-            )
-            mar = self.archives / f"base_{graph}.mar"
-            shutil.rmtree(folder, ignore_errors=True)
+            command = [str(ROOT / "build_mar.sh"), *build_args, "--name", name]
+            _run([*command, "--export-path", str(self.archives)], self.logs / "build.log")
+            mar = self.archives / f"{name}.mar"
+            staging = self.archives / f".{name}.tmp"
+            shutil.rmtree(staging, ignore_errors=True)
             with zipfile.ZipFile(mar) as archive:
-                archive.extractall(folder)
+                archive.extractall(staging)
             mar.unlink()
+            shutil.rmtree(folder, ignore_errors=True)
+            staging.rename(folder)
         return folder
 
     def gnn_archive(self, spec: ArchiveSpec) -> Path:
