@@ -157,7 +157,9 @@ def train_graph_classifier(
         loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator)
         early = EarlyStopping(patience)
         bar = tqdm(
-            range(1, epochs + 1), desc=f"train {config.arch.value} graph", disable=not progress
+            range(1, epochs + 1),
+            desc=f"train {config.arch.value} graph",
+            disable=None if progress else True,  # None: off when stderr is not a terminal
         )
         for epoch in bar:
             model.train()

@@ -205,7 +205,9 @@ def train_link_predictor(
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         early = EarlyStopping(patience)
         bar = tqdm(
-            range(1, epochs + 1), desc=f"train {config.arch.value} link", disable=not progress
+            range(1, epochs + 1),
+            desc=f"train {config.arch.value} link",
+            disable=None if progress else True,  # None: off when stderr is not a terminal
         )
         for epoch in bar:
             model.train()

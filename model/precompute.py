@@ -160,7 +160,9 @@ def precompute(
         width = _layer_width(layers, index, below)
         rows = np.lib.format.open_memmap(out / name, mode="w+", dtype=np.float32, shape=(n, width))
         bar = tqdm(
-            total=store.num_edges, desc=f"precompute layer {index + 1}", disable=not progress
+            total=store.num_edges,
+            desc=f"precompute layer {index + 1}",
+            disable=None if progress else True,  # None: off when stderr is not a terminal
         )
         for a, b in chunks(indptr, chunk_edges, CHUNK_NODES):
             graph = range_in_neighbourhoods(indptr, indices, a, b)

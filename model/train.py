@@ -74,7 +74,11 @@ def train_node_classifier(
         model = build_model(config).to(x.device)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
         early = EarlyStopping(patience)
-        bar = tqdm(range(1, epochs + 1), desc=f"train {config.arch.value}", disable=not progress)
+        bar = tqdm(
+            range(1, epochs + 1),
+            desc=f"train {config.arch.value}",
+            disable=None if progress else True,  # None: off when stderr is not a terminal
+        )
         for epoch in bar:
             model.train()
             optimizer.zero_grad()
