@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +31,13 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 # model's output layer; class names are the way to give sparse or non-index labels.
 MAX_CLASSES = 100_000
 _NODES_EXPECTED = "a header `id,<numeric feature columns>[,label]` and one row per node"
-_EDGES_EXPECTED = "a header `src,dst` and one row per directed edge"
+_EDGES_EXPECTED = (
+    "a header `src,dst[,<numeric edge feature columns>]` and one row per directed edge"
+)
+
+
+# RawGraph's default edge_features, which __post_init__ replaces by the [E, 0] array of its E.
+_NO_EDGE_FEATURES = np.empty((0, 0), dtype=np.float32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -41,15 +47,18 @@ class RawGraph:
     Attributes:
         ids: ``[N]`` external IDs: int64, or UTF-8 bytes ``S<k>`` when any ID is not an
             integer in canonical form (see `read_graph_dir`).
-        src: ``[E]`` int64 position in ``ids`` of each edge's source (reverse edges included
-            when ``undirected``).
+        src: ``[E]`` int64 position in ``ids`` of each edge's source, in edges-file order; with
+            ``undirected`` the reverse edges follow, in the same order.
         dst: ``[E]`` int64 position in ``ids`` of each edge's destination.
         features: ``[N, F]`` float32, all finite.
         labels: ``[N]`` int64 class index, -1 for an unlabelled node.
         class_names: ``class_names[k]`` names class ``k`` when labels were names (sorted, so
             the numbering does not depend on row order); None when labels were integers.
         feature_names: the ``F`` feature column names in file order.
-        undirected: whether the reverse of every edge was added.
+        edge_features: ``[E, D]`` float32, all finite, row ``k`` for edge ``k`` (a reverse
+            edge has its edge's row). ``D`` may be 0; the default is no edge features.
+        edge_feature_names: the ``D`` edge feature column names in file order.
+        undirected: whether the reverse of every edge but a self-loop was added.
     """
 
     ids: np.ndarray
@@ -59,7 +68,20 @@ class RawGraph:
     labels: np.ndarray
     class_names: list[str] | None
     feature_names: list[str]
+    edge_features: np.ndarray = field(default_factory=lambda: _NO_EDGE_FEATURES)
+    edge_feature_names: list[str] = field(default_factory=list)
     undirected: bool = False
+
+    def __post_init__(self) -> None:
+        if self.edge_features is _NO_EDGE_FEATURES:  # the default: [E, 0] for this E
+            object.__setattr__(self, "edge_features", np.empty((len(self.src), 0), np.float32))
+        shape = (len(self.src), len(self.edge_feature_names))
+        if self.edge_features.dtype != np.float32 or self.edge_features.shape != shape:
+            raise ValueError(
+                f"edge_features must be float32 {list(shape)} (one row per edge, one column "
+                f"per edge_feature_names entry), got {self.edge_features.dtype} "
+                f"{list(self.edge_features.shape)}"
+            )
 
     @property
     def id_kind(self) -> IdKind:
@@ -85,8 +107,10 @@ def read_graph_dir(path: Path, undirected: bool = False) -> RawGraph:
 
     IDs are integers when every node ID is an integer in canonical form ("42", "-7", not "042")
     that fits int64, else strings; edge endpoints are read the same way (on an int graph, an
-    endpoint "042" names no node). With ``undirected`` the reverse of every edge is
-    added. Raises `GraphInputError` naming the file, the row and the problem.
+    endpoint "042" names no node). Every edges column after ``src`` and ``dst`` is an edge
+    feature. With ``undirected`` the reverse of every edge is added, with the edge's features,
+    after all given edges; a self-loop is its own reverse and is not added twice. Raises
+    `GraphInputError` naming the file, the row and the problem.
     """
     path = Path(path)
     if not path.is_dir():
@@ -105,8 +129,12 @@ def read_graph_dir(path: Path, undirected: bool = False) -> RawGraph:
     features = _features(nodes, feature_names, nodes_file.name)
     labels, class_names = _labels(nodes, nodes_file.name)
     src, dst = _edges(edges, node_ids, edges_file.name)
+    edge_feature_names = [c for c in edges.column_names if c not in ("src", "dst")]
+    edge_features = _numbers(edges, edge_feature_names, edges_file.name, "edge feature")
     if undirected:
-        src, dst = np.concatenate([src, dst]), np.concatenate([dst, src])
+        reverse = np.flatnonzero(src != dst)
+        src, dst = np.concatenate([src, dst[reverse]]), np.concatenate([dst, src[reverse]])
+        edge_features = np.concatenate([edge_features, edge_features[reverse]])
     return RawGraph(
         ids=_to_numpy_ids(node_ids),
         src=src,
@@ -115,6 +143,8 @@ def read_graph_dir(path: Path, undirected: bool = False) -> RawGraph:
         labels=labels,
         class_names=class_names,
         feature_names=feature_names,
+        edge_features=edge_features,
+        edge_feature_names=edge_feature_names,
         undirected=undirected,
     )
 
@@ -311,7 +341,7 @@ def _is_number(column: pa.ChunkedArray) -> bool:
     return bool(pa.types.is_integer(column.type) or pa.types.is_floating(column.type))
 
 
-def _as_float64(column: pa.ChunkedArray, file: str, name: str) -> np.ndarray:
+def _as_float64(column: pa.ChunkedArray, file: str, name: str, what: str) -> np.ndarray:
     """A feature column as float64, NaN where empty or not a number."""
     if _is_number(column):
         return np.asarray(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False))
@@ -319,20 +349,21 @@ def _as_float64(column: pa.ChunkedArray, file: str, name: str) -> np.ndarray:
         return np.full(len(column), np.nan)
     # Text, booleans, dates...: parse as numbers; what does not parse becomes NaN and is
     # reported with its text.
-    parsed = pd.to_numeric(pd.Series(_text(column, file, name)), errors="coerce")
+    parsed = pd.to_numeric(pd.Series(_text(column, file, name, what)), errors="coerce")
     return np.asarray(parsed, dtype=np.float64)
 
 
-def _text(column: pa.ChunkedArray, file: str, name: str) -> np.ndarray:
+def _text(column: pa.ChunkedArray, file: str, name: str, what: str) -> np.ndarray:
     try:
         return np.asarray(pc.cast(column, pa.string()).to_numpy(zero_copy_only=False))
     except pa.ArrowNotImplementedError as exc:
         raise GraphInputError(
-            file, None, f"feature column {name!r} has type {column.type}; features must be numbers"
+            file, None, f"{what} column {name!r} has type {column.type}; {what}s must be numbers"
         ) from exc
 
 
 def _features(nodes: pa.Table, names: list[str], file: str) -> np.ndarray:
+    """Node features: at least one column, every value a finite float32."""
     if not names:
         raise GraphInputError(
             file,
@@ -340,10 +371,17 @@ def _features(nodes: pa.Table, names: list[str], file: str) -> np.ndarray:
             "has no feature columns; expected `id`, one or more numeric feature columns and "
             "optionally `label`",
         )
-    features = np.empty((nodes.num_rows, len(names)), dtype=np.float32)
+    return _numbers(nodes, names, file, "feature")
+
+
+def _numbers(table: pa.Table, names: list[str], file: str, what: str) -> np.ndarray:
+    """Columns ``names`` of ``table`` as float32 ``[rows, len(names)]``; the first row (in file
+    order) holding a value that is no finite float32 is reported naming its column, as a
+    ``what`` ("feature", "edge feature")."""
+    features = np.empty((table.num_rows, len(names)), dtype=np.float32)
     first_bad: tuple[int, int] | None = None  # (row, column), the earliest row in the file
     for j, name in enumerate(names):
-        values = _as_float64(nodes[name], file, name)
+        values = _as_float64(table[name], file, name, what)
         row = _first(~(np.abs(values) <= _FLOAT32_MAX))  # also catches NaN
         if row is None:
             features[:, j] = values
@@ -351,14 +389,15 @@ def _features(nodes: pa.Table, names: list[str], file: str) -> np.ndarray:
             first_bad = (row, j)
     if first_bad is not None:
         row, j = first_bad
-        column = nodes[names[j]]
-        value = _as_float64(column, file, names[j])[row]
-        raw = column[row].as_py() if _is_number(column) else _text(column, file, names[j])[row]
+        column = table[names[j]]
+        value = _as_float64(column, file, names[j], what)[row]
+        raw = (
+            column[row].as_py() if _is_number(column) else _text(column, file, names[j], what)[row]
+        )
         raise GraphInputError(
             file,
             row + 1,
-            f"feature {names[j]!r} is {_describe(raw, value)}; every feature must be a finite "
-            "number",
+            f"{what} {names[j]!r} is {_describe(raw, value)}; every {what} must be a finite number",
         )
     return features
 
