@@ -1,6 +1,7 @@
 """Command line: build a store from a graph directory, or generate a synthetic graph.
 
-    python -m graph_assets build --graph DIR --out STORE [--undirected]
+    python -m graph_assets build --graph DIR --out STORE [--undirected] [--drop-self-loops]
+        [--drop-duplicate-edges]
     python -m graph_assets synthetic NODES EDGES (--out STORE | --csv DIR) [options]
     python -m graph_assets graphs --dataset DIR --out DSET [--undirected]
     python -m graph_assets synthetic-graphs COUNT (--out DSET | --csv DIR) [options]
@@ -87,7 +88,23 @@ def _parser() -> argparse.ArgumentParser:
         metavar="STORE",
         help="store directory to write (a previous store there is replaced)",
     )
-    build.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    build.add_argument(
+        "--undirected",
+        action="store_true",
+        help="add the reverse of every edge, with its edge features (a self-loop is its own "
+        "reverse and is not doubled)",
+    )
+    build.add_argument(
+        "--drop-self-loops",
+        action="store_true",
+        help="drop edges whose src is their dst (default: keep them, as given)",
+    )
+    build.add_argument(
+        "--drop-duplicate-edges",
+        action="store_true",
+        help="keep only the first edge of each (src, dst) in input order (default: keep "
+        "parallel edges, each with its own edge features)",
+    )
 
     synthetic = commands.add_parser(
         "synthetic", help="generate a labelled graph with IDs 0..NODES-1"
@@ -97,8 +114,8 @@ def _parser() -> argparse.ArgumentParser:
         "edges",
         type=_count(0),
         metavar="EDGES",
-        help="number of edges to draw (self-loops and duplicates are dropped, so the store may "
-        "hold slightly fewer)",
+        help="number of edges to draw (self-loops and repeats drawn by chance are dropped, so "
+        "the store may hold slightly fewer)",
     )
     target = synthetic.add_mutually_exclusive_group(required=True)
     target.add_argument("--out", type=Path, metavar="STORE", help="write a store to this directory")
@@ -212,15 +229,44 @@ def _summary(meta: StoreMeta) -> str:
     stats = meta["stats"]
     return (
         f"  nodes {meta['num_nodes']} ({meta['id_kind']} ids), edges {meta['num_edges']} "
-        f"(of {stats['input_edges']}: dropped {stats['self_loops_dropped']} self-loops and "
-        f"{stats['duplicate_edges_dropped']} duplicates), features {meta['feature_dim']}, "
-        f"classes {meta['num_classes']}\n  checksum {meta['checksum']}"
+        f"(of {stats['input_edges']}), features {meta['feature_dim']}, edge features "
+        f"{meta.get('edge_feature_dim', 0)}, classes {meta['num_classes']}\n"
+        f"  checksum {meta['checksum']}"
     )
 
 
+def _kept_or_dropped(meta: StoreMeta, drop_self_loops: bool, drop_duplicate_edges: bool) -> str:
+    """One line: what became of self-loops and duplicate edges, and the flags that change it."""
+    stats = meta["stats"]
+    loops_kept = f"{stats.get('self_loops_kept', 0)} self-loops"
+    repeats_kept = f"{stats.get('duplicate_edges_kept', 0)} parallel edges"
+    kinds = (
+        (drop_self_loops, f"{stats['self_loops_dropped']} self-loops", loops_kept),
+        (drop_duplicate_edges, f"{stats['duplicate_edges_dropped']} duplicate edges", repeats_kept),
+    )
+    flags = ("--drop-self-loops", "--drop-duplicate-edges")
+    kept = [(what, flag) for (drop, _, what), flag in zip(kinds, flags, strict=True) if not drop]
+    dropped = [(what, flag) for (drop, what, _), flag in zip(kinds, flags, strict=True) if drop]
+    parts = []
+    if kept:
+        verb = "drops" if len(kept) == 1 else "drop"
+        what, named = " and ".join(w for w, _ in kept), " / ".join(f for _, f in kept)
+        parts.append(f"kept {what} ({named} {verb} them)")
+    if dropped:
+        what, named = " and ".join(w for w, _ in dropped), " / ".join(f for _, f in dropped)
+        parts.append(f"dropped {what} ({named})")
+    return "  " + ", ".join(parts)
+
+
 def _build(args: argparse.Namespace) -> str:
-    meta = write_store(read_graph_dir(args.graph, undirected=args.undirected), args.out)
-    return f"built store {args.out} from {args.graph}\n{_summary(meta)}"
+    meta = write_store(
+        read_graph_dir(args.graph, undirected=args.undirected),
+        args.out,
+        drop_self_loops=args.drop_self_loops,
+        drop_duplicate_edges=args.drop_duplicate_edges,
+    )
+    kept = _kept_or_dropped(meta, args.drop_self_loops, args.drop_duplicate_edges)
+    return f"built store {args.out} from {args.graph}\n{_summary(meta)}\n{kept}"
 
 
 def _num_classes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -248,7 +294,12 @@ def _synthetic(args: argparse.Namespace, num_classes: int) -> str:
             homophily=args.homophily,
             class_names=args.class_names,
         )
-        return f"generated store {args.out} ({args.edges} edges requested)\n{_summary(meta)}"
+        stats = meta["stats"]
+        return (
+            f"generated store {args.out} ({args.edges} edges requested)\n{_summary(meta)}\n"
+            f"  dropped {stats['self_loops_dropped']} self-loops and "
+            f"{stats['duplicate_edges_dropped']} duplicate edges drawn by chance"
+        )
     write_synthetic_csv(
         args.nodes,
         args.edges,
@@ -261,8 +312,8 @@ def _synthetic(args: argparse.Namespace, num_classes: int) -> str:
     )
     return (
         f"wrote {args.csv / 'nodes.csv'} and {args.csv / 'edges.csv'}: {args.nodes} nodes, "
-        f"{args.edges} edges (the build drops self-loops and duplicates, so the store may hold "
-        "slightly fewer)"
+        f"{args.edges} edges (self-loops and repeats drawn by chance included: build with "
+        "--drop-self-loops --drop-duplicate-edges to get the store --out writes)"
     )
 
 

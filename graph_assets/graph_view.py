@@ -12,11 +12,16 @@ import numpy as np
 
 
 class GraphView(Protocol):
-    """Node IDs, feature rows and in-degrees of one graph version."""
+    """Node IDs, node and edge feature rows and in-degrees of one graph version."""
 
     @property
     def num_nodes(self) -> int:
         """Size of the internal index space."""
+        ...
+
+    @property
+    def edge_feature_dim(self) -> int:
+        """Features per edge, ``D`` (0 when the graph has none)."""
         ...
 
     def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
@@ -25,6 +30,11 @@ class GraphView(Protocol):
 
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
         """float32 ``[len(nodes), F]`` feature rows of internal ``nodes`` (a copy)."""
+        ...
+
+    def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
+        """float32 ``[len(edge_ids), D]`` features of edges by ID, an edge's ID being its
+        position in the stored CSC arrays (a copy; ``[len, 0]`` when ``D`` is 0)."""
         ...
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:

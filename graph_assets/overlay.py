@@ -224,6 +224,16 @@ class GraphOverlay:
             degree[position] = len(self.in_list(int(nodes[position])))
         return degree
 
+    @property
+    def edge_feature_dim(self) -> int:
+        """Features per edge: the base store's (updates carry no edge features)."""
+        return self.base.edge_feature_dim
+
+    def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
+        """Features of edges by ID: every edge ID is a base CSC position, since edges added by
+        updates are given no IDs or features yet, so the base store answers."""
+        return self.base.edge_feature_rows(edge_ids)
+
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
         """Current feature rows of ``nodes`` (float32 ``[len(nodes), F]``)."""
         base_rows = np.minimum(nodes, self.base.num_nodes - 1)

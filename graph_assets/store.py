@@ -1,8 +1,9 @@
-"""The store format (version 1) and `open_store`, which memory-maps a store after checking it.
+"""The store format (version 2) and `open_store`, which memory-maps a store after checking it.
 
 A store is one directory of ``.npy`` arrays plus ``meta.json`` (docs/architecture.md has the
 table). Every check a server needs happens here, at open time, so a bad store refuses to load
-with a message that says how to fix it instead of failing mid-request.
+with a message that says how to fix it instead of failing mid-request. Version 2 added edge
+features; a version 1 store (written before) still opens, as a graph without edge features.
 """
 
 from __future__ import annotations
@@ -20,10 +21,14 @@ import numpy as np
 
 from graph_assets.errors import StoreError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions open_store reads: 1 is 2 without edge features (no edge_features.npy, no meta keys).
+READABLE_VERSIONS = (1, 2)
 META_FILE = "meta.json"
+EDGE_FEATURES_FILE = "edge_features.npy"
 # Sorted by name: the combined checksum hashes the files' digests in this order.
 ARRAY_FILES = (
+    EDGE_FEATURES_FILE,
     "features.npy",
     "ids.npy",
     "in_degree.npy",
@@ -32,6 +37,7 @@ ARRAY_FILES = (
     "labels.npy",
     "out_degree.npy",
 )
+_V1_ARRAY_FILES = tuple(name for name in ARRAY_FILES if name != EDGE_FEATURES_FILE)
 # Only in a compacted store (one whose meta.json has "update_log"): the IDs updates removed.
 REMOVED_IDS_FILE = "removed_ids.npy"
 REBUILD_HINT = (
@@ -62,11 +68,17 @@ class FileMeta(TypedDict):
 
 
 class StoreStats(TypedDict):
-    """What the build dropped; ``input_edges`` counts edges after ``--undirected`` doubling."""
+    """What the build kept and dropped; ``input_edges`` counts edges after ``--undirected``
+    added the reverses, and ``num_edges = input_edges - self_loops_dropped -
+    duplicate_edges_dropped``. A duplicate edge repeats an earlier edge's ``(src, dst)``; a
+    repeated self-loop counts as both. The ``_kept`` counts are absent in version 1 stores,
+    which kept neither."""
 
     input_edges: int
     self_loops_dropped: int
     duplicate_edges_dropped: int
+    self_loops_kept: NotRequired[int]
+    duplicate_edges_kept: NotRequired[int]
     undirected: bool
 
 
@@ -80,12 +92,15 @@ class UpdateLogMeta(TypedDict):
 
 
 class StoreMeta(TypedDict):
-    """The content of meta.json (format version 1); ``update_log`` only in a compacted store."""
+    """The content of meta.json (format version 2); ``update_log`` only in a compacted store,
+    the edge feature keys not in a version 1 store."""
 
     format_version: int
     num_nodes: int
     num_edges: int
     feature_dim: int
+    edge_feature_dim: NotRequired[int]
+    edge_feature_names: NotRequired[list[str]]
     num_classes: int
     class_names: list[str] | None
     id_kind: IdKind
@@ -151,9 +166,10 @@ def combined_checksum(
 
 def store_files(meta: Mapping[str, Any]) -> tuple[str, ...]:
     """The array files a store with this meta.json has, in name order."""
+    arrays = _V1_ARRAY_FILES if meta.get("format_version") == 1 else ARRAY_FILES
     if "update_log" not in meta:
-        return ARRAY_FILES
-    return tuple(sorted((*ARRAY_FILES, REMOVED_IDS_FILE)))
+        return arrays
+    return tuple(sorted((*arrays, REMOVED_IDS_FILE)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -171,11 +187,14 @@ class GraphStore:
         indices: ``[E]`` int32/int64 source node of each in-edge, ascending within a node.
         features: ``[N, F]`` float32 node features.
         labels: ``[N]`` int64 class index, -1 for an unlabelled node.
-        in_degree: ``[N]`` int64 full-graph in-degree (no self-loops, no duplicates).
-        out_degree: ``[N]`` int64 full-graph out-degree.
+        in_degree: ``[N]`` int64 full-graph in-degree: every stored in-edge, self-loops and
+            parallel edges included.
+        out_degree: ``[N]`` int64 full-graph out-degree, counted the same way.
         ids: ``[N]`` sorted external IDs, int64 or UTF-8 bytes (``S<k>``).
         removed_ids: sorted external IDs that updates removed before the store was compacted,
             of ``ids``' kind; empty unless the store is compacted. They are never reused.
+        edge_features: ``[E, D]`` float32; row ``p`` belongs to the in-edge at CSC position
+            ``p`` (``indices[p]``), which is the edge's ID. ``[E, 0]`` without edge features.
     """
 
     path: Path
@@ -188,6 +207,7 @@ class GraphStore:
     out_degree: np.ndarray
     ids: np.ndarray
     removed_ids: np.ndarray
+    edge_features: np.ndarray
 
     @property
     def num_nodes(self) -> int:
@@ -200,6 +220,16 @@ class GraphStore:
     @property
     def feature_dim(self) -> int:
         return self.meta["feature_dim"]
+
+    @property
+    def edge_feature_dim(self) -> int:
+        """Features per edge (0 when the graph has none, as in every version 1 store)."""
+        return self.meta.get("edge_feature_dim", 0)
+
+    @property
+    def edge_feature_names(self) -> list[str]:
+        """The edge feature column names in input file order (empty without edge features)."""
+        return self.meta.get("edge_feature_names", [])
 
     @property
     def num_classes(self) -> int:
@@ -297,6 +327,26 @@ class GraphStore:
         torch's index_select: about half their time on a memory map."""
         return np.take(self.features, nodes, axis=0).astype(np.float32, copy=False)
 
+    def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
+        """float32 ``[len(edge_ids), D]`` features of edges by ID (a copy). An edge's ID is its
+        CSC position ``p``: the in-edge ``indices[p]`` of the node whose
+        ``indptr[v]:indptr[v+1]`` holds ``p``. Without edge features the rows have no
+        columns."""
+        edge_ids = np.asarray(edge_ids)
+        if edge_ids.size == 0:
+            return np.empty((0, self.edge_feature_dim), dtype=np.float32)
+        if edge_ids.ndim != 1 or edge_ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"edge_ids must be a 1-D integer array, got dtype {edge_ids.dtype} shape "
+                f"{edge_ids.shape}"
+            )
+        if edge_ids.min() < 0 or edge_ids.max() >= self.num_edges:
+            raise ValueError(
+                f"edge IDs must be CSC positions in [0, {self.num_edges}), got values from "
+                f"{edge_ids.min()} to {edge_ids.max()}"
+            )
+        return np.take(self.edge_features, edge_ids, axis=0).astype(np.float32, copy=False)
+
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
         """int64 full-graph in-degrees of internal ``nodes``."""
         return np.take(self.in_degree, nodes).astype(np.int64, copy=False)
@@ -358,9 +408,13 @@ def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
     if verify_checksum:
         _verify_checksums(path, meta)
     expected = _expected_layout(meta)
-    arrays = {name: _load(path, name, meta["files"][name], expected[name]) for name in names}
+    arrays = {
+        name: _load(path, name, meta["files"][name], expected[name], meta["format_version"])
+        for name in names
+    }
     _check_structure(path, meta, arrays)
     removed = arrays.get(REMOVED_IDS_FILE, np.empty(0, dtype=arrays["ids.npy"].dtype))
+    no_edge_features = np.empty((meta["num_edges"], 0), dtype=np.float32)  # version 1
     return GraphStore(
         path=path,
         meta=meta,
@@ -372,6 +426,7 @@ def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
         out_degree=arrays["out_degree.npy"],
         ids=arrays["ids.npy"],
         removed_ids=removed,
+        edge_features=arrays.get(EDGE_FEATURES_FILE, no_edge_features),
     )
 
 
@@ -389,10 +444,11 @@ def read_meta(path: Path) -> StoreMeta:
     if not isinstance(meta, dict):
         raise StoreError(f"{meta_path}: expected a JSON object, found {type(meta).__name__}")
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
         raise StoreError(
-            f"{meta_path}: format_version is {version!r}, this gnnserve reads version "
-            f"{FORMAT_VERSION}; {REBUILD_HINT} with this version"
+            f"{meta_path}: format_version is {version!r}, this gnnserve reads versions "
+            f"{readable}; {REBUILD_HINT} with this version"
         )
     _check_meta_fields(meta_path, meta)
     return cast(StoreMeta, meta)
@@ -422,6 +478,7 @@ def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
         raise bad("checksum is missing")
     if not isinstance(meta.get("stats"), dict):
         raise bad("stats is missing")
+    _check_edge_feature_fields(meta, bad)
     if "update_log" in meta:
         _check_update_log(meta["update_log"], bad)
     files = meta.get("files")
@@ -440,6 +497,26 @@ def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
             and isinstance(entry.get("blake3", ""), str)
         ):
             raise bad(f"files[{name!r}] must hold dtype, shape, bytes and sha256, found {entry!r}")
+
+
+def _check_edge_feature_fields(meta: dict[str, Any], bad: Callable[[str], StoreError]) -> None:
+    """Version 2: ``edge_feature_dim`` >= 0 and as many distinct names; version 1: neither."""
+    keys = ("edge_feature_dim", "edge_feature_names")
+    if meta["format_version"] == 1:
+        present = [key for key in keys if key in meta]
+        if present:
+            raise bad(f"a format version 1 store has no edge features, found {present[0]}")
+        return
+    dim, names = meta.get("edge_feature_dim"), meta.get("edge_feature_names")
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 0:
+        raise bad(f"edge_feature_dim must be an integer >= 0, found {dim!r}")
+    if not (
+        isinstance(names, list)
+        and all(isinstance(name, str) for name in names)
+        and len(names) == dim
+        and len(set(names)) == dim
+    ):
+        raise bad(f"edge_feature_names must be {dim} distinct strings, found {names!r}")
 
 
 def _check_update_log(entry: object, bad: Callable[[str], StoreError]) -> None:
@@ -505,6 +582,8 @@ def _expected_layout(meta: StoreMeta) -> dict[str, tuple[tuple[np.dtype[Any], ..
         "labels.npy": ((_INT64,), [n]),
         "out_degree.npy": ((_INT64,), [n]),
     }
+    if EDGE_FEATURES_FILE in meta["files"]:
+        layout[EDGE_FEATURES_FILE] = ((np.dtype("<f4"),), [e, meta.get("edge_feature_dim", 0)])
     if REMOVED_IDS_FILE in meta["files"]:  # 1-D, as long as meta.json records
         layout[REMOVED_IDS_FILE] = (id_dtypes, meta["files"][REMOVED_IDS_FILE]["shape"][:1])
     return layout
@@ -538,6 +617,7 @@ def _load(
     name: str,
     entry: FileMeta,
     expected: tuple[tuple[np.dtype[Any], ...], list[int]],
+    version: int,
 ) -> np.ndarray:
     file = path / name
     array = open_recorded_array(file, entry, REBUILD_HINT)
@@ -550,7 +630,7 @@ def _load(
     if not dtype_ok or list(array.shape) != shape:
         allowed = " or ".join("S<k>" if d.kind == "S" else d.str for d in dtypes)
         raise StoreError(
-            f"{file} holds {found}, format version {FORMAT_VERSION} needs {allowed} {shape}; "
+            f"{file} holds {found}, format version {version} needs {allowed} {shape}; "
             f"{REBUILD_HINT}"
         )
     return array

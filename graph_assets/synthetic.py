@@ -127,8 +127,9 @@ def generate_synthetic(
     """Write a labelled synthetic graph straight to a store at ``out_dir``; return its meta.
 
     Node IDs are ``0..num_nodes-1``; labels are uniform over ``num_classes``. ``num_edges``
-    edges are drawn, but self-loops and duplicates are dropped as in every store, so the store
-    may hold slightly fewer (``meta["stats"]`` counts them). ``homophily`` is the probability
+    edges are drawn, and the self-loops and repeats that random draws make are dropped (a
+    build keeps a given graph's; these are not part of the graph asked for), so the store may
+    hold slightly fewer (``meta["stats"]`` counts them). ``homophily`` is the probability
     that an edge's source is drawn from its destination's class (otherwise from all nodes).
     ``class_separation`` scales the distance between class centroids (1.0: about the noise).
     The same arguments give the same store, byte for byte.
@@ -160,6 +161,8 @@ def generate_synthetic(
             num_classes=num_classes,
             class_names=class_names,
             undirected=False,
+            drop_self_loops=True,
+            drop_duplicate_edges=True,
         )
 
 
@@ -177,11 +180,12 @@ def write_synthetic_csv(
     """Write the same graph as `generate_synthetic` as input files ``nodes.csv``/``edges.csv``.
 
     Used to make demo graphs that go through the normal build. ``edges.csv`` holds all
-    ``num_edges`` drawn edges; the build drops self-loops and duplicates. Labels are class
-    indices, or ``class_names[k]`` for class ``k`` when names are given (the build numbers
-    named classes in sorted name order). Features are written in float32's shortest exact
-    form, so building these files gives exactly the store `generate_synthetic` writes when no
-    names are given.
+    ``num_edges`` drawn edges, self-loops and repeats included: the build keeps them unless
+    given ``--drop-self-loops --drop-duplicate-edges``. Labels are class indices, or
+    ``class_names[k]`` for class ``k`` when names are given (the build numbers named classes in
+    sorted name order). Features are written in float32's shortest exact form, so building
+    these files with both drop flags gives exactly the store `generate_synthetic` writes when
+    no names are given.
     """
     plan = _Plan.draw(
         num_nodes,

@@ -26,7 +26,9 @@ def test_build_prints_what_it_did(tmp_path: Path, capsys: pytest.CaptureFixture[
     out = capsys.readouterr().out
     store = open_store(tmp_path / "s")
     assert f"built store {tmp_path / 's'}" in out
-    assert "nodes 3 (int ids), edges 4 (of 8: dropped 2 self-loops and 2 duplicates)" in out
+    # --undirected adds the reverses of 1->2, 1->2 and 2->3, not of the self-loop 3->3.
+    assert "nodes 3 (int ids), edges 7 (of 7), features 1, edge features 0, classes 0" in out
+    assert "kept 1 self-loops and 2 parallel edges (--drop-self-loops / " in out
     assert f"checksum {store.checksum}" in out
     assert out.rstrip().endswith(" s")
 
@@ -70,12 +72,14 @@ def test_synthetic_store_and_csv(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert main([*args, "--out", str(tmp_path / "s"), "--class-names", "a,b,c"]) == 0
     out = capsys.readouterr().out
     assert (
-        "generated store" in out and "(1000 edges requested)" in out and "of 1000: dropped" in out
+        "generated store" in out
+        and "(1000 edges requested)" in out
+        and " duplicate edges drawn by chance" in out
     )
     store = open_store(tmp_path / "s")
     assert (store.num_nodes, store.feature_dim, store.class_names) == (200, 4, ["a", "b", "c"])
     assert main([*args, "--csv", str(tmp_path / "csv")]) == 0
-    assert "the build drops self-loops and duplicates" in capsys.readouterr().out
+    assert "build with --drop-self-loops --drop-duplicate-edges" in capsys.readouterr().out
     assert sorted(p.name for p in (tmp_path / "csv").iterdir()) == ["edges.csv", "nodes.csv"]
 
 

@@ -195,8 +195,9 @@ def test_missing_file(store_path: Path) -> None:
             {"files__labels.npy__shape": [5]},
             "labels.npy holds <i8 [4] (dtype, shape), meta.json says <i8 [5]",
         ),
-        ({"feature_dim": 3}, "features.npy holds <f4 [4, 2], format version 1 needs <f4 [4, 3]"),
-        ({"format_version": 2}, "format_version is 2, this gnnserve reads version 1"),
+        ({"feature_dim": 3}, "features.npy holds <f4 [4, 2], format version 2 needs <f4 [4, 3]"),
+        ({"format_version": 0}, "format_version is 0, this gnnserve reads versions 1 and 2"),
+        ({"format_version": True}, "format_version is True, this gnnserve reads versions 1"),
         ({"id_kind": "uuid"}, "id_kind must be 'int' or 'str', found 'uuid'"),
         ({"num_nodes": 0}, "num_nodes must be an integer >= 1, found 0"),
         ({"class_names": ["a"]}, "class_names must be null or 3 strings"),
@@ -220,7 +221,7 @@ def test_file_with_another_dtype_than_the_format(store_path: Path) -> None:
     meta = json.loads((store_path / "meta.json").read_text())
     meta["files"]["labels.npy"].update(dtype="<i4", bytes=size)
     (store_path / "meta.json").write_text(json.dumps(meta))
-    assert "labels.npy holds <i4 [4], format version 1 needs <i8 [4]" in refusal(
+    assert "labels.npy holds <i4 [4], format version 2 needs <i8 [4]" in refusal(
         store_path, verify_checksum=False
     )
 

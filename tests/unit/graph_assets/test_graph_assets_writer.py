@@ -1,4 +1,5 @@
-"""write_store / StoreBuilder: CSC layout, dedup stats, meta, and all-or-nothing replacement."""
+"""write_store / StoreBuilder: CSC layout, kept and dropped edges, meta, and all-or-nothing
+replacement (edge features: test_graph_assets_edge_features.py)."""
 
 import json
 import os
@@ -43,10 +44,34 @@ def entries(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir())
 
 
-def test_csc_layout_dedup_and_stats(tmp_path: Path) -> None:
+def test_csc_layout_keeps_self_loops_and_parallel_edges(tmp_path: Path) -> None:
     # ids already sorted, so positions are internal indices.
     edges = [(2, 0), (1, 0), (1, 0), (3, 3), (0, 2), (2, 1), (0, 0)]
     meta = write_store(raw_graph([10, 20, 30, 40], edges), tmp_path / "s")
+    store = open_store(tmp_path / "s")
+    assert store.indptr.tolist() == [0, 4, 5, 6, 7]
+    assert store.indices.tolist() == [0, 1, 1, 2, 2, 0, 3]  # by dst, ascending src within
+    assert store.in_degree.tolist() == [4, 1, 1, 1]
+    assert store.out_degree.tolist() == [2, 2, 2, 1]
+    assert meta["stats"] == {
+        "input_edges": 7,
+        "self_loops_dropped": 0,
+        "duplicate_edges_dropped": 0,
+        "self_loops_kept": 2,
+        "duplicate_edges_kept": 1,
+        "undirected": False,
+    }
+    assert meta["num_edges"] == 7
+
+
+def test_csc_layout_with_both_drop_flags(tmp_path: Path) -> None:
+    edges = [(2, 0), (1, 0), (1, 0), (3, 3), (0, 2), (2, 1), (0, 0)]
+    meta = write_store(
+        raw_graph([10, 20, 30, 40], edges),
+        tmp_path / "s",
+        drop_self_loops=True,
+        drop_duplicate_edges=True,
+    )
     store = open_store(tmp_path / "s")
     assert store.indptr.dtype == np.int32 and store.indices.dtype == np.int32
     assert store.indptr.tolist() == [0, 2, 3, 4, 4]
@@ -57,6 +82,8 @@ def test_csc_layout_dedup_and_stats(tmp_path: Path) -> None:
         "input_edges": 7,
         "self_loops_dropped": 2,
         "duplicate_edges_dropped": 1,
+        "self_loops_kept": 0,
+        "duplicate_edges_kept": 0,
         "undirected": False,
     }
     assert meta["num_edges"] == 4
@@ -85,8 +112,9 @@ def test_string_ids_sort_as_utf8_bytes(tmp_path: Path) -> None:
 def test_meta_describes_every_file(tmp_path: Path) -> None:
     meta = write_store(raw_graph([1, 2], [(0, 1)], [0, 1], ["x", "y"]), tmp_path / "s")
     assert json.loads((tmp_path / "s" / "meta.json").read_text()) == meta
-    assert meta["format_version"] == 1
+    assert meta["format_version"] == 2
     assert (meta["num_nodes"], meta["num_edges"], meta["feature_dim"]) == (2, 1, 2)
+    assert (meta["edge_feature_dim"], meta["edge_feature_names"]) == (0, [])
     assert (meta["num_classes"], meta["class_names"], meta["id_kind"]) == (2, ["x", "y"], "int")
     assert sorted(meta["files"]) == sorted(ARRAY_FILES)
     for name, entry in meta["files"].items():
@@ -120,7 +148,7 @@ def test_store_is_readable_by_others(tmp_path: Path) -> None:
     data=st.data(),
     n=st.integers(min_value=1, max_value=12),
 )
-def test_random_edge_lists_round_trip(
+def test_random_edge_lists_round_trip_with_both_drop_flags(
     tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, n: int
 ) -> None:
     ids = data.draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n, unique=True))
@@ -128,7 +156,7 @@ def test_random_edge_lists_round_trip(
         st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=40)
     )
     out = tmp_path_factory.mktemp("rt") / "store"
-    meta = write_store(raw_graph(ids, edges), out)
+    meta = write_store(raw_graph(ids, edges), out, drop_self_loops=True, drop_duplicate_edges=True)
     store = open_store(out)
 
     expected = {(ids[s], ids[d]) for s, d in edges if s != d}
@@ -187,7 +215,7 @@ def test_refuses_to_replace_what_is_not_a_store(tmp_path: Path) -> None:
 def test_failed_build_leaves_nothing_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fail(*args: object) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
         raise MemoryError("simulated")
 
     monkeypatch.setattr(writer, "_csc", fail)
