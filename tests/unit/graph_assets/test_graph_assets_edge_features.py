@@ -30,6 +30,7 @@ from graph_assets.compact import compact, replay
 from graph_assets.overlay import GraphOverlay
 from graph_assets.store import EDGE_FEATURES_FILE, META_FILE, combined_checksum
 from graph_assets.update_log import UpdateLog
+from graph_assets.writer import _stable_sort
 
 Triple = tuple[int | str, int | str, tuple[float, ...]]
 
@@ -453,3 +454,12 @@ def test_the_build_cli_says_what_it_kept_or_dropped(
     out = capsys.readouterr().out
     assert "  dropped 1 self-loops and 1 duplicate edges (--drop-self-loops / " in out
     assert open_store(tmp_path / "b").num_edges == 3
+
+
+@pytest.mark.parametrize("limit", [50, 2**62])  # packed pairs, and the argsort beyond 64 bits
+def test_the_writers_stable_sort_keeps_ties_in_input_order(limit: int) -> None:
+    keys = np.random.default_rng(0).integers(0, 50, 1000)
+    ordered, order = _stable_sort(keys.copy(), limit)
+    np.testing.assert_array_equal(order, np.argsort(keys, kind="stable"))
+    np.testing.assert_array_equal(ordered, np.sort(keys))
+    assert ordered.dtype == order.dtype == np.int64
