@@ -285,9 +285,9 @@ class GraphOverlay:
         else:
             src = self._existing(index, operation, "src")
             dst = self._existing(index, operation, "dst")
-            if src == dst:
+            if src == dst and kind == "add_edge":  # a stored one can be removed
                 raise UpdateRejected(
-                    Rejection.INVALID, index, "self-loops are not stored (src equals dst)"
+                    Rejection.INVALID, index, "an update cannot add a self-loop (src equals dst)"
                 )
             current = self.in_list(dst)
             at = int(current.searchsorted(src))  # one binary search: presence and insert point

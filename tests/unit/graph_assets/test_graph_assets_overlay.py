@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graph_assets import generate_synthetic, open_store
+from graph_assets import RawGraph, generate_synthetic, open_store, write_store
 from graph_assets.overlay import GraphOverlay, Rejection, UpdateRejected
 
 FEATURES = 4
@@ -207,3 +207,33 @@ def test_a_huge_id_is_refused_and_quoted_in_short(store):
             overlay.apply([operation], 1)
         assert rejected.value.kind is KIND[status]
         assert len(str(rejected.value)) < 150 and "(401 characters)" in str(rejected.value)
+
+
+def test_a_base_with_self_loops_and_parallel_edges(tmp_path):
+    """Stored self-loops can be removed (not added); remove_edge takes every parallel copy."""
+    raw = RawGraph(
+        ids=np.array([1, 2, 3]),
+        src=np.array([0, 0, 2, 1]),
+        dst=np.array([1, 1, 2, 2]),
+        features=np.zeros((3, FEATURES), np.float32),
+        labels=np.full(3, -1),
+        class_names=None,
+        feature_names=[f"f{i}" for i in range(FEATURES)],
+    )
+    write_store(raw, tmp_path / "store")
+    overlay = GraphOverlay(open_store(tmp_path / "store"))
+    two, three = overlay.lookup([2, 3]).tolist()
+    assert overlay.degree_rows(np.array([two, three])).tolist() == [2, 2]
+    for operation, kind in (
+        ({"type": "add_edge", "src": 1, "dst": 2}, Rejection.CONFLICT),
+        ({"type": "add_edge", "src": 1, "dst": 1}, Rejection.INVALID),
+    ):
+        with pytest.raises(UpdateRejected) as info:
+            overlay.apply([operation], 1)
+        assert info.value.kind == kind
+    overlay.apply([{"type": "remove_edge", "src": 3, "dst": 3}], 1)
+    assert overlay.external_ids(overlay.in_list(three)) == [2]
+    overlay.apply([{"type": "remove_edge", "src": 1, "dst": 2}], 2)
+    assert overlay.in_list(two).tolist() == []
+    overlay.apply([{"type": "add_edge", "src": 1, "dst": 2}], 3)
+    assert overlay.degree_rows(np.array([two, three])).tolist() == [1, 1]
