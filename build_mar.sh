@@ -35,6 +35,9 @@ Graph
   --feature-dim N         features of a synthetic graph (default 128)
   --num-classes N         classes of a synthetic graph (default 8)
   --undirected            add the reverse of every edge
+  --drop-self-loops       drop self-loops (default: kept, the graph as given)
+  --drop-duplicate-edges  keep one of each set of parallel edges (default: all kept, each with
+                          its own edge features)
 
 Model
   --task TASK             node (node classification, default), link (link prediction: pair
@@ -48,8 +51,38 @@ Model
   --heads N               GAT attention heads (default 4)
   --epochs N              training epochs, early stopping on validation accuracy (default 200)
   --seed N                training seed (default 0)
-  --weights FILE          package this state_dict instead of training; the architecture comes
-                          from FILE's sibling model_config.json if present, else from the flags
+  --weights FILE          package this state_dict (torch.save(model.state_dict(), FILE))
+                          instead of training: weights you trained yourself, of a preset
+                          (--arch; saved from the plain PyG model or from `python -m model
+                          train`; the architecture comes from FILE's sibling model_config.json
+                          if present, else from the flags) or of your own class (--model-class)
+
+Your own model (docs/models.md; --task node)
+  --model-class NAME      your class: its name in --model-file, or an importable dotted path
+                          such as torch_geometric.nn.models.GraphSAGE; needs --weights. Its
+                          forward is PyG's: forward(x, edge_index[, edge_attr | edge_weight])
+                          -> one row per node
+  --model-file FILE       the Python file that defines the class; it goes into the archive
+                          and workers import it from there (it is code: docs/security.md)
+  --model-args JSON       the constructor's keyword arguments, e.g. '{"hidden": 64}'
+  --model-args-file F     the same from a JSON file
+  --output KIND           logits (default: answers carry softmax probabilities, the class and
+                          its label), probabilities (rows taken as they are), or raw (values
+                          returned as they are: regression, risk scores)
+  --num-hops K            the model's receptive field = hops sampled (default: inferred from
+                          one forward: the message-passing steps it makes, printed)
+  --edge-input KIND       auto (default: edge_attr when forward takes it, else edge_weight for
+                          one edge feature), edge_attr, edge_weight or none
+  --embedding-method NAME a method of your class returning node embeddings for
+                          return_embedding (default: the input of the last message-passing
+                          layer the forward calls)
+
+Verification (every archive with a stored graph)
+  --verify-tolerance X    before the archive is written, its serving path runs in process with
+                          full neighbourhoods on 256 random nodes and the 16 highest in-degree
+                          ones and is compared with the model's full-graph forward; above X the
+                          build stops naming the worst node and the likely cause (default 1e-5)
+  --no-verify             skip that check (recorded in build_info.json)
 
 Serving (written to the archive's model-config YAML)
   --fanouts LIST          neighbours per hop, comma list, -1 = all (default 25,10,...);
@@ -114,6 +147,7 @@ graph="$ROOT/graph_assets/demo"; store=""; synthetic=(); undirected=(); task=nod
 graph_location=""; referenced=""; precompute=""
 name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""; graph_given=""
 synthetic_graphs=""; model_args=(); train_args=(); synth_args=(); yaml_args=(); task_args=()
+own_args=(); model_class=""; graph_args=(); verify_tolerance=1e-5; verify=1
 
 need() { [ $# -ge 2 ] || die "$1 needs a value (see --help)"; }
 while [ $# -gt 0 ]; do
@@ -129,6 +163,12 @@ while [ $# -gt 0 ]; do
                  synthetic=("$2" "$3"); shift 3 ;;
     --feature-dim|--num-classes) need "$@"; synth_args+=("$1" "$2"); shift 2 ;;
     --undirected) undirected=(--undirected); shift ;;
+    --drop-self-loops|--drop-duplicate-edges) graph_args+=("$1"); shift ;;
+    --model-class) need "$@"; model_class="$2"; own_args+=("$1" "$2"); shift 2 ;;
+    --model-file|--model-args|--model-args-file|--output|--num-hops|--edge-input|--embedding-method)
+      need "$@"; own_args+=("$1" "$2"); shift 2 ;;
+    --verify-tolerance) need "$@"; verify_tolerance="$2"; shift 2 ;;
+    --no-verify) verify=""; shift ;;
     --task) need "$@"; task="$2"; shift 2 ;;
     --arch) need "$@"; arch="$2"; shift 2 ;;
     --hidden-dim|--num-layers|--heads) need "$@"; model_args+=("$1" "$2"); shift 2 ;;
@@ -162,6 +202,14 @@ if [ -z "$arch" ]; then if [ "$task" = graph ]; then arch=gin; else arch=sage; f
 [[ "$version" =~ ^[0-9A-Za-z][0-9A-Za-z._-]*$ ]] || die "--version must look like 1.0 (got '$version')"
 [ -x "$PYTHON" ] || die "no Python environment at $PYTHON; run 'make install' first"
 [ -n "$weights" ] && { [ -f "$weights" ] || die "--weights $weights: no such file"; }
+if [ -n "$model_class" ]; then
+  [ "$task" = node ] || die "--model-class serves --task node (link and graph archives use the presets)"
+  [ -n "$weights" ] || die "--model-class needs --weights: the state_dict you trained (torch.save(model.state_dict(), F))"
+  [ -z "$precompute" ] || die "--precompute serves the presets (--arch); with --model-class leave it out"
+  [ ${#model_args[@]} -eq 0 ] || die "--hidden-dim/--num-layers/--heads size a preset; give your class's arguments with --model-args"
+elif [ ${#own_args[@]} -gt 0 ]; then
+  die "${own_args[0]} goes with --model-class (your own model class)"
+fi
 if [ -n "$store" ]; then [ -f "$store/meta.json" ] || die "--store $store: not a graph store (no meta.json)"
 elif [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no such directory"; fi
 if [ -n "$graph_location" ]; then
@@ -216,7 +264,8 @@ elif [ ${#synthetic[@]} -gt 0 ]; then
   "$PYTHON" -m graph_assets synthetic "${synthetic[@]}" --out "$graph_store" "${synth_args[@]}"
 else
   step "1/4 serializing the graph in $graph"
-  "$PYTHON" -m graph_assets build --graph "$graph" --out "$graph_store" "${undirected[@]}"
+  "$PYTHON" -m graph_assets build --graph "$graph" --out "$graph_store" "${undirected[@]}" \
+    "${graph_args[@]}"
 fi
 
 if [ "$task" != node ]; then
@@ -228,6 +277,12 @@ if [ "$task" != node ]; then
     "${model_args[@]}" "${task_args[@]}" "${train_args[@]}"
   if [ "$task" = link ]; then cp -R "$work/model/link" "$stage/link"; fi
   if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
+elif [ -n "$model_class" ]; then
+  step "2/4 packaging your model $model_class with the weights $weights"
+  updates=(); [[ " ${yaml_args[*]} " == *" --enable-updates "* ]] && updates=(--enable-updates)
+  "$PYTHON" -m archive_build.own_model --store "$graph_store" --weights "$weights" \
+    --out "$work/model" "${own_args[@]}" "${updates[@]}" || exit 1
+  if [ -d "$work/model/user_model" ]; then cp -R "$work/model/user_model" "$stage/"; fi
 elif [ -n "$weights" ]; then
   step "2/4 packaging the given weights $weights"
   "$PYTHON" -m model package --store "$graph_store" --weights "$weights" --arch "$arch" \
@@ -247,8 +302,23 @@ fi
 step "3/4 writing the model-config YAML and staging the code"
 "$PYTHON" -m archive_build.archive_config --out "$work/model-config.yaml" --task "$task" \
   --model-config "$stage/model_config.json" "${yaml_args[@]}"
+verification=()
+if [ "$task" = node ]; then
+  if [ -n "$verify" ]; then
+    step "3/4 verifying the serving path against the model's full-graph forward"
+    "$PYTHON" -m archive_build.verify --store "$graph_store" --model-dir "$work/model" \
+      --model-config-yaml "$work/model-config.yaml" --tolerance "$verify_tolerance" \
+      --out "$work/verification.json" || exit 1
+    cp "$work/model/model_config.json" "$stage/"  # the check may have recorded boundary degrees
+    verification=(--verification "$work/verification.json")
+  else
+    echo "  verification skipped (--no-verify); recorded in build_info.json"
+    verification=(--verification none)
+  fi
+fi
 "$PYTHON" -m archive_build.build_info --name "$name" --version "$version" --graph "$graph_meta" \
-  --metrics "$stage/metrics.json" --model-config "$stage/model_config.json" --out "$stage/build_info.json"
+  --metrics "$stage/metrics.json" --model-config "$stage/model_config.json" \
+  "${verification[@]}" --out "$stage/build_info.json"
 # Every module of the three serving packages, subpackages included (never __pycache__ or data);
 # archive_build/ runs here only and stays out of the archive.
 for package in graph_assets model handler; do

@@ -20,6 +20,7 @@ def build_info(
     graph_meta: dict[str, Any],
     metrics: dict[str, Any],
     model_config: dict[str, Any],
+    verification: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The archive's identity card (all JSON-serializable)."""
     return {
@@ -34,6 +35,7 @@ def build_info(
         },
         "model": model_config,
         "metrics": metrics,
+        "verification": verification,
     }
 
 
@@ -44,14 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph", type=Path, required=True, help="serialized graph directory")
     parser.add_argument("--metrics", type=Path, required=True, help="metrics.json of training")
     parser.add_argument("--model-config", type=Path, required=True, help="model_config.json")
+    parser.add_argument(
+        "--verification",
+        help="the build-time verification's JSON, or 'none' when it was skipped (--no-verify)",
+    )
     parser.add_argument("--out", type=Path, required=True, help="file to write")
     args = parser.parse_args(argv)
+    verification = None
+    if args.verification == "none":
+        verification = {"skipped": True}
+    elif args.verification:
+        verification = json.loads(Path(args.verification).read_text())
     info = build_info(
         args.name,
         args.version,
         json.loads((args.graph / "meta.json").read_text()),
         json.loads(args.metrics.read_text()),
         json.loads(args.model_config.read_text()),
+        verification,
     )
     args.out.write_text(json.dumps(info, indent=2))
     return 0

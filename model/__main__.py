@@ -35,6 +35,7 @@ from model.export import (
     check_state_dict,
     export_model,
     load_model,
+    preset_keys,
     write_model_files,
 )
 from model.precompute import precompute, weights_digest
@@ -138,6 +139,7 @@ def _package(args: dict[str, Any], store: GraphStore) -> str:
     if not isinstance(state_dict, Mapping):
         raise ValueError(f"{weights} must hold a state_dict, got {type(state_dict).__name__}")
     model = build_model(config)
+    state_dict = preset_keys(model, state_dict)
     check_state_dict(model, state_dict, source=str(weights))
     model.load_state_dict(state_dict)
     accuracy = labelled_accuracy(model.eval(), store)

@@ -45,9 +45,11 @@ class NodeClassifier(torch.nn.Module):
         edge_index: Tensor,
         degree: Tensor | None = None,
         level_sizes: Sequence[int] | None = None,
+        edge_attr: Tensor | None = None,
     ) -> Tensor:
         """Logits ``[num_rows, out_dim]`` (only the first rows when ``level_sizes`` trims);
-        ``degree`` is accepted for a uniform interface."""
+        ``degree`` and ``edge_attr`` are accepted for the served-model protocol
+        (``model.served``): the presets read no edge features."""
         if level_sizes is None:
             return self.gnn(x, edge_index)
         return self._forward_trimmed(x, edge_index, level_sizes)
@@ -160,11 +162,13 @@ class GCN(NodeClassifier):
         edge_index: Tensor,
         degree: Tensor | None = None,
         level_sizes: Sequence[int] | None = None,
+        edge_attr: Tensor | None = None,
     ) -> Tensor:
-        """Logits; ``degree`` = full-graph in-degree without self-loop of each row of ``x``.
+        """Logits; ``degree`` = full-graph in-degree of each row of ``x`` (every stored edge).
 
         When ``degree`` is None it is the in-degree within ``edge_index`` (whole-graph use).
-        ``edge_index`` must hold no self-loops: the layer adds its own.
+        A self-loop of the graph is an edge like any other (counted in the degree); each row
+        also gets the layer's own self-loop.
         """
         if level_sizes is not None:
             edge_index, edge_weight, hop_edges = _gcn_edges_by_hop(
@@ -285,10 +289,15 @@ class _WideGIN(pyg_models.GIN):
 def gcn_norm_with_degree(
     edge_index: Tensor, num_rows: int, degree: Tensor | None, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """GCN's symmetric normalisation from given in-degrees: edges plus one self-loop per row.
+    """GCN's symmetric normalisation from given in-degrees: the edges that are not self-loops,
+    then one self-loop per row.
 
-    Returns ``(edge_index with self-loops appended, edge_weight)``. ``degree`` None means the
-    in-degree within ``edge_index`` (``edge_index[1]`` counted), as on a whole graph.
+    Returns ``(edge_index without its self-loops, with one self-loop per row appended,
+    edge_weight)``. A graph self-loop counts in the degree like any edge; its message comes
+    from the row itself, so it is folded into the row's own self-loop weight (``1 + loops``
+    times ``1/(deg+1)``): the same sum, and what PyG's explainer expects of a layer that adds
+    self-loops (the input's self-loops replaced). ``degree`` None means the in-degree within
+    ``edge_index`` (``edge_index[1]`` counted), as on a whole graph.
     """
     if degree is None:
         deg = torch.zeros(num_rows, dtype=dtype, device=edge_index.device)
@@ -301,9 +310,17 @@ def gcn_norm_with_degree(
             )
         deg = degree.to(device=edge_index.device, dtype=dtype)
     inv_sqrt = (deg + 1.0).rsqrt()
+    is_loop = edge_index[0] == edge_index[1]
+    loops_per_row = torch.zeros(num_rows, dtype=dtype, device=edge_index.device)
+    if bool(is_loop.any()):
+        targets = edge_index[1][is_loop]
+        loops_per_row.scatter_add_(
+            0, targets, torch.ones(targets.numel(), dtype=dtype, device=targets.device)
+        )
+        edge_index = edge_index[:, ~is_loop]
     src, dst = edge_index
     loops = torch.arange(num_rows, device=edge_index.device, dtype=edge_index.dtype)
-    weight = torch.cat([inv_sqrt[src] * inv_sqrt[dst], inv_sqrt * inv_sqrt])
+    weight = torch.cat([inv_sqrt[src] * inv_sqrt[dst], (1.0 + loops_per_row) * inv_sqrt * inv_sqrt])
     return torch.cat([edge_index, torch.stack([loops, loops])], dim=1), weight
 
 
@@ -326,8 +343,8 @@ def _gcn_edges_by_hop(
     together with that row: group ``h`` = edges into hop ``h`` + self-loops of hop ``h+1``
     rows (group 0 also holds the seeds' self-loops)."""
     looped, weight = gcn_norm_with_degree(edge_index, num_rows, degree, dtype)
-    num_edges = edge_index.size(1)
-    hop_edges = edges_per_hop(edge_index, level_sizes)
+    num_edges = looped.size(1) - num_rows  # the graph's self-loops are folded into the rows'
+    hop_edges = edges_per_hop(looped[:, :num_edges], level_sizes)
     offsets = [0, *itertools.accumulate(level_sizes)]
     edge_starts = [0, *itertools.accumulate(hop_edges)]
     order: list[Tensor] = []

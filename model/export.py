@@ -14,9 +14,18 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from model.architectures import NodeClassifier
 from model.config import ModelConfig
 from model.registry import build_model
+from model.served import UserNodeModel
 from model.train import TrainResult
+from model.user_model import (
+    UserModelConfig,
+    build_user_module,
+    is_user_config,
+    load_weights,
+    read_state_dict,
+)
 
 WEIGHTS_FILE = "model.pt"
 CONFIG_FILE = "model_config.json"
@@ -58,9 +67,10 @@ def write_model_files(
 
 def load_model(
     model_dir: str | Path, map_location: str | torch.device = "cpu"
-) -> tuple[torch.nn.Module, ModelConfig]:
+) -> tuple[torch.nn.Module, ModelConfig | UserModelConfig]:
     """Rebuilds the module from ``model_config.json`` and ``model.pt``, on ``map_location``,
-    in eval mode. Weights are read with ``weights_only=True`` (no code runs on load)."""
+    in eval mode: a preset, or the user's class behind the served-model protocol
+    (``model.served``). Weights are read with ``weights_only=True`` (no code runs on load)."""
     directory = Path(model_dir)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
@@ -70,7 +80,10 @@ def load_model(
                 "(written by `python -m model train --out DIR`)"
             )
     try:
-        config = ModelConfig.from_dict(json.loads(config_path.read_text()))
+        data = json.loads(config_path.read_text())
+        if isinstance(data, Mapping) and is_user_config(data):
+            return _load_user_model(directory, UserModelConfig.from_dict(data), map_location)
+        config = ModelConfig.from_dict(data)
     except (ValueError, TypeError) as error:
         raise ValueError(f"{config_path}: {error}") from error
     try:
@@ -94,9 +107,29 @@ def load_model(
             f"got {type(state_dict).__name__}"
         )
     model = build_model(config)
+    state_dict = preset_keys(model, state_dict)
     check_state_dict(model, state_dict, source=str(weights_path))
     model.load_state_dict(state_dict)
     return model.to(map_location).eval(), config
+
+
+def _load_user_model(
+    directory: Path, config: UserModelConfig, map_location: str | torch.device
+) -> tuple[torch.nn.Module, UserModelConfig]:
+    module = build_user_module(config, directory)
+    weights = directory / WEIGHTS_FILE
+    load_weights(module, read_state_dict(weights), str(weights))
+    return UserNodeModel(module, config).to(map_location).eval(), config
+
+
+def preset_keys(model: torch.nn.Module, state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """A preset's weights as saved from the plain PyG model (``GraphSAGE(...).state_dict()``,
+    no ``gnn.`` prefix) under the preset's own keys."""
+    expected = model.state_dict()
+    if set(state_dict) <= set(expected) or not isinstance(model, NodeClassifier):
+        return dict(state_dict)
+    prefixed = {f"gnn.{key}": value for key, value in state_dict.items()}
+    return prefixed if set(prefixed) <= set(expected) else dict(state_dict)
 
 
 def check_state_dict(

@@ -25,6 +25,7 @@ from handler.protocol.body import NodeId, show
 from handler.protocol.errors import NodeNotFound
 from model.device import to_serving_device
 from model.precompute import Precomputed
+from model.served import EdgeInput, serving_needs
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,9 @@ class EgoGraphs:
         return cls(
             store=store,
             model=model,
-            sampler=sampler_for(store, settings, device, overlay),
+            sampler=sampler_for(
+                store, settings, device, overlay, boundary=serving_needs(model).boundary_degrees
+            ),
             device=device,
             settings=settings,
             live=live,
@@ -126,11 +129,26 @@ class EgoGraphs:
             return seeds, self.sampler.sample(seeds)
 
     def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and full-graph in-degrees of global node indices ``rows``, on the device."""
+        """Features and full-graph in-degrees of global node indices ``rows``, on the device; a
+        boundary row (``-1``) gets zeros."""
         view, nodes = self.view(), rows.cpu().numpy()
-        x = torch.from_numpy(view.feature_rows(nodes))
-        degree = torch.from_numpy(view.degree_rows(nodes))
+        boundary = nodes < 0
+        if boundary.any():
+            present = np.where(boundary, 0, nodes)
+            features, degrees = view.feature_rows(present), view.degree_rows(present)
+            features[boundary], degrees[boundary] = 0, 0
+        else:
+            features, degrees = view.feature_rows(nodes), view.degree_rows(nodes)
+        x, degree = torch.from_numpy(features), torch.from_numpy(degrees)
         return x.to(self.device, non_blocking=True), degree.to(self.device, non_blocking=True)
+
+    def edge_features(self, edges: torch.Tensor) -> torch.Tensor | None:
+        """Edge features of the sampled edges (by edge ID) when the model reads them, else
+        None."""
+        if serving_needs(self.model).edge_input is EdgeInput.NONE:
+            return None
+        rows = self.view().edge_feature_rows(edges.cpu().numpy())
+        return torch.from_numpy(rows).to(self.device, non_blocking=True)
 
     def external_ids(self, nodes: np.ndarray) -> list[Any]:
         """External IDs of internal indices (nodes added by live updates included)."""

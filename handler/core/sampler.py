@@ -46,16 +46,27 @@ class SampledSubgraph:
     Attributes:
         node: global node index of every row; rows ``0..num_seeds-1`` are the seeds, in the order
             given to :meth:`NeighbourSampler.sample`.
+            A boundary row (see ``boundary``) has node ``-1`` and zero features.
         edge_index: ``[2, E]`` local row indices, ``edge_index[0]`` -> ``edge_index[1]``
-            (message direction); only rows of hops ``< k`` have in-edges.
+            (message direction), grouped by the hop of their destination; only rows of hops
+            ``< k`` have in-edges (and hop ``k`` rows with a boundary). A self-loop of the graph
+            is a self-loop of its row, so layers that replace self-loops see it as one.
+        edge: ``[E]`` the graph's edge ID (CSC position) of each edge, as PyG's
+            ``SamplerOutput.edge``; ``-1`` for an edge that a live update added.
         num_seeds: how many leading rows are seeds.
-        level_sizes: rows per hop, hop 0 first.
+        level_sizes: rows per hop, hop 0 first (a boundary adds one last level of one row).
+        boundary: the deepest hop's rows also have their whole in-edge lists, every source
+            being one zero-feature row: their in-degrees (and edge weights) are the graph's, as
+            a degree-normalising layer (GCNConv, SGConv, APPNP, ...) needs for its sources,
+            while no output that a seed reads depends on that row.
     """
 
     node: torch.Tensor
     edge_index: torch.Tensor
+    edge: torch.Tensor
     num_seeds: int
     level_sizes: tuple[int, ...]
+    boundary: bool = False
 
     @property
     def num_nodes(self) -> int:
@@ -104,6 +115,8 @@ class NeighbourSampler:
         max_nodes, max_edges: a sample that would exceed either raises :class:`SubgraphTooLarge`
             before it is built.
         overlay: live updates on top of the base arrays (changed in-edges, new nodes).
+        boundary: add the deepest hop's whole in-edge lists from one zero-feature row
+            (:class:`SampledSubgraph` says why).
         ops: the array library to sample with; by default numpy for CPU tensors (views of the
             same memory) and torch on their device otherwise (handler.core.arrays says why).
     """
@@ -118,6 +131,7 @@ class NeighbourSampler:
         max_nodes: int,
         max_edges: int,
         overlay: GraphOverlay | None = None,
+        boundary: bool = False,
         ops: ArrayOps | None = None,
     ) -> None:
         self.ops = ops or ops_for(indptr.device)
@@ -129,6 +143,7 @@ class NeighbourSampler:
         self.max_nodes = max_nodes
         self.max_edges = max_edges
         self.overlay = overlay
+        self.boundary = boundary
         self._seed, self._graph_key = seed, graph_key
         self._base_key = _as_int64(
             int(_mix(_mix(self.ops.of_ints([seed & _LOW_63])) ^ (graph_key & _LOW_63))[0])
@@ -141,7 +156,7 @@ class NeighbourSampler:
 
     def with_fanouts(self, fanouts: Sequence[int]) -> NeighbourSampler:
         """A sampler of the same graph, seed, limits and live updates with other fanouts (cold
-        start samples one hop at a time), sharing this one's arrays."""
+        start samples one hop at a time), sharing this one's arrays; without a boundary."""
         return NeighbourSampler(
             self.indptr,
             self.indices,
@@ -160,27 +175,50 @@ class NeighbourSampler:
         levels = [ops.int64(ops.from_torch(seeds.to(self.device)))]
         src_parts: list[Array] = []
         dst_parts: list[Array] = []
+        edge_parts: list[Array] = []
         offset = 0
         total_nodes = len(levels[0])
         total_edges = 0
         for hop, fanout in enumerate(self.fanouts):
             frontier = levels[-1]
-            rows, neighbours = self._sample_hop(frontier, hop, fanout, total_nodes, total_edges)
+            rows, neighbours, edges = self._sample_hop(
+                frontier, hop, fanout, total_nodes, total_edges
+            )
             next_level, inverse = ops.unique_inverse(neighbours)
             next_offset = offset + len(frontier)
-            src_parts.append(next_offset + inverse)
+            src_parts.append(
+                self_loops_in_place(frontier, rows, neighbours, offset, next_offset + inverse, ops)
+            )
             dst_parts.append(offset + rows)
+            edge_parts.append(edges)
             total_nodes += len(next_level)
             total_edges += len(neighbours)
             self._check_limits(total_nodes, total_edges)
             levels.append(next_level)
             offset = next_offset
+        if self.boundary:
+            frontier = levels[-1]
+            rows, neighbours, edges = self._sample_hop(
+                frontier, len(self.fanouts), ALL_NEIGHBOURS, total_nodes, total_edges
+            )
+            dummy = offset + len(frontier)
+            src_parts.append(
+                self_loops_in_place(
+                    frontier, rows, neighbours, offset, ops.int64(rows) * 0 + dummy, ops
+                )
+            )
+            dst_parts.append(offset + rows)
+            edge_parts.append(edges)
+            self._check_limits(total_nodes + 1, total_edges + len(neighbours))
+            levels.append(ops.of_ints([-1]))
         edge_index = ops.stack([ops.cat(src_parts), ops.cat(dst_parts)])
         return SampledSubgraph(
             node=ops.to_torch(ops.cat(levels)),
             edge_index=ops.to_torch(edge_index),
+            edge=ops.to_torch(ops.cat(edge_parts)),
             num_seeds=len(levels[0]),
             level_sizes=tuple(len(level) for level in levels),
+            boundary=self.boundary,
         )
 
     def _check_limits(self, nodes: int, edges: int) -> None:
@@ -189,8 +227,8 @@ class NeighbourSampler:
 
     def _sample_hop(
         self, frontier: Array, hop: int, fanout: int, nodes_so_far: int, edges_so_far: int
-    ) -> tuple[Array, Array]:
-        """Returns (frontier row of each sampled edge, its source node).
+    ) -> tuple[Array, Array, Array]:
+        """Returns (frontier row of each sampled edge, its source node, its edge ID).
 
         Nodes whose in-edges changed since the base graph was built read them from the overlay;
         the others from the base CSC arrays.
@@ -216,7 +254,7 @@ class NeighbourSampler:
         dirty = ops.from_numpy(dirty_mask)
         clean_rows = ops.flatnonzero(~dirty)
         dirty_rows = ops.flatnonzero(dirty)
-        rows, neighbours = self._sample_csc(
+        rows, neighbours, edges = self._sample_csc(
             self._indptr,
             self._indices,
             frontier[clean_rows],
@@ -227,7 +265,7 @@ class NeighbourSampler:
             edges_so_far,
         )
         changed = overlay.in_edges(ops.to_numpy(frontier[dirty_rows]))
-        more_rows, more_neighbours = self._sample_csc(
+        more_rows, more_neighbours, _ = self._sample_csc(
             ops.from_numpy(changed.indptr),
             ops.from_numpy(changed.indices),
             ops.arange(len(dirty_rows)),
@@ -240,6 +278,7 @@ class NeighbourSampler:
         return (
             ops.cat([clean_rows[rows], dirty_rows[more_rows]]),
             ops.cat([neighbours, more_neighbours]),
+            ops.cat([edges, ops.int64(more_rows) * 0 - 1]),  # live edges have no stored ID
         )
 
     def _sample_csc(
@@ -252,9 +291,10 @@ class NeighbourSampler:
         fanout: int,
         nodes_so_far: int,
         edges_so_far: int,
-    ) -> tuple[Array, Array]:
+    ) -> tuple[Array, Array, Array]:
         """Samples the in-edges of ``nodes``, found at ``position`` in (``indptr``, ``indices``);
-        the random draws depend on ``nodes`` (global IDs), not on where their lists live."""
+        the random draws depend on ``nodes`` (global IDs), not on where their lists live.
+        Returns (row, source, position of the edge in ``indices``)."""
         ops = self.ops
         starts = ops.int64(indptr[position])
         counts = ops.int64(indptr[position + 1]) - starts
@@ -264,7 +304,7 @@ class NeighbourSampler:
         self._check_limits(nodes_so_far, edges_so_far + new_edges)
         rows = ops.repeat(ops.arange(len(nodes)), take, new_edges)
         chosen = starts[rows] + self._choose(nodes, hop, counts, take, rows)
-        return rows, ops.int64(indices[chosen])
+        return rows, ops.int64(indices[chosen]), chosen
 
     def _choose(self, frontier: Array, hop: int, counts: Array, take: Array, rows: Array) -> Array:
         """Offsets into each row's neighbour list, laid out row by row like ``rows``."""
@@ -312,11 +352,22 @@ class NeighbourSampler:
         return chosen.T
 
 
+def self_loops_in_place(
+    frontier: Array, rows: Array, neighbours: Array, offset: int, sources: Array, ops: ArrayOps
+) -> Array:
+    """Local source rows of a hop's edges: a graph self-loop ``v -> v`` reads row ``v`` of the
+    destination's own hop (the same state one level deeper would hold), so that layers which
+    drop or replace self-loops (GATConv, GCNConv) recognise it as in the full graph."""
+    loops = neighbours == frontier[rows]
+    return ops.where(loops, offset + rows, sources)
+
+
 def sampler_for(
     store: GraphStore,
     settings: ServingSettings,
     device: torch.device,
     overlay: GraphOverlay | None = None,
+    boundary: bool = False,
 ) -> NeighbourSampler:
     """The one way a serving sampler is built: the archive's fanouts, seed and limits, keyed on
     the graph's checksum. The structure is small next to the features: on a GPU it moves there
@@ -333,4 +384,5 @@ def sampler_for(
         max_nodes=settings.max_subgraph_nodes,
         max_edges=settings.max_subgraph_edges,
         overlay=overlay,
+        boundary=boundary,
     )

@@ -17,6 +17,7 @@ from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph, UpdatePolicy
 from model.config import ModelConfig
 from model.precompute import Precomputed
+from model.user_model import UserModelConfig
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class Loaded:
     """The archive's model and, for tasks that serve one, its stored graph."""
 
     model: torch.nn.Module
-    config: ModelConfig
+    config: ModelConfig | UserModelConfig
     store: GraphStore | None
     precomputed: Precomputed | None = None  # built with --precompute
 
@@ -79,7 +80,10 @@ class TaskSpec:
 
 
 def check_fits(
-    config: ModelConfig, store: GraphStore, settings: ServingSettings, classes: bool
+    config: ModelConfig | UserModelConfig,
+    store: GraphStore,
+    settings: ServingSettings,
+    classes: bool,
 ) -> None:
     """Refuses weights, graph and fanouts that do not fit together, naming each mismatch
     (``classes``: the model's outputs are the graph's classes)."""
@@ -92,7 +96,8 @@ def check_fits(
     if classes and config.out_dim != store.num_classes:
         problems.append(
             f"the model predicts {config.out_dim} classes (model_config.json out_dim), the graph "
-            f"has {store.num_classes} (graph/meta.json num_classes)"
+            f"has {store.num_classes} (graph/meta.json num_classes); build with --output raw "
+            "for outputs that are not the graph's classes"
         )
     if len(settings.fanouts) != config.num_layers:
         problems.append(

@@ -30,6 +30,8 @@ from handler.protocol.errors import ApiError, InternalError, NodeNotFound
 from handler.protocol.kserve_v2 import v2_response
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
 from model.precompute import Precomputed
+from model.served import serving_needs
+from model.user_model import Output
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         self.device = ego.device
         self.model_name = model_name
         self.model_version = model_version
+        self.output = serving_needs(ego.model).output
 
     @classmethod
     def create(
@@ -170,7 +173,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         logits = torch.from_numpy(precomputed.rows(precomputed.num_layers, seeds.numpy()))
         stop()
         stop = timed(batch.times, "forward")
-        probabilities = torch.softmax(logits, dim=-1)
+        probabilities = answer_rows(logits, self.output)
         stop()
         return probabilities
 
@@ -182,13 +185,15 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         stop = timed(times, "gather")
         with torch.inference_mode():
             x, degree = self.ego.gather(sub.node)
+            edge_attr = self.ego.edge_features(sub.edge)
         stop()
         stop = timed(times, "forward")
         with torch.inference_mode():
-            logits = self.model(x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes)[
-                : sub.num_seeds
-            ]
-            probabilities = torch.softmax(logits.float(), dim=-1).cpu()
+            edges = {} if edge_attr is None else {"edge_attr": edge_attr}
+            rows = self.model(
+                x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes, **edges
+            )[: sub.num_seeds]
+            probabilities = answer_rows(rows, self.output).cpu()
         stop()
         times.sampled_nodes += sub.num_nodes
         times.sampled_edges += sub.num_edges
@@ -218,15 +223,22 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
     def _parse_request(self, item: Any) -> NodeRequest:
         return parse_node_request(item, self.settings.max_ids_per_request)
 
-    def _prediction(self, node_id: NodeId, probabilities: list[float]) -> dict[str, Any]:
-        answer: dict[str, Any] = {
-            "node_id": node_id,
-            **class_answer(probabilities, self.store.class_names),
-            "model_version": self.model_version,
-        }
+    def _prediction(self, node_id: NodeId, row: list[float]) -> dict[str, Any]:
+        answer: dict[str, Any] = {"node_id": node_id}
+        if self.output is Output.RAW:
+            answer["output"] = row
+        else:
+            answer.update(class_answer(row, self.store.class_names))
+        answer["model_version"] = self.model_version
         if self.live is not None:
             answer["graph_version"] = self.live.version
         return answer
+
+
+def answer_rows(rows: torch.Tensor, output: Output) -> torch.Tensor:
+    """The model's rows as answers carry them: softmax of logits, anything else as it is."""
+    rows = rows.float()
+    return torch.softmax(rows, dim=-1) if output is Output.LOGITS else rows
 
 
 def _valid(outcome: ResolvedRequest | ApiError) -> ResolvedRequest:

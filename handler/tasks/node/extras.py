@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from handler.core.arrays import TorchOps
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.sampler import NeighbourSampler, SubgraphTooLarge
+from handler.core.sampler import NeighbourSampler, SubgraphTooLarge, self_loops_in_place
 from handler.protocol.class_answer import class_answer
 from handler.protocol.errors import ApiError
 from handler.tasks.node.new_node_rows import NEW_NODE, new_node_rows
@@ -107,7 +108,11 @@ def sample_with_new_node(
         hop_rows, hop_neighbours = torch.cat(rows), torch.cat(neighbours)
         next_level, inverse = torch.unique(hop_neighbours, return_inverse=True)
         next_offset = offset + int(frontier.numel())
-        src_parts.append(next_offset + inverse)
+        src_parts.append(
+            self_loops_in_place(
+                frontier, hop_rows, hop_neighbours, offset, next_offset + inverse, TorchOps(device)
+            )
+        )
         dst_parts.append(offset + hop_rows)
         total_nodes += int(next_level.numel())
         total_edges += int(hop_neighbours.numel())

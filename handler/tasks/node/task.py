@@ -13,6 +13,8 @@ from handler.tasks.node.explain import NodeExplanation
 from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.node.requests import is_node_extra
 from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits
+from model.served import serving_needs
+from model.user_model import Output
 
 
 def node_router(engine: NodeClassificationEngine, model_version: str) -> Router:
@@ -34,7 +36,8 @@ def node_router(engine: NodeClassificationEngine, model_version: str) -> Router:
 
 def start(archive: Archive, loaded: Loaded) -> StartedTask:
     store, settings = loaded.stored_graph(), archive.settings
-    check_fits(loaded.config, store, settings, classes=True)
+    classes = serving_needs(loaded.model).output is not Output.RAW
+    check_fits(loaded.config, store, settings, classes=classes)
     live, policy = open_live_graph(store, settings)
     engine = NodeClassificationEngine.create(
         store,

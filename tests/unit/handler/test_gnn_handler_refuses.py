@@ -111,7 +111,7 @@ def breakers(store) -> dict[str, tuple[Callable[[Path], None], str, str]]:
         "wrong-dtype": (
             lambda a: rewrite_array(a / "graph", "labels.npy", np.zeros(80, dtype=np.int32)),
             "labels.npy",
-            "format version 1 needs <i8 [80]",
+            "format version 2 needs <i8 [80]",
         ),
         "checksum-mismatch": (
             lambda a: flip_last_byte(a / "graph" / "features.npy"),

@@ -129,7 +129,8 @@ def test_the_handler_reports_a_replay_failure_and_keeps_answering(model_dir, tmp
         metrics_interval_s=0,
     )
     path = handler.live.log.path
-    raw_append(path, [{"type": "remove_edge", "src": 0, "dst": 0}], 1)  # fails: a self-loop
+    # fails on replay: an edge that the graph does not have
+    raw_append(path, [{"type": "remove_edge", "src": 0, "dst": 424242}], 1)
     context.request_processor = [
         RequestProcessor({"x-gnnserve-update-key": SECRET}),
         RequestProcessor({}),

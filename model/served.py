@@ -1,0 +1,215 @@
+"""The served-model protocol: what the engines may ask of a node-level model, whoever wrote it.
+
+``forward(x, edge_index, degree=None, level_sizes=None, edge_attr=None) -> rows`` on a sampled
+ego-graph (or the whole graph when ``level_sizes`` is None): the presets
+(``model.architectures``) implement it themselves; the user's class gets it from
+:class:`UserNodeModel`, a thin adapter that calls PyG's own signature, ``forward(x, edge_index)``
+plus ``edge_attr`` or ``edge_weight`` where the model takes them. :func:`serving_needs` says
+what a model asks of the ego-graph (boundary degrees, edge features) and what its rows are.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.nn import MessagePassing
+from torch_geometric.nn.models.basic_gnn import BasicGNN
+
+from model.architectures import edges_per_hop
+from model.user_model import EdgeInput, Output, UserModelConfig
+
+# Layers that normalise a message by its source's degree (PyG's gcn_norm and the like): on an
+# ego-graph the deepest hop's degrees must be the graph's (SampledSubgraph.boundary).
+_SOURCE_DEGREE_LAYERS = (
+    "GCNConv",
+    "SGConv",
+    "APPNP",
+    "TAGConv",
+    "ARMAConv",
+    "GCN2Conv",
+    "LGConv",
+    "SSGConv",
+    "FAConv",
+    "ChebConv",
+    "ClusterGCNConv",
+    "MixHopConv",
+)
+
+
+@dataclass(frozen=True)
+class ServingNeeds:
+    """What a served model asks of the ego-graph, and what its rows are."""
+
+    output: Output = Output.LOGITS
+    edge_input: EdgeInput = EdgeInput.NONE
+    boundary_degrees: bool = False
+
+
+def serving_needs(model: torch.nn.Module) -> ServingNeeds:
+    """The presets' needs are the defaults; :class:`UserNodeModel` says its own."""
+    needs = getattr(model, "serving_needs", None)
+    return needs if isinstance(needs, ServingNeeds) else ServingNeeds()
+
+
+class UserNodeModel(torch.nn.Module):
+    """The user's module behind the served-model protocol (its weights under ``module.``)."""
+
+    def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
+        super().__init__()
+        self.module = module
+        self.config = config
+        self.serving_needs = ServingNeeds(
+            output=config.output,
+            edge_input=config.edge_input,
+            boundary_degrees=config.boundary_degrees,
+        )
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        level_sizes: Sequence[int] | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
+        """The module's rows; ``degree`` is not the user's business (boundary degrees come in
+        the ego-graph's edges), ``level_sizes`` trims a ``BasicGNN`` layer by layer."""
+        kwargs = edge_kwargs(self.config.edge_input, edge_attr)
+        rows = x.size(0)
+        if level_sizes is not None and self.config.trim:
+            kwargs["num_sampled_nodes_per_hop"] = list(level_sizes)
+            kwargs["num_sampled_edges_per_hop"] = edges_per_hop(edge_index, level_sizes)
+            rows = level_sizes[0]  # trimmed: the seeds' rows come first, the rest may not
+        out = self.module(x, edge_index, **kwargs)
+        if not isinstance(out, Tensor) or out.dim() != 2 or out.size(0) < rows:
+            raise ValueError(
+                f"{type(self.module).__name__}.forward must return one row per node, a "
+                f"[{x.size(0)}, C] tensor; it returned {_shape(out)}"
+            )
+        return out
+
+    def embedding_module(self) -> torch.nn.Module | None:
+        """The module whose input is a node's embedding (None for a named method)."""
+        name = self.config.embedding
+        if not name or name.startswith("method:"):
+            return None
+        return self.module.get_submodule(name)
+
+
+def edge_kwargs(edge_input: EdgeInput, edge_attr: Tensor | None) -> dict[str, Any]:
+    """The forward's edge-feature keyword, if the model takes one."""
+    if edge_input is EdgeInput.NONE or edge_attr is None:
+        return {}
+    if edge_input is EdgeInput.EDGE_WEIGHT:
+        return {"edge_weight": edge_attr.reshape(-1)}
+    return {"edge_attr": edge_attr}
+
+
+def _shape(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
+def choose_edge_input(module: torch.nn.Module, edge_dim: int, asked: str) -> EdgeInput:
+    """``asked`` (``auto``, ``edge_attr``, ``edge_weight``, ``none``) checked against the
+    model's forward and the graph; ``auto``: ``edge_attr`` where the forward takes it (a
+    ``BasicGNN`` only when its layers use it), else ``edge_weight`` for one edge feature."""
+    parameters = inspect.signature(module.forward).parameters
+    takes_attr = "edge_attr" in parameters
+    takes_weight = "edge_weight" in parameters
+    if isinstance(module, BasicGNN):  # its layers read edge features when built with edge_dim
+        takes_attr = module.supports_edge_attr and any(
+            getattr(conv, "edge_dim", None) for conv in module.convs
+        )
+        takes_weight = module.supports_edge_weight
+    if asked == "none" or edge_dim == 0:
+        if asked not in ("none", "auto"):
+            raise ValueError(f"--edge-input {asked}: the graph has no edge features")
+        return EdgeInput.NONE
+    if asked == "auto":
+        if takes_attr:
+            return EdgeInput.EDGE_ATTR
+        if takes_weight and edge_dim == 1:
+            return EdgeInput.EDGE_WEIGHT
+        return EdgeInput.NONE
+    chosen = EdgeInput(asked)
+    takes = takes_attr if chosen is EdgeInput.EDGE_ATTR else takes_weight
+    if not takes:
+        raise ValueError(f"--edge-input {asked}: {type(module).__name__}.forward takes no {asked}")
+    if chosen is EdgeInput.EDGE_WEIGHT and edge_dim != 1:
+        raise ValueError(
+            f"--edge-input edge_weight needs exactly one edge feature, the graph has {edge_dim}"
+        )
+    return chosen
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one forward of the module on a small graph shows about it."""
+
+    steps: int  # message-passing steps along the forward (propagate calls)
+    last_layer: str  # name of the last message-passing module called ("" if none)
+    out_dim: int
+    source_degrees: bool  # a layer normalises by its sources' degrees
+
+
+def probe(module: torch.nn.Module, in_dim: int, edge_dim: int, edge_input: EdgeInput) -> Probe:
+    """Runs the module once on a small random graph, counting message-passing steps
+    (``propagate`` calls: SGConv and APPNP make K of them) and noting the last layer called."""
+    calls: list[str] = []
+    names = {id(sub): name for name, sub in module.named_modules()}
+    handles = []
+    for sub in module.modules():
+        if isinstance(sub, MessagePassing):
+            name = names[id(sub)]
+            handles.append(
+                sub.register_propagate_forward_hook(
+                    lambda _m, _inputs, _out, name=name: calls.append(name)
+                )
+            )
+    generator = torch.Generator().manual_seed(0)
+    nodes = 8
+    edge_index = torch.tensor([[i for i in range(nodes)], [(i + 1) % nodes for i in range(nodes)]])
+    x = torch.randn(nodes, in_dim, generator=generator)
+    edge_attr = torch.rand(edge_index.size(1), max(edge_dim, 1), generator=generator)[:, :edge_dim]
+    try:
+        with torch.no_grad():
+            out = module(x, edge_index, **edge_kwargs(edge_input, edge_attr if edge_dim else None))
+    except Exception as error:
+        raise ValueError(
+            f"{type(module).__name__}.forward(x, edge_index"
+            f"{', ' + edge_input.value if edge_input is not EdgeInput.NONE else ''}) failed on "
+            f"a small graph with {in_dim} node features: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}"
+        ) from None
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not isinstance(out, Tensor) or out.dim() != 2 or out.size(0) != nodes:
+        raise ValueError(
+            f"{type(module).__name__}.forward must return one row per node ([N, C]); it "
+            f"returned {_shape(out)}"
+        )
+    kinds = {type(sub).__name__ for sub in module.modules()}
+    degrees = bool(kinds & set(_SOURCE_DEGREE_LAYERS))
+    for sub in module.modules():  # GCNConv(normalize=False) reads no degree
+        if type(sub).__name__ == "GCNConv" and not getattr(sub, "normalize", True):
+            degrees = bool((kinds - {"GCNConv"}) & set(_SOURCE_DEGREE_LAYERS))
+    return Probe(
+        steps=len(calls),
+        last_layer=calls[-1] if calls else "",
+        out_dim=int(out.size(1)),
+        source_degrees=degrees,
+    )
+
+
+def trims(module: torch.nn.Module) -> bool:
+    """PyG's trim-to-layer applies: a ``BasicGNN`` without jumping knowledge (whose layers
+    would need every hop's rows)."""
+    return isinstance(module, BasicGNN) and module.jk_mode is None

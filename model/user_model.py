@@ -1,0 +1,311 @@
+"""The user's own model: a class (from a model file or an importable dotted path), its
+constructor arguments and a ``state_dict``, recorded in ``model_config.json`` so that a worker
+rebuilds exactly the module the user trained.
+
+A model file is code: it runs in the worker as the handler does (docs/security.md). The weights
+are read with ``weights_only=True``, so the ``.pt`` file itself runs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import sys
+import zipfile
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from model.config import Task
+
+# The archive's copy of a model file lives here, beside model_config.json.
+MODEL_FILE_DIR = "user_model"
+_MODULE_PREFIX = "gnnserve_user_model_"
+
+
+class Output(str, Enum):
+    """What the model's rows are: ``logits`` (answers carry softmax probabilities, the class and
+    its label), ``probabilities`` (the same, taken as they are) or ``raw`` (values as they are:
+    regression, risk scores)."""
+
+    LOGITS = "logits"
+    PROBABILITIES = "probabilities"
+    RAW = "raw"
+
+
+class EdgeInput(str, Enum):
+    """How the graph's edge features reach the model's forward: as ``edge_attr`` ``[E, D]``, as
+    ``edge_weight`` ``[E]`` (one edge feature), or not at all."""
+
+    NONE = "none"
+    EDGE_ATTR = "edge_attr"
+    EDGE_WEIGHT = "edge_weight"
+
+
+@dataclass(kw_only=True)
+class UserModelConfig:
+    """``model_config.json`` of an archive that serves the user's class.
+
+    Attributes:
+        model_class: the class name in ``model_file``, or a dotted path such as
+            ``torch_geometric.nn.models.GraphSAGE`` when there is no model file.
+        model_file: the model file's name inside the archive's ``user_model/``, or None.
+        model_args: keyword arguments of the class's constructor (JSON values).
+        in_dim, out_dim: node feature width and the width of one output row.
+        num_layers: hops of the ego-graph = the model's receptive field.
+        output: see :class:`Output`.
+        edge_input: see :class:`EdgeInput`.
+        boundary_degrees: the ego-graph carries the deepest hop's full in-degrees (models that
+            normalise by the degree of a message's source, such as GCNConv).
+        trim: PyG ``BasicGNN`` trim-to-layer with the sampler's per-hop counts.
+        embedding: the module whose input is a node's embedding (the last message-passing
+            layer the forward calls), or ``method:<name>`` for a method the user named.
+    """
+
+    task: Task = Task.NODE
+    model_class: str
+    model_file: str | None = None
+    model_args: dict[str, Any] = field(default_factory=dict)
+    in_dim: int
+    out_dim: int
+    num_layers: int
+    output: Output = Output.LOGITS
+    edge_input: EdgeInput = EdgeInput.NONE
+    boundary_degrees: bool = False
+    trim: bool = False
+    embedding: str = ""
+
+    def __post_init__(self) -> None:
+        self.task = Task.parse(self.task)
+        if self.task is not Task.NODE:
+            raise ValueError(
+                f"a model class of your own serves --task node for now, not {self.task.value}"
+            )
+        self.output = Output(self.output)
+        self.edge_input = EdgeInput(self.edge_input)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["task"] = self.task.value
+        data["output"] = self.output.value
+        data["edge_input"] = self.edge_input.value
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UserModelConfig:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown model config key(s) {unknown}; rebuild the archive")
+        return cls(**data)
+
+
+def is_user_config(data: Mapping[str, Any]) -> bool:
+    """A ``model_config.json`` of the user's class (presets name an ``arch`` instead)."""
+    return "model_class" in data
+
+
+def import_model_class(model_class: str, model_file: Path | None) -> type[torch.nn.Module]:
+    """The class named by ``model_class``: looked up in ``model_file`` when given, else imported
+    by its dotted path. Raises ValueError with the fix."""
+    if model_file is not None:
+        module = _load_file(model_file)
+        where = str(model_file)
+        name = model_class
+    else:
+        module_name, _, name = model_class.rpartition(".")
+        if not module_name:
+            raise ValueError(
+                f"--model-class {model_class!r} is not a dotted path and no --model-file was "
+                "given: give --model-file my_model.py, or a path such as "
+                "torch_geometric.nn.models.GraphSAGE"
+            )
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ValueError(
+                f"--model-class {model_class}: cannot import {module_name} ({error}); "
+                "give --model-file with the class's source file"
+            ) from None
+        where = module_name
+    found = getattr(module, name, None)
+    if not (inspect.isclass(found) and issubclass(found, torch.nn.Module)):
+        classes = sorted(
+            key
+            for key, value in vars(module).items()
+            if inspect.isclass(value) and issubclass(value, torch.nn.Module)
+        )
+        raise ValueError(
+            f"{where} has no torch.nn.Module class {name!r}"
+            + (f"; its module classes are {', '.join(classes[:12])}" if classes else "")
+        )
+    return found
+
+
+def _load_file(path: Path) -> ModuleType:
+    """Imports a model file under a name of its own (so two archives' files never clash)."""
+    if not path.is_file():
+        raise ValueError(f"--model-file {path}: no such file")
+    name = _MODULE_PREFIX + path.stem
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--model-file {path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look classes up here
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:
+        del sys.modules[name]
+        raise ValueError(
+            f"--model-file {path}: importing it failed: {type(error).__name__}: {error}"
+        ) from None
+    return module
+
+
+def instantiate(cls: type[torch.nn.Module], model_args: Mapping[str, Any]) -> torch.nn.Module:
+    """``cls(**model_args)``; a wrong argument is named with the constructor's signature. A
+    tensor argument (PNA's ``deg``) is written ``{"tensor": [...]}`` in JSON."""
+    try:
+        return cls(**{key: _decoded(value) for key, value in model_args.items()})
+    except TypeError as error:
+        try:
+            signature = str(inspect.signature(cls))
+        except (TypeError, ValueError):
+            signature = "(...)"
+        raise ValueError(
+            f"{cls.__name__}(**model_args) failed: {error}; its constructor is "
+            f"{cls.__name__}{signature}: give --model-args as a JSON object of those arguments"
+        ) from None
+
+
+def _decoded(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"tensor"}:
+        return torch.tensor(value["tensor"])
+    return value
+
+
+def read_state_dict(path: Path) -> dict[str, Tensor]:
+    """A ``torch.save(model.state_dict(), F)`` file, read with ``weights_only=True``; any
+    other file is refused in one line that says what to save instead."""
+    save_instead = "save torch.save(model.state_dict(), F) in your training script"
+    if not path.is_file():
+        raise ValueError(f"--weights {path}: no such file")
+    kind = _archive_kind(path)
+    if kind is not None:
+        raise ValueError(f"--weights {path} is a {kind}, not a state_dict; {save_instead}")
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # UnpicklingError, RuntimeError, EOFError, ...
+        if type(error).__name__ == "UnpicklingError":
+            raise ValueError(
+                f"--weights {path} holds pickled objects (a whole module, or a checkpoint "
+                f"with Python objects), which weights_only=True refuses to load; {save_instead}"
+            ) from None
+        raise ValueError(
+            f"--weights {path}: not a torch.save file ({type(error).__name__}); {save_instead}"
+        ) from None
+    if not isinstance(loaded, Mapping):
+        raise ValueError(
+            f"--weights {path} holds a {type(loaded).__name__}, not a state_dict; {save_instead}"
+        )
+    tensors = {key: value for key, value in loaded.items() if isinstance(value, Tensor)}
+    if len(tensors) != len(loaded):
+        nested = [str(key) for key, value in loaded.items() if isinstance(value, Mapping)]
+        hint = (
+            f" (it looks like a training checkpoint; save checkpoint[{nested[0]!r}])"
+            if (nested)
+            else ""
+        )
+        raise ValueError(
+            f"--weights {path} holds values that are not tensors{hint}; {save_instead}"
+        )
+    return {str(key): value for key, value in tensors.items()}
+
+
+def _archive_kind(path: Path) -> str | None:
+    """TorchScript and torch.export files are zip archives with their own layout."""
+    if not zipfile.is_zipfile(path):
+        return None
+    with zipfile.ZipFile(path) as archive:
+        names = archive.namelist()
+    if any(name.endswith("constants.pkl") or "/code/" in name for name in names):
+        return "TorchScript file (torch.jit.save)"
+    if any(
+        "serialized_exported_program" in name or name.endswith("archive_format") for name in names
+    ):
+        return "torch.export program"
+    return None
+
+
+def load_weights(module: torch.nn.Module, state_dict: Mapping[str, Tensor], source: str) -> None:
+    """Loads ``state_dict`` strictly; missing, unexpected or mis-shaped keys are listed with
+    the fix in one line."""
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(expected))
+    mis_shaped = [
+        f"{key} {tuple(state_dict[key].shape)} (the model has {tuple(expected[key].shape)})"
+        for key in sorted(set(expected) & set(state_dict))
+        if state_dict[key].shape != expected[key].shape
+    ]
+    if not (missing or unexpected or mis_shaped):
+        module.load_state_dict(dict(state_dict))
+        return
+    problems = []
+    if missing:
+        problems.append(f"missing keys {_few(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys {_few(unexpected)}")
+    if mis_shaped:
+        problems.append(f"wrong shapes {_few(mis_shaped)}")
+    fix = "check --model-args against the arguments the model was trained with"
+    prefix = _common_prefix(unexpected)
+    if prefix and {key[len(prefix) :] for key in unexpected} >= set(missing):
+        fix = (
+            f"the weights' keys start with {prefix!r} (a wrapper): save the inner module's "
+            "state_dict()"
+        )
+    raise ValueError(
+        f"the weights in {source} do not fit {type(module).__name__}: {'; '.join(problems)}; {fix}"
+    )
+
+
+def _common_prefix(keys: list[str]) -> str:
+    heads = {key.split(".", 1)[0] for key in keys if "." in key}
+    return f"{heads.pop()}." if len(heads) == 1 and all("." in key for key in keys) else ""
+
+
+def _few(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return f"{shown} (and {len(items) - limit} more)" if len(items) > limit else shown
+
+
+def build_user_module(config: UserModelConfig, model_dir: Path) -> torch.nn.Module:
+    """The user's class with its arguments, untrained (the model file from ``model_dir``)."""
+    model_file = None
+    if config.model_file is not None:
+        model_file = model_dir / MODEL_FILE_DIR / config.model_file
+    cls = import_model_class(config.model_class, model_file)
+    return instantiate(cls, config.model_args)
+
+
+def parse_model_args(text: str, source: str) -> dict[str, Any]:
+    """``--model-args`` (JSON text) or the content of ``--model-args-file``: a JSON object."""
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{source} is not JSON ({error.msg} at column {error.colno}); for example "
+            "'{\"hidden\": 64}'"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{source} must be a JSON object of constructor arguments, got {value!r}")
+    return value

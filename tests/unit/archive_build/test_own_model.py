@@ -1,0 +1,244 @@
+"""The user's own model: packaged by archive_build.own_model and verified by
+archive_build.verify against its full-graph forward, for the models and layers PyG ships, on a
+graph with edge features, self-loops and parallel edges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch_geometric.nn import models as pyg
+from torch_geometric.utils import degree
+
+from archive_build import own_model
+from archive_build.verify import verify
+from graph_assets import GraphStore, open_store, read_graph_dir, write_store
+from handler.core.settings import ServingSettings
+from tests.unit.archive_build import user_models
+
+NODES, FEATURES, CLASSES, EDGE_DIM = 90, 6, 3, 2
+MODEL_FILE = Path(user_models.__file__)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    """Random graph: a hub, isolated nodes, self-loops, parallel edges, two edge features."""
+    root = tmp_path_factory.mktemp("own_model")
+    rng = np.random.default_rng(7)
+    nodes = pd.DataFrame(
+        rng.normal(size=(NODES, FEATURES)), columns=[f"f{i}" for i in range(FEATURES)]
+    )
+    nodes.insert(0, "id", [f"acct_{i}" for i in range(NODES)])
+    nodes["label"] = [["fraud", "legit", "review"][i % CLASSES] for i in range(NODES)]
+    connected = NODES - 5
+    src = rng.integers(0, connected, 600)
+    dst = np.where(rng.random(600) < 0.2, 0, rng.integers(0, connected, 600))
+    src[:12] = dst[:12]  # self-loops
+    src, dst = np.concatenate([src, src[20:40]]), np.concatenate([dst, dst[20:40]])  # parallel
+    edges = pd.DataFrame({"src": [f"acct_{s}" for s in src], "dst": [f"acct_{d}" for d in dst]})
+    edges["amount"] = rng.gamma(2.0, 50.0, len(edges)).round(2)
+    edges["timestamp"] = rng.integers(0, 10_000, len(edges))
+    (root / "input").mkdir()
+    nodes.to_csv(root / "input" / "nodes.csv", index=False)
+    edges.to_csv(root / "input" / "edges.csv", index=False)
+    write_store(read_graph_dir(root / "input"), root / "store")
+    return open_store(root / "store")
+
+
+def pna_degree_histogram(store: GraphStore) -> list[int]:
+    in_degree = degree(torch.from_numpy(store.edge_index()[1]), store.num_nodes, dtype=torch.long)
+    return torch.bincount(in_degree).tolist()
+
+
+def package_and_verify(
+    tmp_path: Path,
+    store: GraphStore,
+    module: torch.nn.Module,
+    model_class: str,
+    model_args: dict[str, Any],
+    *extra: str,
+) -> Any:
+    torch.save(module.state_dict(), tmp_path / "weights.pt")
+    argv = [
+        "--store", str(store.path), "--model-class", model_class,
+        "--model-args", json.dumps(model_args), "--weights", str(tmp_path / "weights.pt"),
+        "--out", str(tmp_path / "model"), *extra,
+    ]  # fmt: skip
+    if "." not in model_class:
+        argv += ["--model-file", str(MODEL_FILE)]
+    assert own_model.main(argv) == 0
+    config = json.loads((tmp_path / "model" / "model_config.json").read_text())
+    settings = ServingSettings(fanouts=(5,) * config["num_layers"])
+    return verify(tmp_path / "model", store, settings, tolerance=1e-5)
+
+
+BASIC = "torch_geometric.nn.models."
+F, H, C = FEATURES, 16, CLASSES
+CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "gcn": ("GCN", {"in_channels": F, "hidden_channels": H, "num_layers": 2, "out_channels": C}),
+    "gcn-3-layers-tanh-jk": (
+        "GCN",
+        {
+            "in_channels": F,
+            "hidden_channels": H,
+            "num_layers": 3,
+            "out_channels": C,
+            "act": "tanh",
+            "jk": "cat",
+        },
+    ),
+    "sage-max-tanh-3": (
+        "GraphSAGE",
+        {
+            "in_channels": F,
+            "hidden_channels": H,
+            "num_layers": 3,
+            "out_channels": C,
+            "aggr": "max",
+            "act": "tanh",
+        },
+    ),
+    "sage-sum-batchnorm": (
+        "GraphSAGE",
+        {
+            "in_channels": F,
+            "hidden_channels": H,
+            "num_layers": 2,
+            "out_channels": C,
+            "aggr": "sum",
+            "norm": "batch_norm",
+        },
+    ),
+    "sage-std-elu-jk-max": (
+        "GraphSAGE",
+        {
+            "in_channels": F,
+            "hidden_channels": H,
+            "num_layers": 2,
+            "out_channels": C,
+            "aggr": "std",
+            "act": "elu",
+            "jk": "max",
+        },
+    ),
+    "gin": ("GIN", {"in_channels": F, "hidden_channels": H, "num_layers": 3, "out_channels": C}),
+    "gat": (
+        "GAT",
+        {"in_channels": F, "hidden_channels": H, "num_layers": 2, "out_channels": C, "heads": 2},
+    ),
+    "gatv2": (
+        "GAT",
+        {"in_channels": F, "hidden_channels": H, "num_layers": 2, "out_channels": C, "v2": True},
+    ),
+    "gat-edge-dim": (
+        "GAT",
+        {
+            "in_channels": F,
+            "hidden_channels": H,
+            "num_layers": 2,
+            "out_channels": C,
+            "edge_dim": EDGE_DIM,
+        },
+    ),
+    "gatv2-edge-dim-batchnorm": (
+        "GAT",
+        {
+            "in_channels": F,
+            "hidden_channels": H,
+            "num_layers": 2,
+            "out_channels": C,
+            "v2": True,
+            "edge_dim": EDGE_DIM,
+            "norm": "batch_norm",
+        },
+    ),
+    "edgecnn": (
+        "EdgeCNN",
+        {"in_channels": F, "hidden_channels": H, "num_layers": 2, "out_channels": C},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pyg_basic_models_are_served_exactly(case: str, store: GraphStore, tmp_path: Path) -> None:
+    name, args = CASES[case]
+    torch.manual_seed(0)
+    module = getattr(pyg, name)(**args)
+    result = package_and_verify(tmp_path, store, module, BASIC + name, args)
+    assert result.passed, result
+    assert result.worst_abs_diff <= 1e-5
+    assert result.class_agreement == 1.0
+
+
+def test_pna_with_edge_features_is_served_exactly(store: GraphStore, tmp_path: Path) -> None:
+    args = {
+        "in_channels": F, "hidden_channels": H, "num_layers": 2, "out_channels": C,
+        "aggregators": ["mean", "min", "max", "std"],
+        "scalers": ["identity", "amplification", "attenuation"],
+        "deg": {"tensor": pna_degree_histogram(store)}, "edge_dim": EDGE_DIM,
+    }  # fmt: skip
+    torch.manual_seed(0)
+    module = pyg.PNA(**{**args, "deg": torch.tensor(pna_degree_histogram(store))})
+    result = package_and_verify(tmp_path, store, module, BASIC + "PNA", args)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+
+
+CUSTOM: dict[str, dict[str, Any]] = {
+    "SkipSage": {"in_channels": F, "hidden": H, "classes": C},
+    "EdgeMix": {"in_channels": F, "hidden": H, "classes": C, "edge_dim": EDGE_DIM},
+    "GatedGraphConv": {"in_channels": F, "hidden": H, "classes": C},
+    "Sgc": {"in_channels": F, "classes": C, "k": 2},
+    "Appnp": {"in_channels": F, "hidden": H, "classes": C, "k": 3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUSTOM))
+def test_custom_modules_from_a_model_file_are_served_exactly(
+    name: str, store: GraphStore, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    module = getattr(user_models, name)(**CUSTOM[name])
+    result = package_and_verify(tmp_path, store, module, name, CUSTOM[name])
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+    config = json.loads((tmp_path / "model" / "model_config.json").read_text())
+    expected_hops = {"Sgc": 2, "Appnp": 3}.get(name, 2 if name != "EdgeMix" else 3)
+    assert config["num_layers"] == expected_hops
+    assert (tmp_path / "model" / "user_model" / MODEL_FILE.name).is_file()
+
+
+def test_a_model_that_is_not_local_is_refused(store: GraphStore, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    args = {"in_channels": F, "classes": C}
+    result = package_and_verify(
+        tmp_path, store, user_models.GlobalCentre(**args), "GlobalCentre", args
+    )
+    assert not result.passed
+    assert result.worst_abs_diff > 1e-3
+    assert "not local" in result.cause
+
+
+def test_graph_wide_layer_norm_is_refused_as_not_local(store: GraphStore, tmp_path: Path) -> None:
+    args = {
+        "in_channels": F,
+        "hidden_channels": H,
+        "num_layers": 2,
+        "out_channels": C,
+        "norm": "layer_norm",
+    }
+    torch.manual_seed(0)
+    result = package_and_verify(tmp_path, store, pyg.GraphSAGE(**args), BASIC + "GraphSAGE", args)
+    assert not result.passed and "not local" in result.cause
+
+
+def test_too_few_hops_are_refused_naming_the_fix(store: GraphStore, tmp_path: Path) -> None:
+    name, args = CASES["sage-max-tanh-3"]
+    torch.manual_seed(0)
+    module = pyg.GraphSAGE(**args)
+    result = package_and_verify(tmp_path, store, module, BASIC + name, args, "--num-hops", "2")
+    assert not result.passed
+    assert "--num-hops 3" in result.cause
