@@ -369,9 +369,9 @@ def _csc(
     """CSC arrays of the edge list, grouped by destination, ascending source within a group
     and ties (parallel edges) in input order; self-loops and repeats dropped if asked.
 
-    One sort of the key ``dst * n + src`` yields CSC order and puts repeats side by side. It
-    is a stable argsort only when ``need_order`` (edge features follow their edges), else an
-    in-place sort: equal keys are interchangeable then, and the sort is several times faster.
+    One sort of the key ``dst * n + src`` yields CSC order and puts repeats side by side. Only
+    with ``need_order`` (edge features follow their edges) does it track positions, stably;
+    else it is a plain in-place sort (equal keys are interchangeable then), half the time.
     """
     if n > 3_037_000_499:  # n * n would overflow int64
         raise ValueError(f"{n} nodes is more than this writer's int64 edge keys can address")
