@@ -25,9 +25,9 @@ import yaml
 from graph_assets import StoreError, open_store
 from graph_assets.store import GraphStore
 from handler.core.settings import ServingSettings
-from handler.tasks.node.engine import NodeClassificationEngine, answer_rows
+from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import CONFIG_FILE, load_model
-from model.served import UserNodeModel, edge_kwargs, serving_needs
+from model.served import UserNodeModel, answer_rows, edge_kwargs, serving_needs
 from model.user_model import EdgeInput, Output
 
 RANDOM_NODES = 256

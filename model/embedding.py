@@ -1,6 +1,8 @@
 """Node embeddings served next to predictions: what each architecture's embedding is.
 
-- Node classifiers (GCN, GraphSAGE, GAT, GIN): the input of the last message-passing layer,
+- Node classifiers (GCN, GraphSAGE, GAT, GIN, and the user's own class): the input of the last
+  message-passing layer the forward calls (or what the method named by ``--embedding-method``
+  returns),
   i.e. the output of layer ``L-1`` after its ReLU (``hidden_dim`` wide; for GAT the
   concatenated heads). The last layer is the classifier: it maps this representation, and its
   neighbours', to class logits. With one layer it is the input features.
@@ -20,25 +22,44 @@ from torch import Tensor
 
 from model.architectures import NodeClassifier
 from model.link import LinkPredictor
+from model.served import UserNodeModel, edge_kwargs
 
 
 def forward_with_embedding(
-    model: torch.nn.Module, x: Tensor, edge_index: Tensor, degree: Tensor | None = None
+    model: torch.nn.Module,
+    x: Tensor,
+    edge_index: Tensor,
+    degree: Tensor | None = None,
+    edge_attr: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """``(output, embedding)`` per row of ``x`` from one forward pass of a node-level model."""
+    """``(output, embedding)`` per row of ``x`` from one forward pass of a node-level model
+    (``edge_attr``: the edges' features, for a model that reads them)."""
     if isinstance(model, LinkPredictor):
         z = model(x, edge_index, degree=degree)
         return z, z
+    if isinstance(model, UserNodeModel):
+        layer = model.embedding_module()
+        if layer is None:  # a method the user named
+            method = getattr(model.module, model.config.embedding.removeprefix("method:"))
+            extra = edge_kwargs(model.config.edge_input, edge_attr)
+            return model(x, edge_index, edge_attr=edge_attr), method(x, edge_index, **extra)
+        return _with_input_of(layer, lambda: model(x, edge_index, edge_attr=edge_attr))
     if not isinstance(model, NodeClassifier):
         raise TypeError(f"no node embedding is defined for {type(model).__name__}")
+    return _with_input_of(model.gnn.convs[-1], lambda: model(x, edge_index, degree=degree))
+
+
+def _with_input_of(layer: torch.nn.Module, forward: Any) -> tuple[Tensor, Tensor]:
+    """``forward()``'s output and the node input of ``layer``'s last call in it."""
     captured: list[Tensor] = []
 
-    def keep_input(_module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        captured.append(args[0])
+    def keep_input(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        value = args[0] if args else kwargs["x"]
+        captured.append(value[1] if isinstance(value, tuple) else value)
 
-    handle = model.gnn.convs[-1].register_forward_pre_hook(keep_input)
+    handle = layer.register_forward_pre_hook(keep_input, with_kwargs=True)
     try:
-        output = model(x, edge_index, degree=degree)
+        output = forward()
     finally:
         handle.remove()
     return output, captured[-1]

@@ -50,6 +50,12 @@ class ServingNeeds:
     boundary_degrees: bool = False
 
 
+def answer_rows(rows: Tensor, output: Output) -> Tensor:
+    """The model's rows as answers carry them: softmax of logits, anything else as it is."""
+    rows = rows.float()
+    return torch.softmax(rows, dim=-1) if output is Output.LOGITS else rows
+
+
 def serving_needs(model: torch.nn.Module) -> ServingNeeds:
     """The presets' needs are the defaults; :class:`UserNodeModel` says its own."""
     needs = getattr(model, "serving_needs", None)

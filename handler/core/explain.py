@@ -219,6 +219,14 @@ class EgoInput:
     rows: list[int]
     keys: np.ndarray
     model: torch.nn.Module
+    edge_attr: torch.Tensor | None = (
+        None  # the sampled edges' features, for a model that reads them
+    )
+
+    def forward_kwargs(self) -> dict[str, torch.Tensor]:
+        """What the model's forward takes besides ``x`` and ``edge_index``."""
+        edges = {} if self.edge_attr is None else {"edge_attr": self.edge_attr}
+        return {**edges, "degree": self.degree}
 
 
 class EgoExplanation:
@@ -250,6 +258,7 @@ class EgoExplanation:
             rows=seed_rows(seeds, nodes),
             keys=sub.node.cpu().numpy(),
             model=plain_module(self.ego.model),
+            edge_attr=self.ego.edge_features(sub.edge),
         )
 
     def attributions(
@@ -267,7 +276,7 @@ class EgoExplanation:
             steps=self.settings.explain_steps,
             budget_s=self.settings.explain_time_budget_ms / 1000,
             **kwargs,
-            degree=inputs.degree,
+            **inputs.forward_kwargs(),
         )
 
     def summary(self, attribution: Attribution, inputs: EgoInput) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from model.user_model import Output
+
 
 def class_answer(probabilities: list[float], class_names: list[str] | None) -> dict[str, Any]:
     """``predicted_class`` (the argmax), ``predicted_label`` when the graph names its classes,
@@ -14,3 +16,11 @@ def class_answer(probabilities: list[float], class_names: list[str] | None) -> d
         answer["predicted_label"] = class_names[predicted]
     answer["probabilities"] = probabilities
     return answer
+
+
+def node_answer(row: list[float], output: Output, class_names: list[str] | None) -> dict[str, Any]:
+    """A node's answer fields: the class answer of class scores, or ``output`` with the
+    values as they are (``--output raw``)."""
+    if output is Output.RAW:
+        return {"output": row}
+    return class_answer(row, class_names)

@@ -25,13 +25,12 @@ from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes
 from handler.core.sampler import NeighbourSampler, SampledSubgraph
 from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph
-from handler.protocol.class_answer import class_answer
+from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import ApiError, InternalError, NodeNotFound
 from handler.protocol.kserve_v2 import v2_response
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
 from model.precompute import Precomputed
-from model.served import serving_needs
-from model.user_model import Output
+from model.served import answer_rows, serving_needs
 
 logger = logging.getLogger(__name__)
 
@@ -224,21 +223,14 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         return parse_node_request(item, self.settings.max_ids_per_request)
 
     def _prediction(self, node_id: NodeId, row: list[float]) -> dict[str, Any]:
-        answer: dict[str, Any] = {"node_id": node_id}
-        if self.output is Output.RAW:
-            answer["output"] = row
-        else:
-            answer.update(class_answer(row, self.store.class_names))
-        answer["model_version"] = self.model_version
+        answer: dict[str, Any] = {
+            "node_id": node_id,
+            **node_answer(row, self.output, self.store.class_names),
+            "model_version": self.model_version,
+        }
         if self.live is not None:
             answer["graph_version"] = self.live.version
         return answer
-
-
-def answer_rows(rows: torch.Tensor, output: Output) -> torch.Tensor:
-    """The model's rows as answers carry them: softmax of logits, anything else as it is."""
-    rows = rows.float()
-    return torch.softmax(rows, dim=-1) if output is Output.LOGITS else rows
 
 
 def _valid(outcome: ResolvedRequest | ApiError) -> ResolvedRequest:

@@ -11,10 +11,13 @@ import torch
 from pydantic import ValidationError
 
 from handler.core.batch import Batch
-from handler.core.explain import EgoExplanation, classes
+from handler.core.explain import EgoExplanation
 from handler.protocol.body import NodeId, as_request
+from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import BadRequest
 from handler.protocol.validation import IdField, Strict, describe_errors
+from model.served import answer_rows, serving_needs
+from model.user_model import Output
 
 _EXAMPLE = '{"node_id": 42}'
 
@@ -44,14 +47,12 @@ class NodeExplanation(EgoExplanation):
 
     def explain(self, target: NodeTarget, payload: Any, batch: Batch[Any]) -> dict[str, Any]:
         inputs = self.ego_input(target.nodes, payload, batch)
+        output = serving_needs(inputs.model).output
         with torch.no_grad():
-            logits = inputs.model(inputs.x, inputs.edge_index, degree=inputs.degree)
-        answer = {
-            "node_id": target.node_id,
-            **classes(logits[inputs.rows[0]], self.ego.store.class_names),
-        }
-        attribution = self.attributions(
-            inputs.model, inputs, mode="multiclass_classification", level="node"
-        )
+            rows = inputs.model(inputs.x, inputs.edge_index, **inputs.forward_kwargs())
+        row = answer_rows(rows[inputs.rows[0]], output).cpu().tolist()
+        answer = {"node_id": target.node_id, **node_answer(row, output, self.ego.store.class_names)}
+        mode = "regression" if output is Output.RAW else "multiclass_classification"
+        attribution = self.attributions(inputs.model, inputs, mode=mode, level="node")
         answer["explanation"] = self.summary(attribution, inputs)
         return answer

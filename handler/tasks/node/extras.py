@@ -29,11 +29,13 @@ from handler.core.arrays import TorchOps
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
 from handler.core.sampler import NeighbourSampler, SubgraphTooLarge, self_loops_in_place
-from handler.protocol.class_answer import class_answer
-from handler.protocol.errors import ApiError
+from handler.protocol.class_answer import node_answer
+from handler.protocol.errors import ApiError, BadRequest
 from handler.tasks.node.new_node_rows import NEW_NODE, new_node_rows
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
 from model.embedding import forward_with_embedding
+from model.served import answer_rows, serving_needs
+from model.user_model import EdgeInput
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         self.device = ego.device
         self.model_version = model_version
         self.samplers = one_hop_samplers(ego)
+        self.output = serving_needs(ego.model).output
 
     def refresh(self) -> None:
         self.ego.sync()
@@ -168,6 +171,17 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             if self.ego.precomputed is not None:
                 return StoredRows(np.unique(nodes))
             return self.ego.sample(nodes)
+        needs = serving_needs(self.ego.model)
+        if needs.boundary_degrees or needs.edge_input is not EdgeInput.NONE:
+            raise BadRequest(
+                "new_node is not available for this archive's model: it reads "
+                + (
+                    "edge features"
+                    if needs.edge_input is not EdgeInput.NONE
+                    else "the degrees of its neighbours' neighbours (a degree-normalising layer)"
+                )
+                + ", which a new node's request does not carry"
+            )
         request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
         if self.ego.precomputed is not None:
             return StoredRows(neighbours.numpy())
@@ -201,10 +215,11 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             degree = torch.full((sub.num_nodes,), float(sub.senders.numel()), device=self.device)
             grown = torch.isin(sub.node[existing], sub.receivers).to(self.device)
             degree[on_device] = stored_degree.to(degree.dtype) + grown.to(degree.dtype)
-            edge_index, num_seeds = sub.edge_index, 1
+            edge_index, num_seeds, edge_attr = sub.edge_index, 1, None
         else:
             seeds, sub = group.payload
             x, degree = self.ego.gather(sub.node)
+            edge_attr = self.ego.edge_features(sub.edge)
             edge_index, num_seeds = sub.edge_index, sub.num_seeds
         stop()
         times.sampled_nodes += sub.num_nodes
@@ -212,8 +227,10 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         times.seed_nodes += num_seeds
         stop = timed(times, "forward")
         with torch.inference_mode():
-            logits, embedding = forward_with_embedding(model, x, edge_index.to(self.device), degree)
-            probabilities = torch.softmax(logits[:num_seeds].float(), dim=-1).cpu()
+            logits, embedding = forward_with_embedding(
+                model, x, edge_index.to(self.device), degree, edge_attr
+            )
+            probabilities = answer_rows(logits[:num_seeds], self.output).cpu()
             embedding = embedding[:num_seeds].float().cpu()
         stop()
         for position in group.positions:
@@ -240,7 +257,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         else:
             output, embedding = rows.rows(layers, nodes), rows.rows(layers - 1, nodes)
         stop()
-        probabilities = torch.softmax(torch.from_numpy(output), dim=-1)
+        probabilities = answer_rows(torch.from_numpy(output), self.output)
         vectors = torch.from_numpy(np.ascontiguousarray(embedding))
         for position in group.positions:
             if isinstance(request, NewNodeRequest):
@@ -270,7 +287,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
     def _prediction(
         self, probabilities: list[float], embedding: torch.Tensor, with_embedding: bool
     ) -> dict[str, Any]:
-        answer = class_answer(probabilities, self.ego.store.class_names)
+        answer = node_answer(probabilities, self.output, self.ego.store.class_names)
         if with_embedding:
             answer["embedding"] = embedding.tolist()
         answer["model_version"] = self.model_version
