@@ -268,7 +268,7 @@ def load_weights(module: torch.nn.Module, state_dict: Mapping[str, Tensor], sour
         problems.append(f"wrong shapes {_few(mis_shaped)}")
     fix = "check --model-args against the arguments the model was trained with"
     prefix = _common_prefix(unexpected)
-    if prefix and {key[len(prefix) :] for key in unexpected} >= set(missing):
+    if prefix and missing and {key[len(prefix) :] for key in unexpected} >= set(missing):
         fix = (
             f"the weights' keys start with {prefix!r} (a wrapper): save the inner module's "
             "state_dict()"

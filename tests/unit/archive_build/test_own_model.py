@@ -8,8 +8,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pandas as pd
 import pytest
 import torch
 from torch_geometric.nn import models as pyg
@@ -17,37 +15,17 @@ from torch_geometric.utils import degree
 
 from archive_build import own_model
 from archive_build.verify import verify
-from graph_assets import GraphStore, open_store, read_graph_dir, write_store
+from graph_assets import GraphStore
 from handler.core.settings import ServingSettings
+from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, edge_feature_store
 from tests.unit.archive_build import user_models
 
-NODES, FEATURES, CLASSES, EDGE_DIM = 90, 6, 3, 2
 MODEL_FILE = Path(user_models.__file__)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
-    """Random graph: a hub, isolated nodes, self-loops, parallel edges, two edge features."""
-    root = tmp_path_factory.mktemp("own_model")
-    rng = np.random.default_rng(7)
-    nodes = pd.DataFrame(
-        rng.normal(size=(NODES, FEATURES)), columns=[f"f{i}" for i in range(FEATURES)]
-    )
-    nodes.insert(0, "id", [f"acct_{i}" for i in range(NODES)])
-    nodes["label"] = [["fraud", "legit", "review"][i % CLASSES] for i in range(NODES)]
-    connected = NODES - 5
-    src = rng.integers(0, connected, 600)
-    dst = np.where(rng.random(600) < 0.2, 0, rng.integers(0, connected, 600))
-    src[:12] = dst[:12]  # self-loops
-    src, dst = np.concatenate([src, src[20:40]]), np.concatenate([dst, dst[20:40]])  # parallel
-    edges = pd.DataFrame({"src": [f"acct_{s}" for s in src], "dst": [f"acct_{d}" for d in dst]})
-    edges["amount"] = rng.gamma(2.0, 50.0, len(edges)).round(2)
-    edges["timestamp"] = rng.integers(0, 10_000, len(edges))
-    (root / "input").mkdir()
-    nodes.to_csv(root / "input" / "nodes.csv", index=False)
-    edges.to_csv(root / "input" / "edges.csv", index=False)
-    write_store(read_graph_dir(root / "input"), root / "store")
-    return open_store(root / "store")
+    return edge_feature_store(tmp_path_factory.mktemp("own_model"))
 
 
 def pna_degree_histogram(store: GraphStore) -> list[int]:
