@@ -223,10 +223,13 @@ class EgoInput:
         None  # the sampled edges' features, for a model that reads them
     )
 
-    def forward_kwargs(self) -> dict[str, torch.Tensor]:
-        """What the model's forward takes besides ``x`` and ``edge_index``."""
-        edges = {} if self.edge_attr is None else {"edge_attr": self.edge_attr}
-        return {**edges, "degree": self.degree}
+    def forward_kwargs(self) -> dict[str, torch.Tensor | None]:
+        """What the model's forward takes besides ``x`` and ``edge_index``, in the order of the
+        served-model protocol's ``forward(x, edge_index, degree, level_sizes, edge_attr)``:
+        Captum hands them on by position."""
+        if self.edge_attr is None:
+            return {"degree": self.degree}
+        return {"degree": self.degree, "level_sizes": None, "edge_attr": self.edge_attr}
 
 
 class EgoExplanation:

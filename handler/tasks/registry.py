@@ -3,7 +3,9 @@ and the management API's description of a started one."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from graph_assets import GraphStore
@@ -42,6 +44,25 @@ def start_task(archive: Archive, open_graph: Callable[[], GraphStore]) -> Starte
     return spec.start(archive, loaded)
 
 
+def build_record(model_dir: Path) -> dict[str, Any]:
+    """The model and the build-time verification as ``build_info.json`` records them (archives
+    built before verification existed have none)."""
+    path = model_dir / "build_info.json"
+    if not path.is_file():
+        return {}
+    info = json.loads(path.read_text())
+    model = info.get("model", {})
+    record: dict[str, Any] = {"verification": info.get("verification")}
+    if "model_class" in model:
+        record["model"] = {
+            key: model[key]
+            for key in ("model_class", "model_file", "num_layers", "output", "edge_input")
+        }
+    else:
+        record["model"] = {"preset": model.get("arch"), "num_layers": model.get("num_layers")}
+    return record
+
+
 def describe(task: StartedTask) -> dict[str, Any]:
     """The management API's ``customized=true`` description of any archive."""
     archive, settings = task.archive, task.archive.settings
@@ -63,6 +84,7 @@ def describe(task: StartedTask) -> dict[str, Any]:
         }
     if task.details is not None:
         described[settings.task] = task.details()
+    described.update(build_record(archive.model_dir))
     if task.live is not None:
         described["updates"] = task.live.describe()
     if task.precomputed is not None:

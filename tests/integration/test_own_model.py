@@ -1,0 +1,200 @@
+"""A user's own model class through build_mar.sh and TorchServe: the model file travels in the
+archive, edge features reach the model, the served answers equal the model's full-graph forward,
+describe shows the build-time verification, and bad models are refused at build in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from bench.harness.torchserve import Serve, TorchServe
+from graph_assets import open_store
+from model.served import answer_rows
+from model.user_model import Output
+from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, write_edge_feature_csv
+from tests.unit.archive_build import user_models
+
+from .archives import ROOT
+
+pytestmark = pytest.mark.integration
+ARGS = {"in_channels": FEATURES, "hidden": 16, "classes": CLASSES, "edge_dim": EDGE_DIM}
+
+
+def build(*options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(ROOT / "build_mar.sh"), *options],
+        capture_output=True,
+        text=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """fraud.mar (EdgeMix from a model file, class scores) and risk.mar (stock GraphSAGE by its
+    dotted path, raw outputs), both with full fanouts."""
+    root = tmp_path_factory.mktemp("own_model")
+    graph = write_edge_feature_csv(root / "graph")
+    shutil.copy(user_models.__file__, root / "fraud_model.py")  # the user's file, by itself
+    torch.manual_seed(0)
+    torch.save(user_models.EdgeMix(**ARGS).state_dict(), root / "fraud.pt")
+    sage_args = {"in_channels": FEATURES, "hidden_channels": 8, "num_layers": 2, "out_channels": 1}
+    from torch_geometric.nn.models import GraphSAGE
+
+    torch.save(GraphSAGE(**sage_args, aggr="max").state_dict(), root / "risk.pt")
+    common = ("--graph", str(graph), "--export-path", str(root / "store"), "--batch-size", "4")
+    fraud = build(
+        *common, "--name", "fraud", "--model-file", str(root / "fraud_model.py"),
+        "--model-class", "EdgeMix", "--model-args", json.dumps(ARGS),
+        "--weights", str(root / "fraud.pt"), "--fanouts", "-1,-1,-1",
+    )  # fmt: skip
+    assert fraud.returncode == 0, fraud.stderr
+    assert "3 hops (inferred" in fraud.stdout and "edge_attr (2 wide)" in fraud.stdout
+    assert "worst |served - full-graph forward|" in fraud.stdout
+    risk = build(
+        *common, "--name", "risk", "--model-class", "torch_geometric.nn.models.GraphSAGE",
+        "--model-args", json.dumps({**sage_args, "aggr": "max"}), "--output", "raw",
+        "--weights", str(root / "risk.pt"), "--fanouts", "-1,-1",
+    )  # fmt: skip
+    assert risk.returncode == 0, risk.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
+    with serve(built / "store", "fraud=fraud.mar,risk=risk.mar", name="own_model") as started:
+        yield started
+
+
+def full_graph(built: Path, name: str, output: Output) -> tuple[list[str], torch.Tensor]:
+    """The archive's own graph and the user's module with the archive's weights, whole-graph."""
+    work = built / f"unpacked_{name}"
+    if not work.exists():
+        zipfile.ZipFile(built / "store" / f"{name}.mar").extractall(work)
+    store = open_store(work / "graph")
+    config = json.loads((work / "model_config.json").read_text())
+    if config["model_file"]:
+        module = getattr(user_models, config["model_class"])(**config["model_args"])
+    else:
+        from torch_geometric.nn.models import GraphSAGE
+
+        module = GraphSAGE(**config["model_args"])
+    module.load_state_dict(torch.load(work / "model.pt", weights_only=True))
+    x = torch.from_numpy(np.array(store.features))
+    edge_index = torch.from_numpy(store.edge_index())
+    extra = {}
+    if config["edge_input"] == "edge_attr":
+        extra["edge_attr"] = torch.from_numpy(np.array(store.edge_features))
+    with torch.no_grad():
+        rows = answer_rows(module.eval()(x, edge_index, **extra), output)
+    return store.external_ids(np.arange(store.num_nodes)), rows
+
+
+def post(server: TorchServe, model: str, body: object) -> requests.Response:
+    return requests.post(
+        f"{server.inference_url}/predictions/{model}",
+        json=body,
+        headers=server.auth("inference"),
+        timeout=60,
+    )
+
+
+def test_a_model_file_with_edge_features_serves_its_full_graph_answer(server, built):
+    ids, expected = full_graph(built, "fraud", Output.LOGITS)
+    response = post(server, "fraud", {"node_ids": ids})
+    assert response.status_code == 200, response.text
+    got = torch.tensor([p["probabilities"] for p in response.json()["predictions"]])
+    assert float((got - expected).abs().max()) <= 1e-5
+    assert {p["predicted_label"] for p in response.json()["predictions"]} <= {
+        "fraud",
+        "legit",
+        "review",
+    }
+
+
+def test_raw_outputs_are_returned_as_they_are(server, built):
+    ids, expected = full_graph(built, "risk", Output.RAW)
+    response = post(server, "risk", {"node_ids": ids[:40]})
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert "probabilities" not in predictions[0] and "predicted_class" not in predictions[0]
+    got = torch.tensor([p["output"] for p in predictions])
+    assert float((got - expected[:40]).abs().max()) <= 1e-5
+
+
+def test_embeddings_and_explanations_work_on_a_user_model(server):
+    embedded = post(server, "fraud", {"node_id": "acct_3", "return_embedding": True})
+    assert embedded.status_code == 200 and len(embedded.json()["embedding"]) == 16
+    explained = requests.post(
+        f"{server.inference_url}/explanations/fraud",
+        json={"node_id": "acct_0"},
+        headers=server.auth("inference"),
+        timeout=60,
+    )
+    assert explained.status_code == 200, explained.text
+    assert explained.json()["explanation"]["edges"]
+
+
+def test_describe_shows_the_model_and_its_verification(server):
+    described = requests.get(
+        f"{server.management_url}/models/fraud?customized=true",
+        headers=server.auth("management"),
+        timeout=30,
+    ).json()[0]["customizedMetadata"]
+    details = described if isinstance(described, dict) else json.loads(described)
+    assert details["model"]["model_class"] == "EdgeMix"
+    assert details["model"]["edge_input"] == "edge_attr"
+    verification = details["verification"]
+    assert verification["passed"] and verification["worst_abs_diff"] <= 1e-5
+    assert verification["nodes"] >= 80
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (("--model-class", "torch_geometric.nn.models.GraphSAGE"), "--model-class needs --weights"),
+        (("--model-args", "{}"), "goes with --model-class"),
+        (("--model-class", "GlobalCentre", "--model-file", "MODEL_FILE", "--weights", "CENTRE"),
+         "likely cause: the model is not local"),
+        (("--model-class", "EdgeMix", "--model-file", "MODEL_FILE", "--weights", "MODULE",
+          "--model-args", json.dumps(ARGS)), "holds pickled objects"),
+        (("--model-class", "EdgeMix", "--model-file", "MODEL_FILE", "--weights", "CENTRE",
+          "--model-args", json.dumps(ARGS)), "do not fit EdgeMix"),
+    ],
+)  # fmt: skip
+def test_bad_models_are_refused_in_one_line(built, tmp_path, options, says):
+    torch.manual_seed(0)
+    torch.save(user_models.GlobalCentre(FEATURES, CLASSES).state_dict(), tmp_path / "centre.pt")
+    torch.save(user_models.EdgeMix(**ARGS), tmp_path / "module.pt")
+    paths = {
+        "MODEL_FILE": user_models.__file__,
+        "CENTRE": str(tmp_path / "centre.pt"),
+        "MODULE": str(tmp_path / "module.pt"),
+    }
+    if "GlobalCentre" in options:
+        options = (
+            *options,
+            "--model-args",
+            json.dumps({"in_channels": FEATURES, "classes": CLASSES}),
+        )
+    result = build(
+        "--graph", str(built / "graph"), "--export-path", str(tmp_path / "out"),
+        *(paths.get(option, option) for option in options),
+    )  # fmt: skip
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and says in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.mar"))
