@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict, cast
 
@@ -170,6 +171,9 @@ def store_files(meta: Mapping[str, Any]) -> tuple[str, ...]:
     if "update_log" not in meta:
         return arrays
     return tuple(sorted((*arrays, REMOVED_IDS_FILE)))
+
+
+_SELF_LOOP_BLOCK = 1 << 16  # nodes per block when counting self-loops
 
 
 @dataclass(frozen=True, eq=False)
@@ -348,8 +352,31 @@ class GraphStore:
         return np.take(self.edge_features, edge_ids, axis=0).astype(np.float32, copy=False)
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
-        """int64 full-graph in-degrees of internal ``nodes``."""
-        return np.take(self.in_degree, nodes).astype(np.int64, copy=False)
+        """int64 full-graph in-degrees of internal ``nodes``, self-loops not counted: what GCN
+        normalises by (PyG's ``add_remaining_self_loops`` replaces a node's self-loops by
+        one of its own)."""
+        degree = np.take(self.in_degree, nodes).astype(np.int64, copy=False)
+        loops = self.self_loop_counts
+        return degree if loops is None else degree - np.take(loops, nodes)
+
+    @cached_property
+    def self_loop_counts(self) -> np.ndarray | None:
+        """int64 ``[N]`` self-loops of each node, counted once per store in blocks of nodes;
+        None when the graph has none (a format 1 store never has)."""
+        stats = self.meta.get("stats", {})
+        if self.meta["format_version"] == 1 or stats.get("self_loops_kept", 1) == 0:
+            return None
+        counts = np.zeros(self.num_nodes, dtype=np.int64)
+        indptr = self.indptr
+        for start in range(0, self.num_nodes, _SELF_LOOP_BLOCK):
+            stop = min(start + _SELF_LOOP_BLOCK, self.num_nodes)
+            begin, end = int(indptr[start]), int(indptr[stop])
+            dst = np.repeat(
+                np.arange(start, stop, dtype=np.int64), np.diff(indptr[start : stop + 1])
+            )
+            loops = dst[np.asarray(self.indices[begin:end]) == dst]
+            counts[start:stop] = np.bincount(loops - start, minlength=stop - start)
+        return counts if counts.any() else None
 
     def external_ids(self, index: np.ndarray) -> list[int | str]:
         """External IDs of internal indices (Python ints or strs, as the input file had them)."""

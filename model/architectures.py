@@ -164,11 +164,11 @@ class GCN(NodeClassifier):
         level_sizes: Sequence[int] | None = None,
         edge_attr: Tensor | None = None,
     ) -> Tensor:
-        """Logits; ``degree`` = full-graph in-degree of each row of ``x`` (every stored edge).
+        """Logits; ``degree`` = full-graph in-degree of each row of ``x``, self-loops not counted.
 
         When ``degree`` is None it is the in-degree within ``edge_index`` (whole-graph use).
-        A self-loop of the graph is an edge like any other (counted in the degree); each row
-        also gets the layer's own self-loop.
+        As PyG's ``GCNConv``: a row's self-loops (of the graph) are replaced by one of the
+        layer's own.
         """
         if level_sizes is not None:
             edge_index, edge_weight, hop_edges = _gcn_edges_by_hop(
@@ -289,16 +289,17 @@ class _WideGIN(pyg_models.GIN):
 def gcn_norm_with_degree(
     edge_index: Tensor, num_rows: int, degree: Tensor | None, dtype: torch.dtype
 ) -> tuple[Tensor, Tensor]:
-    """GCN's symmetric normalisation from given in-degrees: the edges that are not self-loops,
-    then one self-loop per row.
+    """GCN's symmetric normalisation from given in-degrees, as PyG's ``GCNConv`` computes it:
+    the graph's self-loops replaced by one self-loop per row (``add_remaining_self_loops``).
 
-    Returns ``(edge_index without its self-loops, with one self-loop per row appended,
-    edge_weight)``. A graph self-loop counts in the degree like any edge; its message comes
-    from the row itself, so it is folded into the row's own self-loop weight (``1 + loops``
-    times ``1/(deg+1)``): the same sum, and what PyG's explainer expects of a layer that adds
-    self-loops (the input's self-loops replaced). ``degree`` None means the in-degree within
-    ``edge_index`` (``edge_index[1]`` counted), as on a whole graph.
+    Returns ``(edge_index without its self-loops, one self-loop per row appended,
+    edge_weight)``: edge ``j -> i`` weighs ``1/sqrt((deg_i+1)(deg_j+1))``, a row's self-loop
+    ``1/(deg_i+1)``. ``degree``: in-degree without self-loops of each row (the store's
+    ``degree_rows``); None means the in-degree within ``edge_index``, as on a whole graph.
     """
+    is_loop = edge_index[0] == edge_index[1]
+    if bool(is_loop.any()):
+        edge_index = edge_index[:, ~is_loop]
     if degree is None:
         deg = torch.zeros(num_rows, dtype=dtype, device=edge_index.device)
         deg.scatter_add_(0, edge_index[1], torch.ones_like(edge_index[1], dtype=dtype))
@@ -310,17 +311,9 @@ def gcn_norm_with_degree(
             )
         deg = degree.to(device=edge_index.device, dtype=dtype)
     inv_sqrt = (deg + 1.0).rsqrt()
-    is_loop = edge_index[0] == edge_index[1]
-    loops_per_row = torch.zeros(num_rows, dtype=dtype, device=edge_index.device)
-    if bool(is_loop.any()):
-        targets = edge_index[1][is_loop]
-        loops_per_row.scatter_add_(
-            0, targets, torch.ones(targets.numel(), dtype=dtype, device=targets.device)
-        )
-        edge_index = edge_index[:, ~is_loop]
     src, dst = edge_index
     loops = torch.arange(num_rows, device=edge_index.device, dtype=edge_index.dtype)
-    weight = torch.cat([inv_sqrt[src] * inv_sqrt[dst], (1.0 + loops_per_row) * inv_sqrt * inv_sqrt])
+    weight = torch.cat([inv_sqrt[src] * inv_sqrt[dst], inv_sqrt * inv_sqrt])
     return torch.cat([edge_index, torch.stack([loops, loops])], dim=1), weight
 
 
@@ -343,7 +336,7 @@ def _gcn_edges_by_hop(
     together with that row: group ``h`` = edges into hop ``h`` + self-loops of hop ``h+1``
     rows (group 0 also holds the seeds' self-loops)."""
     looped, weight = gcn_norm_with_degree(edge_index, num_rows, degree, dtype)
-    num_edges = looped.size(1) - num_rows  # the graph's self-loops are folded into the rows'
+    num_edges = looped.size(1) - num_rows  # the graph's self-loops are replaced by the rows'
     hop_edges = edges_per_hop(looped[:, :num_edges], level_sizes)
     offsets = [0, *itertools.accumulate(level_sizes)]
     edge_starts = [0, *itertools.accumulate(hop_edges)]

@@ -152,7 +152,7 @@ def precompute(
     out.mkdir(parents=True, exist_ok=True)
     n = store.num_nodes
     indptr, indices = np.asarray(store.indptr), np.asarray(store.indices)
-    degree = np.asarray(store.in_degree) if needs_degree(layers) else None
+    degree = store.degree_rows(np.arange(n)) if needs_degree(layers) else None
     below: np.ndarray = np.asarray(store.features)
     dims = []
     for index in range(layers.gnn.num_layers):

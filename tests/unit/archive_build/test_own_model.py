@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.nn import models as pyg
@@ -220,3 +221,33 @@ def test_too_few_hops_are_refused_naming_the_fix(store: GraphStore, tmp_path: Pa
     result = package_and_verify(tmp_path, store, module, BASIC + name, args, "--num-hops", "2")
     assert not result.passed
     assert "--num-hops 3" in result.cause
+
+
+@pytest.mark.parametrize(("arch", "plain"), [("gcn", "GCN"), ("sage", "GraphSAGE"), ("gat", "GAT")])
+def test_presets_equal_the_plain_pyg_model_with_self_loops_and_parallel_edges(
+    store: GraphStore, arch: str, plain: str
+) -> None:
+    """Weights saved from the plain PyG model load into the preset (no renaming), and the
+    preset's served answer is that plain model's full-graph forward on the graph as given."""
+    from model import build_model
+    from model.export import preset_keys
+
+    torch.manual_seed(0)
+    extra = {"heads": 4} if arch == "gat" else {}
+    module = getattr(pyg, plain)(F, H, 2, C, **extra).eval()
+    preset = build_model({"arch": arch, "in_dim": F, "hidden_dim": H, "out_dim": C, **extra})
+    preset.load_state_dict(preset_keys(preset, module.state_dict()))
+    x = torch.from_numpy(np.array(store.features))
+    edge_index = torch.from_numpy(store.edge_index())
+    with torch.no_grad():
+        expected = module(x, edge_index)
+        assert float((preset.eval()(x, edge_index) - expected).abs().max()) <= 1e-5
+    from handler.tasks.node.engine import NodeClassificationEngine
+
+    engine = NodeClassificationEngine.create(
+        store, preset, ServingSettings(fanouts=(-1, -1)), torch.device("cpu"), "1"
+    )
+    ids = store.external_ids(np.arange(store.num_nodes))
+    answer = engine.handle([{"body": {"node_ids": ids}}])[0].body["predictions"]
+    served = torch.tensor([p["probabilities"] for p in answer])
+    assert float((served - torch.softmax(expected, dim=-1)).abs().max()) <= 1e-5

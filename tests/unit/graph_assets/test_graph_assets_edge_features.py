@@ -170,8 +170,11 @@ def test_parallel_edges_keep_their_own_features_and_self_loops_are_kept(tmp_path
     )
     three = store.lookup([3])[0]
     assert int(three) in store.indices[store.indptr[three] : store.indptr[three + 1]].tolist()
-    # Degrees count every stored edge: the parallel edge and the self-loop included.
-    assert store.degree_rows(store.lookup([1, 2, 3, 4])).tolist() == [0, 3, 2, 0]
+    # Degrees count every stored edge: the parallel edge and the self-loop included; the
+    # degree GCN normalises by (degree_rows) leaves self-loops out.
+    nodes = store.lookup([1, 2, 3, 4])
+    assert store.in_degree[nodes].tolist() == [0, 3, 2, 0]
+    assert store.degree_rows(nodes).tolist() == [0, 3, 1, 0]
     assert store.out_degree[store.lookup([1, 3])].tolist() == [2, 1]
     assert store.meta["stats"] == {
         "input_edges": 5,
@@ -300,14 +303,20 @@ def test_a_graph_without_edge_features_answers_zero_width_rows(tmp_path: Path) -
     assert store.edge_feature_rows(np.array([1, 0, 1])).shape == (3, 0)
 
 
-def test_the_overlay_answers_edge_features_from_its_base(tmp_path: Path) -> None:
+def test_the_overlay_answers_base_and_added_edges_features(tmp_path: Path) -> None:
     store = built(tmp_path)
     overlay = GraphOverlay(store)
-    overlay.apply([{"type": "add_edge", "src": 4, "dst": 3}], seq=1)
-    assert overlay.edge_feature_dim == 2
+    overlay.apply([{"type": "add_edge", "src": 4, "dst": 3, "attr": [8, 9.5]}], seq=1)
+    assert overlay.edge_feature_dim == 2 and overlay.num_edge_ids == store.num_edges + 1
     np.testing.assert_array_equal(
         overlay.edge_feature_rows(np.array([2, 0])), store.edge_feature_rows(np.array([2, 0]))
     )
+    three = int(overlay.lookup([3])[0])
+    ids = overlay.in_list_edge_ids(three)
+    assert ids.tolist() == [3, 4, store.num_edges]  # 2 -> 3, 3 -> 3 (stored), 4 -> 3 (added)
+    assert overlay.edge_feature_rows(ids).tolist() == [[1, 1], [7, 0], [8, 9.5]]
+    with pytest.raises(ValueError, match=r"in \[0, 6\), got values from 0 to 6"):
+        overlay.edge_feature_rows(np.array([0, 6]))
 
 
 @pytest.mark.parametrize(
@@ -395,43 +404,56 @@ def write_log(path: Path, requests: list[list[dict]]) -> Path:
     return path
 
 
-def test_compaction_carries_base_edge_features_and_zeroes_new_edges(tmp_path: Path) -> None:
+def test_compaction_carries_base_and_added_edges_features(tmp_path: Path) -> None:
     edges = EDGES + "2,4,3,3\n3,4,4,4\n"
     store = built(tmp_path, edges=edges)
     log = write_log(
         tmp_path / "updates.log",
         [
-            [{"type": "add_edge", "src": 1, "dst": 3}],  # new: zero features
+            [{"type": "add_edge", "src": 1, "dst": 3, "attr": [5, 6]}],
             [{"type": "remove_edge", "src": 2, "dst": 4}],
-            [{"type": "add_edge", "src": 2, "dst": 4}],  # removed, then added again: new
+            [{"type": "add_edge", "src": 2, "dst": 4, "attr": [0.25, 1]}],  # removed, added again
             [{"type": "set_features", "id": 4, "x": [9.0]}],
-            [{"type": "remove_edge", "src": 1, "dst": 2}],  # both parallel edges go
+            [{"type": "remove_edge", "src": 1, "dst": 2}],  # the newer parallel edge goes
             [{"type": "remove_edge", "src": 3, "dst": 3}],  # a stored self-loop can go
+            [{"type": "add_edge", "src": 4, "dst": 4, "attr": [-2, 3]}],  # a self-loop added
+            [{"type": "set_edge_features", "src": 2, "dst": 3, "attr": [1.5, 1.5]}],  # stored
+            [{"type": "add_edge", "src": 1, "dst": 3, "attr": [7, 8]}],  # a parallel edge added
         ],
     )
     compact(replay(store.path, log), tmp_path / "compacted")
     compacted = open_store(tmp_path / "compacted")
     assert compacted.edge_feature_names == ["weight", "kind"]
-    expected = [t for t in INPUT_TRIPLES if (t[0], t[1]) not in {(1, 2), (3, 3)}] + [
+    expected = [
+        (1, 2, (0.5, 1.0)),
+        (2, 3, (1.5, 1.5)),
+        (4, 2, (-1.0, 0.0)),
         (3, 4, (4.0, 4.0)),
-        (1, 3, (0.0, 0.0)),
-        (2, 4, (0.0, 0.0)),
+        (1, 3, (5.0, 6.0)),
+        (1, 3, (7.0, 8.0)),
+        (2, 4, (0.25, 1.0)),
+        (4, 4, (-2.0, 3.0)),
     ]
     assert Counter(triples(compacted)) == Counter(expected)
-    assert compacted.meta["stats"]["self_loops_kept"] == 0
+    assert compacted.meta["stats"]["self_loops_kept"] == 1
+    # Parallel edges keep their order: a remove_edge after compaction takes the same edge.
+    assert [t for t in triples(compacted) if t[:2] == (1, 3)] == expected[4:6]
 
 
 def test_compaction_keeps_parallel_edges_of_a_node_whose_in_edges_changed(tmp_path: Path) -> None:
     store = built(tmp_path)
     log = write_log(
         tmp_path / "updates.log",
-        [[{"type": "add_edge", "src": 3, "dst": 2}], [{"type": "remove_node", "id": 4}]],
+        [
+            [{"type": "add_edge", "src": 3, "dst": 2, "attr": [3, 3]}],
+            [{"type": "remove_node", "id": 4}],
+        ],
     )
     compact(replay(store.path, log), tmp_path / "compacted")
     compacted = open_store(tmp_path / "compacted")
-    expected = [t for t in INPUT_TRIPLES if 4 not in (t[0], t[1])] + [(3, 2, (0.0, 0.0))]
+    expected = [t for t in INPUT_TRIPLES if 4 not in (t[0], t[1])] + [(3, 2, (3.0, 3.0))]
     assert Counter(triples(compacted)) == Counter(expected)
-    assert triples(compacted)[:3] == [(1, 2, (0.5, 1.0)), (1, 2, (2.5, 2.0)), (3, 2, (0.0, 0.0))]
+    assert triples(compacted)[:3] == [(1, 2, (0.5, 1.0)), (1, 2, (2.5, 2.0)), (3, 2, (3.0, 3.0))]
 
 
 def test_the_build_cli_says_what_it_kept_or_dropped(
