@@ -8,9 +8,10 @@ BASE plus its log: nothing running is touched. Build the next version from it wi
 in (its meta.json ``update_log``), so both versions see every update sent to either, before and
 after ``set-default``; compacting NEW again keeps that log (one log per lineage).
 
-Edge features are carried through: each base edge still in the graph keeps its row, and an
-edge added by an update (updates carry no edge features yet) gets a row of zeros. An edge that
-an update removed and a later one added again is such a new edge.
+Edge features are carried through: every edge still in the graph keeps its current row (a base
+edge its stored one or the one ``set_edge_features`` gave it, an edge added by an update the
+``attr`` it was added with). Parallel edges keep their order, so a ``remove_edge`` after the
+compaction takes the same edge on either version.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from graph_assets.errors import StoreError
 from graph_assets.log_lineage import open_update_log
 from graph_assets.overlay import GraphOverlay
 from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log, shown_url
-from graph_assets.store import GraphStore, StoreMeta, open_store
+from graph_assets.store import StoreMeta, open_store
 from graph_assets.update_log import UpdateLog, check_next
 from graph_assets.writer import LogContinuation, StoreBuilder, feature_block_rows
 
@@ -36,13 +37,10 @@ from graph_assets.writer import LogContinuation, StoreBuilder, feature_block_row
 @dataclass(frozen=True)
 class Replayed:
     """A store with its log applied, and the log's position after the last record applied
-    (a byte offset in a log file, a seq on Redis). ``removed_edges`` holds the base ``(src,
-    dst)`` index pairs some applied ``remove_edge`` named: none of their base edges is left,
-    so such an edge in the graph now was added by an update."""
+    (a byte offset in a log file, a seq on Redis)."""
 
     overlay: GraphOverlay
     log_end: int
-    removed_edges: frozenset[tuple[int, int]] = frozenset()
 
 
 def replay(store_dir: Path, log: Path | RedisLogConfig) -> Replayed:
@@ -58,26 +56,10 @@ def replay(store_dir: Path, log: Path | RedisLogConfig) -> Replayed:
         records, end = opened.read_from(start)
     finally:
         opened.close()
-    removals: list[tuple[int | str, int | str]] = []
     for record in records:
         check_next(record, overlay.seq, opened.path)
         overlay.apply(record.operations, record.seq)
-        removals.extend(
-            (op["src"], op["dst"]) for op in record.operations if op["type"] == "remove_edge"
-        )
-    return Replayed(overlay=overlay, log_end=end, removed_edges=_base_pairs(overlay.base, removals))
-
-
-def _base_pairs(
-    base: GraphStore, pairs: list[tuple[int | str, int | str]]
-) -> frozenset[tuple[int, int]]:
-    """The ``(src, dst)`` ID pairs as base indices, leaving out pairs with a node not in the
-    base (IDs are never reused, so an ID names the same base node for the whole log)."""
-    if not pairs:
-        return frozenset()
-    src = base.lookup([s for s, _ in pairs]).tolist()
-    dst = base.lookup([d for _, d in pairs]).tolist()
-    return frozenset((s, d) for s, d in zip(src, dst, strict=True) if s >= 0 and d >= 0)
+    return Replayed(overlay=overlay, log_end=end)
 
 
 def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
@@ -92,12 +74,8 @@ def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
     nodes = live[order]
     position = np.full(overlay.num_nodes, -1, dtype=np.int64)
     position[nodes] = np.arange(len(nodes))
-    src, dst, origin = _edges(overlay, nodes, replayed.removed_edges)
-    edge_features = None
-    if base.edge_feature_dim:
-        edge_features = np.zeros((len(src), base.edge_feature_dim), dtype=np.float32)
-        carried = origin >= 0
-        edge_features[carried] = base.edge_feature_rows(origin[carried])
+    src, dst, edge_ids = _edges(overlay, nodes)
+    edge_features = overlay.edge_feature_rows(edge_ids) if base.edge_feature_dim else None
     labels = np.array(
         [
             int(base.labels[n]) if n < base.num_nodes else overlay.new_labels[n - base.num_nodes]
@@ -141,12 +119,10 @@ def _external_keys(overlay: GraphOverlay, nodes: np.ndarray) -> np.ndarray:
     return np.array([str(v).encode("utf-8") for v in values], dtype=np.bytes_)
 
 
-def _edges(
-    overlay: GraphOverlay, nodes: np.ndarray, removed_edges: frozenset[tuple[int, int]]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All current edges as ``(src, dst, origin)``, ``origin`` being each edge's base CSC
-    position (-1 for an edge added by an update): clean nodes' from the base CSC (vectorized),
-    dirty ones' from the overlay."""
+def _edges(overlay: GraphOverlay, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All current edges as ``(src, dst, edge ID)``: clean nodes' from the base CSC
+    (vectorized; an edge's ID is its position), dirty ones' from the overlay, each in-list in
+    its order (ascending source, parallel edges in ascending ID)."""
     base = overlay.base
     dirty = overlay.dirty_mask(nodes)
     clean = nodes[~dirty]
@@ -156,41 +132,13 @@ def _edges(
     positions = np.asarray(starts + offsets, dtype=np.int64)
     src = [np.asarray(base.indices[positions], dtype=np.int64)]
     dst = [np.repeat(clean, counts)]
-    origin = [positions]
+    edge_ids = [positions]
     changed = nodes[dirty]
     lists = overlay.in_edges(changed)
     src.append(lists.indices)
     dst.append(np.repeat(changed, np.diff(lists.indptr)))
-    for i, node in enumerate(changed.tolist()):
-        current = lists.indices[lists.indptr[i] : lists.indptr[i + 1]]
-        origin.append(_base_positions(base, node, current, removed_edges))
-    return np.concatenate(src), np.concatenate(dst), np.concatenate(origin)
-
-
-def _base_positions(
-    base: GraphStore, node: int, current: np.ndarray, removed_edges: frozenset[tuple[int, int]]
-) -> np.ndarray:
-    """Base CSC position of each in-edge of ``node`` in its in-list now (ascending sources),
-    -1 for an edge an update added. A source's base edges into ``node`` are all still there
-    unless a ``remove_edge`` took them, since ``add_edge`` refuses an edge that exists and
-    removals take every parallel copy: so they match the list's copies one to one, in order."""
-    origin = np.full(len(current), -1, dtype=np.int64)
-    if node >= base.num_nodes:
-        return origin
-    start, end = int(base.indptr[node]), int(base.indptr[node + 1])
-    before = np.asarray(base.indices[start:end], dtype=np.int64)
-    kept = np.isin(current, before)
-    if removed_edges:
-        kept &= np.array([(s, node) not in removed_edges for s in current.tolist()], dtype=bool)
-    matches = start + np.flatnonzero(np.isin(before, current[kept]))
-    if len(matches) != int(kept.sum()):
-        raise StoreError(
-            f"node {node}'s in-edges after the updates do not extend its base in-edges "
-            f"({int(kept.sum())} base edges kept, {len(matches)} found); the update log does "
-            "not belong to this store"
-        )
-    origin[kept] = matches
-    return origin
+    edge_ids.append(lists.edge_ids)
+    return np.concatenate(src), np.concatenate(dst), np.concatenate(edge_ids)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,11 +1,18 @@
 """Live updates on top of a memory-mapped base graph, without copying the base.
 
 The overlay holds only what changed: new nodes (internal indices ``N``, ``N+1``, ... after the
-base's ``N``), replaced feature rows, removed nodes, and an explicit in-neighbour list for every
+base's ``N``), replaced feature rows, removed nodes, and an explicit in-edge list for every
 node whose in-edges changed ("dirty" nodes). A sampler reads a clean node's in-edges from the
 base CSC arrays and a dirty node's from the overlay, so serving cost stays proportional to the
 sampled subgraph. Every request's operations are applied all-or-nothing: a bad operation
 undoes the ones before it and raises :class:`UpdateRejected` naming the offending item.
+
+The graph stays as given: ``add_edge`` may add a self-loop, and adding a pair that exists adds
+a parallel edge. Every edge has an ID: a base edge keeps its CSC position, an added edge gets
+``base.num_edges + k`` (the ``k``-th edge an update added; never reused) and its features live
+here, as do features that ``set_edge_features`` set on base edges. A dirty node's in-list holds
+its sources in ascending order, a run of parallel edges in ascending edge ID, so ``remove_edge``
+takes the pair's edge with the highest ID: the one added last.
 """
 
 from __future__ import annotations
@@ -24,8 +31,9 @@ from graph_assets.store import GraphStore, node_key
 # log unread.
 OPERATION_FIELDS = {
     "add_node": {"type", "id", "x", "label"},
-    "add_edge": {"type", "src", "dst"},
+    "add_edge": {"type", "src", "dst", "attr"},
     "remove_edge": {"type", "src", "dst"},
+    "set_edge_features": {"type", "src", "dst", "attr"},
     "set_features": {"type", "id", "x"},
     "remove_node": {"type", "id"},
 }
@@ -38,7 +46,7 @@ class Rejection(Enum):
 
     INVALID = "invalid"  # a malformed operation
     MISSING = "missing"  # names a node or an edge the graph does not have
-    CONFLICT = "conflict"  # adds what exists, or reuses a removed ID
+    CONFLICT = "conflict"  # adds a node that exists, or reuses a removed ID
     LIMIT = "limit"  # over one of the overlay's size limits
 
 
@@ -53,17 +61,20 @@ class UpdateRejected(ValueError):
 
 @dataclass(frozen=True)
 class InEdges:
-    """In-neighbour lists of some nodes as a small CSC: node ``i``'s are
-    ``indices[indptr[i]:indptr[i+1]]``."""
+    """In-edge lists of some nodes as a small CSC: node ``i``'s sources are
+    ``indices[indptr[i]:indptr[i+1]]`` and ``edge_ids`` (int64, same layout) holds each edge's
+    ID (:meth:`GraphOverlay.edge_feature_rows` reads its features by it)."""
 
     indptr: np.ndarray
     indices: np.ndarray
+    edge_ids: np.ndarray
 
 
 @dataclass
 class OverlayChange:
     """What one applied request changed: the nodes whose feature row was set (new nodes
-    included) and the nodes whose in-neighbour list changed, each with its list before."""
+    included) and the nodes whose in-edges changed as a layer sees them (an edge added or
+    removed, or an in-edge's features set), each with its in-neighbour list before."""
 
     feature_rows: set[int]
     in_lists_before: dict[int, np.ndarray]
@@ -86,14 +97,18 @@ class GraphOverlay:
         self._new_index: dict[int | bytes, int] = {}
         self.removed: set[int] = set()
         self.changed_rows: dict[int, np.ndarray] = {}  # feature rows set by updates
-        self.in_lists: dict[int, np.ndarray] = {}
+        self.in_lists: dict[int, np.ndarray] = {}  # a dirty node's sources
+        self.in_edge_ids: dict[int, np.ndarray] = {}  # and the ID of each of those edges
+        self.added_edges = 0  # edge IDs given out: base.num_edges .. base.num_edges + this - 1
+        # Row k: features of the edge with ID base.num_edges + k (grown by doubling).
+        self._added_edge_rows = np.zeros((0, base.edge_feature_dim), dtype=np.float32)
+        self.changed_edge_rows: dict[int, np.ndarray] = {}  # base edges' rows set by updates
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
         # Plain ndarray views of the base's memory maps (no copy): numpy.memmap indexes through
         # a Python-level __getitem__ (~1 us a call), which replay paid several times per edge
         # operation (a quarter of applying a 10-edge update) and sampling per changed node.
         self._indptr = np.asarray(base.indptr)
         self._indices = np.asarray(base.indices)
-        self._in_degree = np.asarray(base.in_degree)
         self._features = np.asarray(base.features)
         self._base_index: dict[int | str, int] = {}  # during apply: base index of each ID
         # Set when a base node's in-list moves to the overlay; never cleared (a flagged node
@@ -142,9 +157,13 @@ class GraphOverlay:
     def changes_so_far(self) -> OverlayChange:
         """Everything applied on top of the base as one change (a listener that starts after
         the log was replayed catches up with it)."""
+        nodes = set(self.in_lists)
+        if self.changed_edge_rows:  # a base edge's destination: the node whose CSC range holds it
+            ids = np.fromiter(self.changed_edge_rows, dtype=np.int64)
+            nodes.update((np.searchsorted(self._indptr, ids, side="right") - 1).tolist())
         return OverlayChange(
             feature_rows=set(self.changed_rows),
-            in_lists_before={node: self._base_in_list(node) for node in self.in_lists},
+            in_lists_before={node: self._base_in_list(node) for node in nodes},
         )
 
     def _base_in_list(self, node: int) -> np.ndarray:
@@ -193,10 +212,18 @@ class GraphOverlay:
         return nodes
 
     def in_list(self, node: int) -> np.ndarray:
-        """The current in-neighbours of ``node`` (int64, ascending)."""
+        """The current in-neighbours of ``node`` (int64, ascending; a source once per edge)."""
         if node in self.in_lists:
             return self.in_lists[node]
         return self._base_in_list(node)
+
+    def in_list_edge_ids(self, node: int) -> np.ndarray:
+        """The ID of each edge of ``in_list(node)``, in the same order (int64)."""
+        if node in self.in_edge_ids:
+            return self.in_edge_ids[node]
+        if node < self.base.num_nodes:
+            return np.arange(int(self._indptr[node]), int(self._indptr[node + 1]), dtype=np.int64)
+        return np.empty(0, dtype=np.int64)
 
     def dirty_mask(self, nodes: np.ndarray) -> np.ndarray:
         """Which of ``nodes`` must read their in-edges from the overlay (O(len(nodes)))."""
@@ -206,33 +233,73 @@ class GraphOverlay:
         return mask
 
     def in_edges(self, nodes: np.ndarray) -> InEdges:
-        """In-neighbour lists of (dirty) ``nodes`` as a small CSC."""
-        lists = [self.in_list(int(node)) for node in nodes]
+        """In-edge lists of (dirty) ``nodes`` as a small CSC, with their edge IDs."""
+        lists = [self.in_list(int(node)) for node in nodes.tolist()]
+        ids = [self.in_list_edge_ids(int(node)) for node in nodes.tolist()]
         counts = np.array([len(items) for items in lists], dtype=np.int64)
         indptr = np.zeros(len(lists) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
-        indices = np.concatenate(lists) if lists else np.empty(0, dtype=np.int64)
-        return InEdges(indptr=indptr, indices=indices.astype(np.int64))
+        empty = np.empty(0, dtype=np.int64)
+        return InEdges(
+            indptr=indptr,
+            indices=np.concatenate(lists).astype(np.int64) if lists else empty,
+            edge_ids=np.concatenate(ids).astype(np.int64) if ids else empty,
+        )
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
-        """Current in-degrees of ``nodes`` (base degrees unless the node is dirty or new)."""
+        """Current in-degrees of ``nodes``, self-loops not counted, as
+        ``GraphStore.degree_rows`` (base degrees unless the node is dirty or new)."""
         clean = nodes < self.base.num_nodes
         degree = np.zeros(len(nodes), dtype=np.int64)
-        degree[clean] = self._in_degree[nodes[clean]]
+        degree[clean] = self.base.degree_rows(nodes[clean])
         dirty = np.flatnonzero(self.dirty_mask(nodes))
         for position in dirty:
-            degree[position] = len(self.in_list(int(nodes[position])))
+            node = int(nodes[position])
+            in_list = self.in_list(node)
+            degree[position] = len(in_list) - int(np.count_nonzero(in_list == node))
         return degree
 
     @property
     def edge_feature_dim(self) -> int:
-        """Features per edge: the base store's (updates carry no edge features)."""
+        """Features per edge: the base store's (an update's ``attr`` has that width)."""
         return self.base.edge_feature_dim
 
+    @property
+    def num_edge_ids(self) -> int:
+        """Size of the edge ID space: base edges plus every edge ever added (removed ones
+        included)."""
+        return self.base.num_edges + self.added_edges
+
     def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
-        """Features of edges by ID: every edge ID is a base CSC position, since edges added by
-        updates are given no IDs or features yet, so the base store answers."""
-        return self.base.edge_feature_rows(edge_ids)
+        """float32 ``[len(edge_ids), D]`` current features of edges by ID (a copy): a base
+        edge's stored row unless ``set_edge_features`` replaced it, an added edge's from the
+        overlay."""
+        edge_ids = np.asarray(edge_ids)
+        stored = self.base.num_edges
+        if edge_ids.size == 0 or (
+            not self.changed_edge_rows and edge_ids.ndim == 1 and int(edge_ids.max()) < stored
+        ):
+            return self.base.edge_feature_rows(edge_ids)  # it checks what it is given
+        if edge_ids.ndim != 1 or edge_ids.dtype.kind not in "iu":
+            raise ValueError(
+                f"edge_ids must be a 1-D integer array, got dtype {edge_ids.dtype} shape "
+                f"{edge_ids.shape}"
+            )
+        if edge_ids.min() < 0 or edge_ids.max() >= self.num_edge_ids:
+            raise ValueError(
+                f"edge IDs must be in [0, {self.num_edge_ids}), got values from "
+                f"{edge_ids.min()} to {edge_ids.max()}"
+            )
+        edge_ids = edge_ids.astype(np.int64, copy=False)
+        added = edge_ids >= stored
+        rows = np.empty((len(edge_ids), self.edge_feature_dim), dtype=np.float32)
+        rows[~added] = self.base.edge_feature_rows(edge_ids[~added])
+        rows[added] = self._added_edge_rows[edge_ids[added] - stored]
+        if self.changed_edge_rows:
+            changed = np.fromiter(self.changed_edge_rows, dtype=np.int64)
+            for position in np.flatnonzero(np.isin(edge_ids, changed)).tolist():
+                rows[position] = self.changed_edge_rows[int(edge_ids[position])]
+        return rows
 
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
         """Current feature rows of ``nodes`` (float32 ``[len(nodes), F]``)."""
@@ -283,33 +350,70 @@ class GraphOverlay:
         elif kind == "remove_node":
             self._remove_node(self._existing(index, operation, "id"), undo)
         else:
-            src = self._existing(index, operation, "src")
-            dst = self._existing(index, operation, "dst")
-            if src == dst and kind == "add_edge":  # a stored one can be removed
-                raise UpdateRejected(
-                    Rejection.INVALID, index, "an update cannot add a self-loop (src equals dst)"
-                )
-            current = self.in_list(dst)
-            at = int(current.searchsorted(src))  # one binary search: presence and insert point
-            present = at < len(current) and int(current[at]) == src
-            if kind == "add_edge":
-                if present:
-                    raise UpdateRejected(
-                        Rejection.CONFLICT,
-                        index,
-                        f"edge {_edge(operation)} already exists",
-                    )
-                added = np.array([src], dtype=np.int64)
-                grown = np.concatenate((current[:at], added, current[at:]))
-                self._set_in_list(dst, grown, undo)
+            self._edge_operation(index, kind, operation, undo)
+
+    def _edge_operation(
+        self, index: int, kind: str, operation: dict[str, Any], undo: list[Callable[[], None]]
+    ) -> None:
+        """``add_edge``, ``remove_edge`` or ``set_edge_features`` of the pair ``src -> dst``."""
+        src = self._existing(index, operation, "src")
+        dst = self._existing(index, operation, "dst")
+        attr = self._edge_attr(index, kind, operation)
+        current, ids = self.in_list(dst), self.in_list_edge_ids(dst)
+        # The pair's edges are one run of the ascending sources, in ascending edge ID.
+        end = int(current.searchsorted(src, side="right"))
+        if kind == "add_edge":
+            edge_id = np.array([self._new_edge(attr, undo)], dtype=np.int64)
+            added = np.array([src], dtype=np.int64)
+            self._set_in_list(
+                dst,
+                np.concatenate((current[:end], added, current[end:])),
+                np.concatenate((ids[:end], edge_id, ids[end:])),
+                undo,
+            )
+            return
+        start = int(current.searchsorted(src, side="left"))
+        if start == end:
+            raise UpdateRejected(
+                Rejection.MISSING, index, f"edge {_edge(operation)} does not exist"
+            )
+        if kind == "remove_edge":  # the pair's last edge: the one added last
+            last = end - 1
+            self._set_in_list(
+                dst,
+                np.concatenate((current[:last], current[end:])),
+                np.concatenate((ids[:last], ids[end:])),
+                undo,
+            )
+            return
+        assert attr is not None
+        for edge_id in ids[start:end].tolist():
+            self._set_edge_row(edge_id, attr, undo)
+        if dst not in self._change.in_lists_before:  # its in-edges changed as a layer sees them
+            self._change.in_lists_before[dst] = current
+
+    def _edge_attr(self, index: int, kind: str, operation: dict[str, Any]) -> np.ndarray | None:
+        """The operation's ``attr`` as float32: required by ``set_edge_features`` and, on a
+        graph with edge features, by ``add_edge``; refused on a graph without."""
+        if kind == "remove_edge":
+            return None
+        width = self.edge_feature_dim
+        if width == 0:
+            if kind == "set_edge_features":
+                problem = "this graph has no edge features, so set_edge_features does not apply"
+            elif "attr" in operation:
+                problem = "this graph has no edge features: send add_edge without attr"
             else:
-                if not present:
-                    raise UpdateRejected(
-                        Rejection.MISSING,
-                        index,
-                        f"edge {_edge(operation)} does not exist",
-                    )
-                self._set_in_list(dst, current[current != src], undo)
+                return None
+            raise UpdateRejected(Rejection.INVALID, index, problem)
+        if "attr" not in operation:
+            names = ", ".join(self.base.edge_feature_names)
+            raise UpdateRejected(
+                Rejection.INVALID,
+                index,
+                f"{kind} needs attr, a list of the {width} edge features of this graph ({names})",
+            )
+        return self._vector(index, operation, "attr", width)
 
     def _add_node(
         self, index: int, operation: dict[str, Any], undo: list[Callable[[], None]]
@@ -358,15 +462,18 @@ class GraphOverlay:
             del self._new_index[key]
             self.changed_rows.pop(node, None)
             self.in_lists.pop(node, None)
+            self.in_edge_ids.pop(node, None)
 
         undo.append(forget)
 
     def _remove_node(self, node: int, undo: list[Callable[[], None]]) -> None:
-        for target in self._out_neighbours(node):
-            current = self.in_list(int(target))
+        for target in self._out_neighbours(node).tolist():
+            current = self.in_list(target)
             if _contains(current, node):
-                self._set_in_list(int(target), current[current != node], undo)
-        self._set_in_list(node, np.empty(0, dtype=np.int64), undo)
+                kept = current != node
+                self._set_in_list(target, current[kept], self.in_list_edge_ids(target)[kept], undo)
+        none = np.empty(0, dtype=np.int64)
+        self._set_in_list(node, none, none, undo)
         self.removed.add(node)
         undo.append(lambda: self.removed.discard(node))
 
@@ -393,20 +500,69 @@ class GraphOverlay:
             self._base_out = (order, indptr)
         return self._base_out
 
-    def _set_in_list(self, node: int, values: np.ndarray, undo: list[Callable[[], None]]) -> None:
-        had = node in self.in_lists
+    def _set_in_list(
+        self,
+        node: int,
+        sources: np.ndarray,
+        edge_ids: np.ndarray,
+        undo: list[Callable[[], None]],
+    ) -> None:
         previous = self.in_lists.get(node)
+        previous_ids = self.in_edge_ids.get(node)
         if node not in self._change.in_lists_before:
             self._change.in_lists_before[node] = self.in_list(node)
-        self.in_lists[node] = np.asarray(values, dtype=np.int64)  # callers pass fresh arrays
+        # Callers pass fresh arrays.
+        self.in_lists[node] = np.asarray(sources, dtype=np.int64)
+        self.in_edge_ids[node] = np.asarray(edge_ids, dtype=np.int64)
         if node < self.base.num_nodes:
             self._dirty[node] = True
 
         def restore() -> None:
-            if had and previous is not None:
-                self.in_lists[node] = previous
+            if previous is not None and previous_ids is not None:
+                self.in_lists[node], self.in_edge_ids[node] = previous, previous_ids
             else:
                 self.in_lists.pop(node, None)
+                self.in_edge_ids.pop(node, None)
+
+        undo.append(restore)
+
+    def _new_edge(self, attr: np.ndarray | None, undo: list[Callable[[], None]]) -> int:
+        """The next edge ID, its features stored (``attr``: ``[D]``)."""
+        k = self.added_edges
+        if k == len(self._added_edge_rows):
+            grown = np.zeros((max(64, 2 * k), self.edge_feature_dim), dtype=np.float32)
+            grown[:k] = self._added_edge_rows
+            self._added_edge_rows = grown
+        if attr is not None and attr.size:
+            self._added_edge_rows[k] = attr
+        self.added_edges = k + 1
+
+        def forget() -> None:
+            self.added_edges = k
+
+        undo.append(forget)
+        return self.base.num_edges + k
+
+    def _set_edge_row(self, edge_id: int, attr: np.ndarray, undo: list[Callable[[], None]]) -> None:
+        stored = self.base.num_edges
+        if edge_id >= stored:
+            k = edge_id - stored
+            previous = self._added_edge_rows[k].copy()
+            self._added_edge_rows[k] = attr
+
+            def restore_added() -> None:
+                self._added_edge_rows[k] = previous
+
+            undo.append(restore_added)
+            return
+        replaced = self.changed_edge_rows.get(edge_id)
+        self.changed_edge_rows[edge_id] = attr
+
+        def restore() -> None:
+            if replaced is None:
+                self.changed_edge_rows.pop(edge_id, None)
+            else:
+                self.changed_edge_rows[edge_id] = replaced
 
         undo.append(restore)
 
@@ -436,19 +592,23 @@ class GraphOverlay:
             )
         return node
 
-    def _vector(self, index: int, operation: dict[str, Any]) -> np.ndarray:
-        values = operation.get("x")
-        width = self.base.feature_dim
+    def _vector(
+        self, index: int, operation: dict[str, Any], field: str = "x", width: int | None = None
+    ) -> np.ndarray:
+        """``operation[field]`` as a finite float32 vector, ``width`` long (default: the node
+        feature width)."""
+        values = operation.get(field)
+        width = self.base.feature_dim if width is None else width
         if not isinstance(values, list) or len(values) != width:
             got = len(values) if isinstance(values, list) else type(values).__name__
             raise UpdateRejected(
-                Rejection.INVALID, index, f"x must be a list of {width} numbers, got {got}"
+                Rejection.INVALID, index, f"{field} must be a list of {width} numbers, got {got}"
             )
         kinds = set(map(type, values))  # one pass at C speed; JSON gives int and float only
         if not kinds <= {int, float} and not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in values
         ):
-            raise UpdateRejected(Rejection.INVALID, index, "x must hold numbers only")
+            raise UpdateRejected(Rejection.INVALID, index, f"{field} must hold numbers only")
         if kinds == {float}:  # the usual vector: checked in numpy
             wide = np.array(values, dtype=np.float64)
             finite = bool(np.isfinite(wide).all())
@@ -459,7 +619,7 @@ class GraphOverlay:
             wide = np.array(values, dtype=np.float64) if finite else np.empty(0)
         if not finite:
             raise UpdateRejected(
-                Rejection.INVALID, index, "x holds NaN or infinity; send finite numbers"
+                Rejection.INVALID, index, f"{field} holds NaN or infinity; send finite numbers"
             )
         with np.errstate(over="ignore"):
             vector = wide.astype(np.float32)
@@ -467,7 +627,7 @@ class GraphOverlay:
             raise UpdateRejected(
                 Rejection.INVALID,
                 index,
-                f"x holds a value outside float32's range (±{FLOAT32_MAX:.7g})",
+                f"{field} holds a value outside float32's range (±{FLOAT32_MAX:.7g})",
             )
         return vector
 

@@ -6,8 +6,9 @@ applied (the overlay calls :meth:`mark` under the live graph's lock, on every wo
 alike):
 
 - layer 0 (the features) changed at the nodes whose feature row was set (new nodes included);
-- a node whose in-neighbour list changed (an edge added or removed, a neighbour removed) has a
-  new neighbourhood at every layer; with GCN its degree changed too, which changes the weight of
+- a node whose in-edges changed (an edge added or removed, a neighbour removed, an in-edge's
+  features set: the overlay lists each in ``OverlayChange.in_lists_before``) has a new
+  neighbourhood at every layer; with GCN its degree changed too, which changes the weight of
   each of its out-edges, so its out-neighbours are reached at every layer as well;
 - row ``v`` of layer ``l`` is reached when ``v`` or one of its in-neighbours was reached at layer
   ``l-1``, or its neighbourhood changed.

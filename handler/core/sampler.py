@@ -51,8 +51,8 @@ class SampledSubgraph:
             (message direction), grouped by the hop of their destination; only rows of hops
             ``< k`` have in-edges (and hop ``k`` rows with a boundary). A self-loop of the graph
             is a self-loop of its row, so layers that replace self-loops see it as one.
-        edge: ``[E]`` the graph's edge ID (CSC position) of each edge, as PyG's
-            ``SamplerOutput.edge``; ``-1`` for an edge that a live update added.
+        edge: ``[E]`` the graph's edge ID of each edge, as PyG's ``SamplerOutput.edge``: its
+            CSC position, or for an edge a live update added the ID the overlay gave it.
         num_seeds: how many leading rows are seeds.
         level_sizes: rows per hop, hop 0 first (a boundary adds one last level of one row).
         boundary: the deepest hop's rows also have their whole in-edge lists, every source
@@ -265,7 +265,7 @@ class NeighbourSampler:
             edges_so_far,
         )
         changed = overlay.in_edges(ops.to_numpy(frontier[dirty_rows]))
-        more_rows, more_neighbours, _ = self._sample_csc(
+        more_rows, more_neighbours, more_positions = self._sample_csc(
             ops.from_numpy(changed.indptr),
             ops.from_numpy(changed.indices),
             ops.arange(len(dirty_rows)),
@@ -278,7 +278,7 @@ class NeighbourSampler:
         return (
             ops.cat([clean_rows[rows], dirty_rows[more_rows]]),
             ops.cat([neighbours, more_neighbours]),
-            ops.cat([edges, ops.int64(more_rows) * 0 - 1]),  # live edges have no stored ID
+            ops.cat([edges, ops.from_numpy(changed.edge_ids)[more_positions]]),
         )
 
     def _sample_csc(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from graph_assets import RawGraph, generate_synthetic, open_store, write_store
 from graph_assets.overlay import GraphOverlay, Rejection, UpdateRejected
+from tests.edge_graph import edge_feature_store
 
 FEATURES = 4
 
@@ -30,47 +32,65 @@ def store(tmp_path_factory: pytest.TempPathFactory):
     return open_store(path)
 
 
+@pytest.fixture(scope="module")
+def edge_store(tmp_path_factory: pytest.TempPathFactory):
+    """Edge features, self-loops and parallel edges in the base (tests/edge_graph.py)."""
+    return edge_feature_store(tmp_path_factory.mktemp("overlay_edges"))
+
+
 class Reference:
-    """The updated graph as sets and dicts."""
+    """The updated graph as plain dicts: each ``(src, dst)`` pair's edges as a list of feature
+    rows, oldest first (parallel edges, self-loops and all)."""
 
     def __init__(self, store) -> None:
         ids = store.external_ids(np.arange(store.num_nodes))
         edge_index = store.edge_index()
+        rows = np.asarray(store.edge_features)
+        self.width, self.feature_dim = store.edge_feature_dim, store.feature_dim
         self.nodes = {i: np.array(store.features[n]) for n, i in enumerate(ids)}
-        self.edges = {(ids[s], ids[d]) for s, d in edge_index.T.tolist()}
+        self.edges: dict[tuple, list[np.ndarray]] = {}
+        for position, (s, d) in enumerate(edge_index.T.tolist()):  # CSC order: by edge ID
+            self.edges.setdefault((ids[s], ids[d]), []).append(rows[position])
         self.removed: set = set()
 
     def copy(self) -> Reference:
         other = Reference.__new__(Reference)
-        other.nodes, other.edges, other.removed = (
-            dict(self.nodes),
-            set(self.edges),
-            set(self.removed),
-        )
+        other.width, other.feature_dim = self.width, self.feature_dim
+        other.nodes, other.removed = dict(self.nodes), set(self.removed)
+        other.edges = {pair: list(rows) for pair, rows in self.edges.items()}
         return other
 
-    def in_neighbours(self, node) -> set:
-        return {s for s, d in self.edges if d == node}
+    def in_neighbours(self, node) -> Counter:
+        return Counter({s: len(rows) for (s, d), rows in self.edges.items() if d == node and rows})
 
 
 def random_operation(rng: random.Random, reference: Reference, next_id: list[int]) -> dict:
     nodes = sorted(reference.nodes)
-    kind = rng.choice(
-        ["add_node", "add_edge", "add_edge", "remove_edge", "set_features", "remove_node"]
-    )
-    x = [rng.uniform(-1, 1) for _ in range(FEATURES)]
+    kinds = ["add_node", "add_edge", "add_edge", "remove_edge", "set_features", "remove_node"]
+    kind = rng.choice(kinds + (["set_edge_features"] if reference.width else []))
+    x = [rng.uniform(-1, 1) for _ in range(reference.feature_dim)]
+    attr = [rng.uniform(-5, 5) for _ in range(reference.width)]
     if kind == "add_node":
         next_id[0] += 1
-        return {"type": kind, "id": next_id[0], "x": x}
+        new = next_id[0] if isinstance(nodes[0], int) else f"new_{next_id[0]}"
+        return {"type": kind, "id": new, "x": x}
     if kind == "set_features":
         return {"type": kind, "id": rng.choice(nodes), "x": x}
     if kind == "remove_node":
         return {"type": kind, "id": rng.choice(nodes)}
-    if kind == "remove_edge" and reference.edges:
-        src, dst = rng.choice(sorted(reference.edges))
-        return {"type": kind, "src": src, "dst": dst}
-    src, dst = rng.sample(nodes, 2)
-    return {"type": "add_edge", "src": src, "dst": dst}
+    pairs = sorted((p for p, rows in reference.edges.items() if rows), key=str)
+    if kind in ("remove_edge", "set_edge_features") and pairs and rng.random() < 0.9:
+        src, dst = rng.choice(pairs)
+    elif rng.random() < 0.2 and pairs:  # a parallel edge, or a pair that has none
+        src, dst = rng.choice(pairs)
+        kind = "add_edge" if rng.random() < 0.5 else kind
+    else:
+        src = rng.choice(nodes)
+        dst = src if rng.random() < 0.1 else rng.choice(nodes)  # self-loops too
+    operation = {"type": kind, "src": src, "dst": dst}
+    if kind == "set_edge_features" or (kind == "add_edge" and reference.width):
+        operation["attr"] = attr
+    return operation
 
 
 def apply_reference(reference: Reference, operation: dict) -> None:
@@ -90,31 +110,36 @@ def apply_reference(reference: Reference, operation: dict) -> None:
         node = operation["id"]
         del reference.nodes[node]
         reference.removed.add(node)
-        reference.edges = {(s, d) for s, d in reference.edges if node not in (s, d)}
+        reference.edges = {p: rows for p, rows in reference.edges.items() if node not in p}
     elif kind == "add_edge":
-        edge = (operation["src"], operation["dst"])
-        if edge in reference.edges or edge[0] == edge[1]:
-            raise ValueError("exists or self-loop")
-        reference.edges.add(edge)
+        row = np.array(operation.get("attr", []), dtype=np.float32)
+        reference.edges.setdefault((operation["src"], operation["dst"]), []).append(row)
     else:
-        edge = (operation["src"], operation["dst"])
-        if edge not in reference.edges:
+        rows = reference.edges.get((operation["src"], operation["dst"]))
+        if not rows:
             raise ValueError("missing edge")
-        reference.edges.discard(edge)
+        if kind == "remove_edge":
+            rows.pop()  # the one added last
+        else:
+            rows[:] = [np.array(operation["attr"], dtype=np.float32)] * len(rows)
 
 
 def check_equal(overlay: GraphOverlay, reference: Reference) -> None:
     for node_id, features in reference.nodes.items():
         node = int(overlay.lookup([node_id])[0])
         assert node >= 0
-        in_ids = set(overlay.external_ids(overlay.in_list(node)))
-        assert in_ids == reference.in_neighbours(node_id), node_id
-        assert overlay.degree_rows(np.array([node]))[0] == len(in_ids)
+        sources = overlay.in_list(node)
+        assert Counter(overlay.external_ids(sources)) == reference.in_neighbours(node_id), node_id
+        loops = int(np.count_nonzero(sources == node))  # degree_rows leaves self-loops out
+        assert overlay.degree_rows(np.array([node]))[0] == len(sources) - loops
         assert np.allclose(overlay.feature_rows(np.array([node]))[0], features)
+        rows = overlay.edge_feature_rows(overlay.in_list_edge_ids(node))
+        for source_id, source in zip(overlay.external_ids(sources), sources.tolist(), strict=True):
+            expected = reference.edges[(source_id, node_id)]
+            assert np.array_equal(rows[sources == source], np.array(expected)), (source_id, node_id)
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_random_updates_match_a_plain_model(store, seed):
+def run_random_updates(store, seed: int) -> GraphOverlay:
     rng = random.Random(seed)
     overlay = GraphOverlay(store)
     reference = Reference(store)
@@ -137,6 +162,20 @@ def test_random_updates_match_a_plain_model(store, seed):
         if applied:
             reference = staged
         check_equal(overlay, reference)
+    return overlay
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_updates_match_a_plain_model(store, seed):
+    run_random_updates(store, seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_updates_with_edge_features_match_a_plain_model(edge_store, seed):
+    """Self-loops, parallel edges, ``remove_edge`` taking the pair's newest edge, and
+    ``set_edge_features`` on base and added edges, against lists of rows per pair."""
+    overlay = run_random_updates(edge_store, seed)
+    assert overlay.added_edges > 0 and overlay.changed_edge_rows
 
 
 def test_invalid_request_changes_nothing_and_names_the_item(store):
@@ -162,7 +201,9 @@ def test_invalid_request_changes_nothing_and_names_the_item(store):
         ),
         ([{"type": "add_node", "id": 502, "x": [0.0] * (FEATURES + 1)}], 400, 0),
         ([{"type": "set_features", "id": 1, "x": [float("nan")] * FEATURES}], 400, 0),
-        ([{"type": "add_edge", "src": 3, "dst": 3}], 400, 0),
+        # This graph has no edge features: attr is refused, and so is set_edge_features.
+        ([{"type": "add_edge", "src": 3, "dst": 3, "attr": [1.0]}], 400, 0),
+        ([{"type": "add_edge", "src": 3, "dst": 3}, {"type": "set_edge_features"}], 400, 1),
         ([{"type": "remove_node", "id": 500}, {"type": "nonsense"}], 400, 1),
         ([{"type": "add_node", "id": 0, "x": [0.0] * FEATURES}], 409, 0),
         # An unknown field is refused, whatever it holds (infinity cannot even be logged).
@@ -210,7 +251,8 @@ def test_a_huge_id_is_refused_and_quoted_in_short(store):
 
 
 def test_a_base_with_self_loops_and_parallel_edges(tmp_path):
-    """Stored self-loops can be removed (not added); remove_edge takes every parallel copy."""
+    """The graph stays as given: self-loops can be added and removed, adding a pair that
+    exists adds a parallel edge, and remove_edge takes one edge of the pair, the newest."""
     raw = RawGraph(
         ids=np.array([1, 2, 3]),
         src=np.array([0, 0, 2, 1]),
@@ -219,21 +261,57 @@ def test_a_base_with_self_loops_and_parallel_edges(tmp_path):
         labels=np.full(3, -1),
         class_names=None,
         feature_names=[f"f{i}" for i in range(FEATURES)],
+        edge_features=np.array([[1.0], [2.0], [3.0], [4.0]], np.float32),
+        edge_feature_names=["amount"],
     )
     write_store(raw, tmp_path / "store")
     overlay = GraphOverlay(open_store(tmp_path / "store"))
     two, three = overlay.lookup([2, 3]).tolist()
-    assert overlay.degree_rows(np.array([two, three])).tolist() == [2, 2]
-    for operation, kind in (
-        ({"type": "add_edge", "src": 1, "dst": 2}, Rejection.CONFLICT),
-        ({"type": "add_edge", "src": 1, "dst": 1}, Rejection.INVALID),
-    ):
-        with pytest.raises(UpdateRejected) as info:
-            overlay.apply([operation], 1)
-        assert info.value.kind == kind
-    overlay.apply([{"type": "remove_edge", "src": 3, "dst": 3}], 1)
-    assert overlay.external_ids(overlay.in_list(three)) == [2]
-    overlay.apply([{"type": "remove_edge", "src": 1, "dst": 2}], 2)
-    assert overlay.in_list(two).tolist() == []
-    overlay.apply([{"type": "add_edge", "src": 1, "dst": 2}], 3)
+    assert overlay.degree_rows(np.array([two, three])).tolist() == [2, 1]  # 3's self-loop out
+
+    def pair_rows(node: int) -> list[tuple[int, float]]:
+        rows = overlay.edge_feature_rows(overlay.in_list_edge_ids(node))[:, 0].tolist()
+        return list(zip(overlay.external_ids(overlay.in_list(node)), rows, strict=True))
+
+    overlay.apply([{"type": "add_edge", "src": 1, "dst": 2, "attr": [5.0]}], 1)
+    overlay.apply([{"type": "add_edge", "src": 1, "dst": 1, "attr": [6.0]}], 2)
+    assert pair_rows(two) == [(1, 1.0), (1, 2.0), (1, 5.0)]
+    assert overlay.in_list_edge_ids(two).tolist() == [0, 1, 4]  # a new ID after the base's
+    assert pair_rows(int(overlay.lookup([1])[0])) == [(1, 6.0)]
+    overlay.apply([{"type": "remove_edge", "src": 1, "dst": 2}], 3)
+    assert pair_rows(two) == [(1, 1.0), (1, 2.0)]  # the newest went
+    overlay.apply([{"type": "remove_edge", "src": 1, "dst": 2}], 4)
+    assert pair_rows(two) == [(1, 1.0)]  # then the last stored copy
+    overlay.apply([{"type": "set_edge_features", "src": 3, "dst": 3, "attr": [7.0]}], 5)
+    assert pair_rows(three) == [(2, 4.0), (3, 7.0)]
+    overlay.apply([{"type": "remove_edge", "src": 3, "dst": 3}], 6)
+    assert pair_rows(three) == [(2, 4.0)]
     assert overlay.degree_rows(np.array([two, three])).tolist() == [1, 1]
+    for operation, words in (
+        ({"type": "add_edge", "src": 1, "dst": 2}, "needs attr, a list of the 1 edge features"),
+        ({"type": "add_edge", "src": 1, "dst": 2, "attr": [1.0, 2.0]}, "list of 1 numbers"),
+        ({"type": "set_edge_features", "src": 1, "dst": 2, "attr": []}, "list of 1 numbers"),
+        ({"type": "add_edge", "src": 1, "dst": 2, "attr": [float("nan")]}, "attr holds NaN"),
+        ({"type": "set_edge_features", "src": 3, "dst": 1, "attr": [1.0]}, "does not exist"),
+        ({"type": "remove_edge", "src": 3, "dst": 3}, "does not exist"),
+    ):
+        with pytest.raises(UpdateRejected, match=words) as info:
+            overlay.apply([operation], 7)
+        assert info.value.kind is (Rejection.MISSING if "exist" in words else Rejection.INVALID)
+    assert overlay.seq == 6
+
+
+def test_set_edge_features_marks_the_destination_as_changed(tmp_path):
+    """Listeners (precomputed rows) see a set_edge_features as a change of the destination's
+    in-edges, and so does one that starts after it was applied."""
+    overlay = GraphOverlay(edge_feature_store(tmp_path))
+    changes: list = []
+    overlay.listeners.append(changes.append)
+    hub = int(overlay.lookup(["acct_0"])[0])
+    (source,) = overlay.external_ids(overlay.in_list(hub)[:1])
+    overlay.apply(
+        [{"type": "set_edge_features", "src": source, "dst": "acct_0", "attr": [1, 2]}], 1
+    )
+    assert list(changes[0].in_lists_before) == [hub] and not changes[0].feature_rows
+    assert np.array_equal(changes[0].in_lists_before[hub], overlay.in_list(hub))
+    assert list(overlay.changes_so_far().in_lists_before) == [hub]

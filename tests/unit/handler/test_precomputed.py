@@ -28,6 +28,7 @@ from model.embedding import forward_with_embedding
 from model.export import load_model
 from model.link_assets import open_link_assets, write_link_assets
 from model.precompute import open_precomputed, precompute, weights_digest
+from tests.edge_graph import edge_feature_store
 from tests.live_reference import materialized_embeddings, materialized_forward, random_update
 
 from .conftest import FEATURES, random_model, started
@@ -345,6 +346,29 @@ def test_an_update_marks_rows_and_a_read_recomputes_only_those_it_needs(int_stor
     assert rows.pending_rows == 0
     everyone, expected = materialized_forward(live, model)
     assert float((served(engine, everyone) - expected).abs().max()) <= 1e-5
+
+
+def test_set_edge_features_marks_the_destination_like_an_edge_change(tmp_path):
+    """A set_edge_features changes its destination's in-edges as a layer sees them: the rows
+    it reaches are marked as an added edge's would be, on a worker running and on one that
+    starts after it; answers stay exact through updates that carry edge features."""
+    store = edge_feature_store(tmp_path / "graph")
+    model = random_model(store, "sage")
+    log = tmp_path / "updates.log"
+    engine, live = precomputed_engine(store, model, tmp_path, log)
+    hub = int(live.overlay.lookup(["acct_0"])[0])
+    (source,) = live.overlay.external_ids(live.overlay.in_list(hub)[:1])
+    operation = {"type": "set_edge_features", "src": source, "dst": "acct_0", "attr": [1, 2]}
+    live.update(UpdateRequest([operation]))
+    rows = engine.ego.precomputed
+    assert all(hub in pending for pending in rows.pending)
+    late, _ = precomputed_engine(store, model, tmp_path, log)
+    assert all(hub in pending for pending in late.ego.precomputed.pending)
+    rng, counter = random.Random(4), [0]
+    for _ in range(40):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    ids, expected = materialized_forward(live, model)
+    assert float((served(engine, ids) - expected).abs().max()) <= 1e-5
 
 
 def test_the_follower_recomputes_marked_rows_in_the_background(int_store, tmp_path):
