@@ -279,9 +279,8 @@ if [ "$task" != node ]; then
   if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
 elif [ -n "$model_class" ]; then
   step "2/4 packaging your model $model_class with the weights $weights"
-  updates=(); [[ " ${yaml_args[*]} " == *" --enable-updates "* ]] && updates=(--enable-updates)
   "$PYTHON" -m archive_build.own_model --store "$graph_store" --weights "$weights" \
-    --out "$work/model" "${own_args[@]}" "${updates[@]}" || exit 1
+    --out "$work/model" "${own_args[@]}" || exit 1
   if [ -d "$work/model/user_model" ]; then cp -R "$work/model/user_model" "$stage/"; fi
 elif [ -n "$weights" ]; then
   step "2/4 packaging the given weights $weights"

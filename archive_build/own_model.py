@@ -50,11 +50,6 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     load_weights(module, read_state_dict(weights), f"--weights {weights}")
     module.eval()
     edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input)
-    if args.enable_updates and edge_input is not EdgeInput.NONE:
-        raise ValueError(
-            f"{cls.__name__} reads edge features ({edge_input.value}), which live updates do not "
-            "carry yet: build without --enable-updates, or with --edge-input none"
-        )
     seen = probe(module, store.feature_dim, store.edge_feature_dim, edge_input)
     hops = args.num_hops if args.num_hops is not None else seen.steps
     if hops < 1:
@@ -141,9 +136,6 @@ def parser() -> argparse.ArgumentParser:
         help="how edge features reach forward (default: what forward takes)",
     )
     parser.add_argument("--embedding-method", help="a method returning node embeddings")
-    parser.add_argument(
-        "--enable-updates", action="store_true", help="the archive takes live updates"
-    )
     parser.add_argument("--out", required=True, help="model directory to write")
     return parser
 

@@ -15,6 +15,11 @@ normalisation uses the augmented in-degrees: ``deg(v)`` = number of senders, and
 stored in-degree + 1. With fanout ``-1`` at every hop the answer equals the full-graph forward
 on the augmented graph (``tests/unit/handler/test_node_extras.py`` checks it for every
 architecture and direction).
+
+Edge features: the request's ``edge_attr`` row ``i`` gives the features of the new node's edges
+with ``neighbors[i]`` (both of them with ``both``); every other edge of the ego-graph carries its
+stored row, read by the edge ID the sampler reports. A model that reads edge features needs
+``edge_attr`` whenever the node has neighbours.
 """
 
 from __future__ import annotations
@@ -56,12 +61,18 @@ class ColdStartSubgraph:
         edge_index: ``[2, E]`` local rows, message direction.
         senders: existing nodes with an edge to the new node (its in-degree is their number).
         receivers: existing nodes with an edge from the new node (their in-degree grows by 1).
+        edge: ``[E]`` the graph's edge ID of each stored edge, ``-1`` for the new node's own.
+        new_edge: ``[E]`` for each of the new node's edges, the position of its other end in
+            ``senders`` or ``receivers`` (both sorted; when both are given they list the same
+            nodes); ``-1`` for a stored edge.
     """
 
     node: torch.Tensor
     edge_index: torch.Tensor
     senders: torch.Tensor
     receivers: torch.Tensor
+    edge: torch.Tensor
+    new_edge: torch.Tensor
 
     @property
     def num_nodes(self) -> int:
@@ -85,29 +96,37 @@ def sample_with_new_node(
     max_edges: int,
 ) -> ColdStartSubgraph:
     """Samples the new node's ego-graph (module docstring); ``senders`` send to it,
-    ``receivers`` receive from it (global indices, unique)."""
+    ``receivers`` receive from it (global indices, unique, ascending)."""
     device = samplers[0].indptr.device
     senders, receivers = senders.to(device), receivers.to(device)
     levels = [torch.tensor([NEW_NODE], device=device)]
-    src_parts, dst_parts = [], []
+    src_parts, dst_parts, edge_parts, new_edge_parts = [], [], [], []
     offset, total_nodes, total_edges = 0, 1, 0
     for sampler in samplers:
         frontier = levels[-1]
         is_new = frontier == NEW_NODE
         existing = torch.nonzero(~is_new).flatten()
         empty = torch.empty(0, dtype=torch.int64, device=device)
-        rows, neighbours = [empty], [empty]
+        rows, neighbours, edges, new_edges = [empty], [empty], [empty], [empty]
         if existing.numel():
             sub = sampler.sample(frontier[existing])
             rows.append(existing[sub.edge_index[1]])
             neighbours.append(sub.node[sub.edge_index[0]])
+            edges.append(sub.edge.to(device))
+            new_edges.append(torch.full_like(rows[-1], -1))
             receiving = existing[torch.isin(frontier[existing], receivers)]
             rows.append(receiving)
             neighbours.append(torch.full_like(receiving, NEW_NODE))
+            edges.append(torch.full_like(receiving, -1))
+            new_edges.append(torch.searchsorted(receivers, frontier[receiving]))
         for row in torch.nonzero(is_new).flatten().tolist():
             rows.append(torch.full_like(senders, row))
             neighbours.append(senders)
+            edges.append(torch.full_like(senders, -1))
+            new_edges.append(torch.arange(senders.numel(), device=device))
         hop_rows, hop_neighbours = torch.cat(rows), torch.cat(neighbours)
+        edge_parts.append(torch.cat(edges))
+        new_edge_parts.append(torch.cat(new_edges))
         next_level, inverse = torch.unique(hop_neighbours, return_inverse=True)
         next_offset = offset + int(frontier.numel())
         src_parts.append(
@@ -127,6 +146,8 @@ def sample_with_new_node(
         edge_index=torch.stack([torch.cat(src_parts), torch.cat(dst_parts)]),
         senders=senders,
         receivers=receivers,
+        edge=torch.cat(edge_parts),
+        new_edge=torch.cat(new_edge_parts),
     )
 
 
@@ -152,10 +173,20 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         self.ego.sync()
 
     def parse(self, item: Any) -> Resolved:
-        settings = self.ego.settings
-        request = parse_node_extra(item, self.ego.store.feature_dim, settings.max_ids_per_request)
-        ids = request.node_ids if isinstance(request, EmbeddingRequest) else request.neighbors
-        return Resolved(request, self.ego.lookup(list(ids)))
+        settings, store = self.ego.settings, self.ego.store
+        request = parse_node_extra(
+            item, store.feature_dim, settings.max_ids_per_request, store.edge_feature_dim
+        )
+        if isinstance(request, EmbeddingRequest):
+            return Resolved(request, self.ego.lookup(list(request.node_ids)))
+        reads_edges = serving_needs(self.ego.model).edge_input is not EdgeInput.NONE
+        if reads_edges and request.neighbors and request.edge_attr is None:
+            names = ", ".join(store.edge_feature_names)
+            raise BadRequest(
+                "this archive's model reads edge features: send new_node.edge_attr, one row of "
+                f"{store.edge_feature_dim} numbers ({names}) per entry of new_node.neighbors"
+            )
+        return Resolved(request, self.ego.lookup(list(request.neighbors)))
 
     def plan(self, positions: list[int], outcomes: list[Resolved | ApiError]) -> list[list[int]]:
         """Embedding requests share one ego-graph; each new node gets its own."""
@@ -171,16 +202,11 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             if self.ego.precomputed is not None:
                 return StoredRows(np.unique(nodes))
             return self.ego.sample(nodes)
-        needs = serving_needs(self.ego.model)
-        if needs.boundary_degrees or needs.edge_input is not EdgeInput.NONE:
+        if serving_needs(self.ego.model).boundary_degrees:
             raise BadRequest(
-                "new_node is not available for this archive's model: it reads "
-                + (
-                    "edge features"
-                    if needs.edge_input is not EdgeInput.NONE
-                    else "the degrees of its neighbours' neighbours (a degree-normalising layer)"
-                )
-                + ", which a new node's request does not carry"
+                "new_node is not available for this archive's model: it reads the degrees of "
+                "its neighbours' neighbours (a degree-normalising layer), which a new node's "
+                "request does not carry"
             )
         request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
         if self.ego.precomputed is not None:
@@ -203,7 +229,8 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         stop = timed(times, "gather")
         if isinstance(group.payload, ColdStartSubgraph):
             sub = group.payload
-            request = _resolved(batch.outcomes[group.positions[0]]).request
+            resolved = _resolved(batch.outcomes[group.positions[0]])
+            request = resolved.request
             assert isinstance(request, NewNodeRequest)
             existing = sub.node != NEW_NODE
             stored_rows, stored_degree = self.ego.gather(sub.node[existing])
@@ -215,7 +242,10 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             degree = torch.full((sub.num_nodes,), float(sub.senders.numel()), device=self.device)
             grown = torch.isin(sub.node[existing], sub.receivers).to(self.device)
             degree[on_device] = stored_degree.to(degree.dtype) + grown.to(degree.dtype)
-            edge_index, num_seeds, edge_attr = sub.edge_index, 1, None
+            edge_attr = self._cold_start_edge_features(
+                sub, _given_edge_rows(request, resolved.nodes)
+            )
+            edge_index, num_seeds = sub.edge_index, 1
         else:
             seeds, sub = group.payload
             x, degree = self.ego.gather(sub.node)
@@ -240,6 +270,26 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
                 else seed_rows(seeds, _resolved(batch.outcomes[position]).nodes)
             )
             batch.results[position] = (probabilities[rows], embedding[rows])
+
+    def _cold_start_edge_features(
+        self, sub: ColdStartSubgraph, given: np.ndarray | None
+    ) -> torch.Tensor | None:
+        """The ego-graph's edge features when the model reads them, else None: the request's
+        rows (``given``, one per sorted neighbour) on the new node's edges, stored rows by
+        edge ID on the others."""
+        stored = sub.edge >= 0
+        rows = self.ego.edge_features(sub.edge[stored])
+        if rows is None:
+            return None
+        edge_attr = torch.zeros(
+            (sub.num_edges, rows.shape[1]), dtype=torch.float32, device=self.device
+        )
+        edge_attr[stored.to(self.device)] = rows
+        new = sub.new_edge >= 0
+        if given is not None and bool(new.any()):
+            picked = torch.from_numpy(given)[sub.new_edge[new].cpu()]
+            edge_attr[new.to(self.device)] = picked.to(self.device)
+        return edge_attr
 
     def _from_stored_rows(self, group: Group, batch: Batch[Resolved]) -> None:
         """A precomputed archive: known nodes' output and embedding rows as stored; a new node
@@ -294,6 +344,15 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         if self.ego.live is not None:  # every prediction of a live graph says which version
             answer["graph_version"] = self.ego.live.version
         return answer
+
+
+def _given_edge_rows(request: NewNodeRequest, nodes: np.ndarray) -> np.ndarray | None:
+    """The request's ``edge_attr`` rows in the order of its sorted unique neighbours (the
+    ``senders``/``receivers`` order), or None when it sent none."""
+    if request.edge_attr is None:
+        return None
+    _, first = np.unique(nodes, return_index=True)
+    return request.edge_attr[first]
 
 
 def _resolved(outcome: Resolved | ApiError) -> Resolved:

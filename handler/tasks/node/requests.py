@@ -9,7 +9,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, StrictBool
 
-from handler.protocol.body import NodeId, as_request
+from handler.protocol.body import NodeId, as_request, show
 from handler.protocol.errors import BadRequest
 from handler.protocol.kserve_v2 import is_v2_body, parse_v2_node_ids
 from handler.protocol.validation import (
@@ -65,12 +65,16 @@ class NewNodeRequest:
         direction: ``both`` (default) adds ``neighbor -> new`` and ``new -> neighbor`` for each
             neighbour, ``in`` only ``neighbor -> new``, ``out`` only ``new -> neighbor``.
         return_embedding: also return the node's embedding.
+        edge_attr: ``[len(neighbors), D]`` float32 features of the edges to and from each
+            neighbour (row ``i``: ``neighbors[i]``'s, in either direction), or None when the
+            request sent none.
     """
 
     x: np.ndarray
     neighbors: tuple[NodeId, ...]
     direction: Direction
     return_embedding: bool
+    edge_attr: np.ndarray | None = None
 
 
 class _NodeBody(Strict):
@@ -88,6 +92,7 @@ class _NewNode(Strict):
     x: list[Number]
     neighbors: list[IdField] = Field(default_factory=list)
     direction: Direction = "both"
+    edge_attr: list[list[Number]] | None = None
 
 
 class _NewNodeBody(Strict):
@@ -133,26 +138,60 @@ def parse_node_request(item: Any, max_ids: int) -> NodeRequest:
     return NodeRequest(node_ids=tuple(parsed.node_ids), single=False)
 
 
+def _edge_rows(rows: list[list[Any]], count: int, width: int) -> np.ndarray:
+    """``new_node.edge_attr`` as float32 ``[count, width]``: one row per neighbour, each as
+    wide as the graph's edge features."""
+    if width == 0:
+        raise BadRequest("new_node.edge_attr: this graph has no edge features; leave it out")
+    if len(rows) != count:
+        raise BadRequest(
+            f"new_node.edge_attr must hold one row per entry of new_node.neighbors ({count}); "
+            f"got {len(rows)}"
+        )
+    for position, row in enumerate(rows):
+        if len(row) != width:
+            raise BadRequest(
+                f"new_node.edge_attr[{position}] must hold {width} features per edge (the "
+                f"graph's edge feature width); got {len(row)}"
+            )
+    if not rows:
+        return np.empty((0, width), dtype=np.float32)
+    return float32_features(rows, width, "new_node.edge_attr")
+
+
 def is_node_extra(body: Any) -> bool:
     """An embedding or cold-start request (not a prediction), by its keys."""
     return isinstance(body, dict) and ("return_embedding" in body or "new_node" in body)
 
 
 def parse_node_extra(
-    item: Any, feature_dim: int, max_ids: int
+    item: Any, feature_dim: int, max_ids: int, edge_feature_dim: int = 0
 ) -> EmbeddingRequest | NewNodeRequest:
-    """An embedding request or a cold-start request of a node archive."""
+    """An embedding request or a cold-start request of a node archive (``edge_feature_dim``:
+    the graph's, the width of each ``new_node.edge_attr`` row; default 0, no edge features)."""
     body = as_request(item).json_object(EMBEDDING_EXAMPLE)
     if "new_node" in body:
         new = body.get("new_node")
-        if isinstance(new, dict) and isinstance(new.get("neighbors"), list):
-            check_count("new_node.neighbors", len(new["neighbors"]), max_ids, "max_ids_per_request")
+        for field in ("neighbors", "edge_attr"):
+            if isinstance(new, dict) and isinstance(new.get(field), list):
+                check_count(f"new_node.{field}", len(new[field]), max_ids, "max_ids_per_request")
         cold = validate(_NewNodeBody, body, NEW_NODE_EXAMPLE)
+        neighbors = tuple(dict.fromkeys(cold.new_node.neighbors))
+        edge_attr = None
+        if cold.new_node.edge_attr is not None:
+            if len(neighbors) != len(cold.new_node.neighbors):
+                repeated = next(n for n in neighbors if cold.new_node.neighbors.count(n) > 1)
+                raise BadRequest(
+                    f"new_node.neighbors lists {show(repeated)} more than once; with edge_attr "
+                    "list each neighbour once, its row being the features of its edges"
+                )
+            edge_attr = _edge_rows(cold.new_node.edge_attr, len(neighbors), edge_feature_dim)
         return NewNodeRequest(
             x=float32_features(cold.new_node.x, feature_dim, "new_node.x"),
-            neighbors=tuple(dict.fromkeys(cold.new_node.neighbors)),
+            neighbors=neighbors,
             direction=cold.new_node.direction,
             return_embedding=cold.return_embedding,
+            edge_attr=edge_attr,
         )
     if isinstance(body.get("node_ids"), list):
         check_count("node_ids", len(body["node_ids"]), max_ids, "max_ids_per_request")
