@@ -172,6 +172,8 @@ def test_numpy_and_torch_sample_the_updated_graph_alike(int_store, tmp_path):
     first, second = on_numpy.sample(seeds), on_torch.sample(seeds)
     assert torch.equal(first.node, second.node)
     assert torch.equal(first.edge_index, second.edge_index)
+    assert torch.equal(first.edge, second.edge)  # live edges' IDs too
+    assert int(first.edge.max()) >= int_store.num_edges  # some sampled edge was added
     assert first.level_sizes == second.level_sizes
 
 
