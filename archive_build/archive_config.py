@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from graph_assets import StoreError, read_meta
-from handler.core.settings import (
+from handler.settings import (
     TASKS,
     ServingSettings,
     check_explain_budget,

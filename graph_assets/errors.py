@@ -71,3 +71,16 @@ class UpdateNotReplicated(StoreError):
     """The record was written, but fewer replicas than required confirmed it in time: it is in
     the log (every server applies it) but not as durable as configured, so it is not
     acknowledged."""
+
+
+class SubgraphTooLarge(Exception):
+    """A sampled ego-graph would exceed the configured node or edge limit; raised before it is
+    built (the serving layer answers it 413)."""
+
+    def __init__(self, nodes: int, edges: int, max_nodes: int, max_edges: int) -> None:
+        super().__init__(
+            f"the sampled ego-graph would have at least {nodes} nodes and {edges} edges; "
+            f"the limits are {max_nodes} nodes and {max_edges} edges"
+        )
+        self.nodes = nodes
+        self.edges = edges

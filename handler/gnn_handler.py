@@ -27,7 +27,6 @@ from handler.core.graph_source import open_graph
 from handler.core.metrics import GAUGES, BatchMetrics
 from handler.core.precomputed import RefreshStats
 from handler.core.router import RoutedBatch, RoutedResult, Router
-from handler.core.settings import ServingSettings, worker_settings
 from handler.live.live_graph import UPDATE_KEY_HEADER, LiveGraph, answer_update, update_body
 from handler.live.min_version import (
     MIN_VERSION_FIELD,
@@ -44,6 +43,7 @@ from handler.protocol.kserve_v2 import (
     is_v2_body,
     v2_error,
 )
+from handler.settings import ServingSettings, worker_settings
 from handler.tasks.registry import describe, start_task
 from handler.tasks.spec import Archive, StartedTask
 from handler.worker_metrics import HANDLER_TIME, HeldTimes

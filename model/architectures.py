@@ -18,12 +18,13 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch_geometric.nn import GCNConv, GINConv, MessagePassing, SAGEConv
+from torch_geometric.nn import GCNConv, GINConv
 from torch_geometric.nn import models as pyg_models
 from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from model.config import Arch, ModelConfig
+from model.trimmed import edges_per_hop, layer_on_rows, runs_stock_propagate, trimmed_forward
 
 
 class NodeClassifier(torch.nn.Module):
@@ -52,29 +53,7 @@ class NodeClassifier(torch.nn.Module):
         (``model.served``): the presets read no edge features."""
         if level_sizes is None:
             return self.gnn(x, edge_index)
-        return self._forward_trimmed(x, edge_index, level_sizes)
-
-    def _forward_trimmed(self, x: Tensor, edge_index: Tensor, level_sizes: Sequence[int]) -> Tensor:
-        """Layer ``i`` reads hops ``0..L-i`` and writes only hops ``0..L-1-i`` (a bipartite
-        ``(x, x[:rows])`` call: the destination rows are a prefix of the source rows)."""
-        gnn = self.gnn
-        layers = gnn.num_layers
-        rows = list(itertools.accumulate(level_sizes))
-        edges = list(itertools.accumulate(edges_per_hop(edge_index, level_sizes)))
-        for i, conv in enumerate(gnn.convs):
-            keep = layers - 1 - i  # the deepest hop whose rows this layer's output feeds
-            x = self._trimmed_layer(conv, x, rows[keep], edge_index[:, : edges[keep]])
-            if i < layers - 1:
-                if gnn.act is not None:
-                    x = gnn.act(x)
-                x = gnn.dropout(x)
-        return x
-
-    def _trimmed_layer(
-        self, conv: torch.nn.Module, x: Tensor, rows: int, edge_index: Tensor
-    ) -> Tensor:
-        """One layer's output for the first ``rows`` rows of ``x`` (its destinations)."""
-        return conv((x, x[:rows]), edge_index)
+        return trimmed_forward(self.gnn, x, edge_index, level_sizes)
 
     def layer(
         self,
@@ -107,36 +86,7 @@ class NodeClassifier(torch.nn.Module):
         edge_index: Tensor,
         degree: Tensor | None,
     ) -> Tensor:
-        return self._trimmed_layer(conv, x, rows, edge_index)
-
-
-def runs_stock_propagate(conv: MessagePassing) -> bool:
-    """True when ``conv.propagate`` would do nothing but aggregate: no explainer masks, no
-    hooks, no decomposed layers (what :func:`aggregate_in_edges` may stand in for)."""
-    hooks = (
-        conv._propagate_forward_pre_hooks,
-        conv._propagate_forward_hooks,
-        conv._message_forward_pre_hooks,
-        conv._message_forward_hooks,
-        conv._aggregate_forward_pre_hooks,
-        conv._aggregate_forward_hooks,
-    )
-    return not conv.explain and conv.decomposed_layers == 1 and not any(hooks)
-
-
-def aggregate_in_edges(x: Tensor, edge_index: Tensor, rows: int, mean: bool) -> Tensor:
-    """Sum (or mean) of ``x[src]`` into each of the first ``rows`` rows over ``edge_index``.
-
-    The arithmetic of PyG's ``propagate`` with ``aggr="sum"|"mean"`` (the same additions in the
-    same order, so the same bits), without its per-call bookkeeping, which on a sampled
-    ego-graph of a few thousand rows costs about as much as the arithmetic itself.
-    """
-    src, dst = edge_index
-    total = x.new_zeros(rows, x.size(1)).index_add_(0, dst, x.index_select(0, src))
-    if not mean:
-        return total
-    count = torch.bincount(dst, minlength=rows).clamp_(min=1).to(x.dtype)
-    return total / count.unsqueeze(1)
+        return layer_on_rows(conv, x, rows, edge_index)
 
 
 class GCN(NodeClassifier):
@@ -216,21 +166,6 @@ class GraphSAGE(NodeClassifier):
             pyg_models.GraphSAGE(in_dim, hidden_dim, num_layers, out_dim, dropout=dropout)
         )
 
-    def _trimmed_layer(
-        self, conv: torch.nn.Module, x: Tensor, rows: int, edge_index: Tensor
-    ) -> Tensor:
-        """``SAGEConv`` computed from its own weights: ``lin_l(mean of x_j) + lin_r(x_i)``."""
-        if not (
-            isinstance(conv, SAGEConv)
-            and conv.aggr == "mean"
-            and conv.root_weight
-            and not (conv.project or conv.normalize)
-            and runs_stock_propagate(conv)
-        ):
-            return super()._trimmed_layer(conv, x, rows, edge_index)
-        mean = aggregate_in_edges(x, edge_index, rows, mean=True)
-        return conv.lin_l(mean) + conv.lin_r(x[:rows])
-
 
 class GAT(NodeClassifier):
     """GAT: hidden layers concatenate ``heads`` heads of ``hidden_dim // heads`` channels each;
@@ -257,15 +192,6 @@ class GIN(NodeClassifier):
         self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int, dropout: float
     ) -> None:
         super().__init__(_WideGIN(in_dim, hidden_dim, num_layers, out_dim, dropout=dropout))
-
-    def _trimmed_layer(
-        self, conv: torch.nn.Module, x: Tensor, rows: int, edge_index: Tensor
-    ) -> Tensor:
-        """``GINConv`` computed from its own weights: ``nn(sum of x_j + (1 + eps) x_i)``."""
-        if not (isinstance(conv, GINConv) and conv.aggr == "add" and runs_stock_propagate(conv)):
-            return super()._trimmed_layer(conv, x, rows, edge_index)
-        total = aggregate_in_edges(x, edge_index, rows, mean=False)
-        return conv.nn(total + (1 + conv.eps) * x[:rows])
 
 
 class _WideGIN(pyg_models.GIN):
@@ -315,14 +241,6 @@ def gcn_norm_with_degree(
     loops = torch.arange(num_rows, device=edge_index.device, dtype=edge_index.dtype)
     weight = torch.cat([inv_sqrt[src] * inv_sqrt[dst], inv_sqrt * inv_sqrt])
     return torch.cat([edge_index, torch.stack([loops, loops])], dim=1), weight
-
-
-def edges_per_hop(edge_index: Tensor, level_sizes: Sequence[int]) -> list[int]:
-    """Edges into each hop's rows (hops ``0..L-1``); they must come grouped in hop order."""
-    bounds = torch.tensor(list(itertools.accumulate(level_sizes)), device=edge_index.device)
-    hop_of_dst = torch.bucketize(edge_index[1], bounds, right=True)
-    counts = torch.bincount(hop_of_dst, minlength=len(level_sizes))[: len(level_sizes) - 1]
-    return [int(c) for c in counts]
 
 
 def _gcn_edges_by_hop(

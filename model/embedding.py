@@ -6,8 +6,11 @@
   i.e. the output of layer ``L-1`` after its ReLU (``hidden_dim`` wide; for GAT the
   concatenated heads). The last layer is the classifier: it maps this representation, and its
   neighbours', to class logits. With one layer it is the input features.
-- Link predictors: the encoder's output, the vector the decoder scores (``out_dim`` wide).
-- Graph classifiers: ``GraphClassifier.forward_with_embedding`` (the pooled graph vector).
+- Link models: the encoder's output, the vector the decoder scores (``out_dim`` wide; the
+  user's ``encode``).
+- Graph models: ``forward_with_embedding`` (the preset's pooled graph vector; for the user's
+  class what ``--embedding-method`` returns, else the input of the last Linear layer,
+  ``model.served_graph``).
 
 Captured from the same forward pass that gives the prediction (a forward pre-hook on the last
 layer), so an embedding always belongs to the answer it comes with.
@@ -21,7 +24,7 @@ import torch
 from torch import Tensor
 
 from model.architectures import NodeClassifier
-from model.link import LinkPredictor
+from model.link import LinkModel
 from model.served import UserNodeModel, edge_kwargs
 
 
@@ -34,8 +37,8 @@ def forward_with_embedding(
 ) -> tuple[Tensor, Tensor]:
     """``(output, embedding)`` per row of ``x`` from one forward pass of a node-level model
     (``edge_attr``: the edges' features, for a model that reads them)."""
-    if isinstance(model, LinkPredictor):
-        z = model(x, edge_index, degree=degree)
+    if isinstance(model, LinkModel):
+        z = model(x, edge_index, degree=degree, edge_attr=edge_attr)
         return z, z
     if isinstance(model, UserNodeModel):
         layer = model.embedding_module()
@@ -43,14 +46,15 @@ def forward_with_embedding(
             method = getattr(model.module, model.config.embedding.removeprefix("method:"))
             extra = edge_kwargs(model.config.edge_input, edge_attr)
             return model(x, edge_index, edge_attr=edge_attr), method(x, edge_index, **extra)
-        return _with_input_of(layer, lambda: model(x, edge_index, edge_attr=edge_attr))
+        return with_input_of(layer, lambda: model(x, edge_index, edge_attr=edge_attr))
     if not isinstance(model, NodeClassifier):
         raise TypeError(f"no node embedding is defined for {type(model).__name__}")
-    return _with_input_of(model.gnn.convs[-1], lambda: model(x, edge_index, degree=degree))
+    return with_input_of(model.gnn.convs[-1], lambda: model(x, edge_index, degree=degree))
 
 
-def _with_input_of(layer: torch.nn.Module, forward: Any) -> tuple[Tensor, Tensor]:
-    """``forward()``'s output and the node input of ``layer``'s last call in it."""
+def with_input_of(layer: torch.nn.Module, forward: Any) -> tuple[Tensor, Tensor]:
+    """``forward()``'s output and the input of ``layer``'s last call in it (the destination
+    rows of a bipartite call)."""
     captured: list[Tensor] = []
 
     def keep_input(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

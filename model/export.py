@@ -15,9 +15,11 @@ import torch
 from torch import Tensor
 
 from model.architectures import NodeClassifier
-from model.config import ModelConfig
+from model.config import ModelConfig, Task
 from model.registry import build_model
 from model.served import UserNodeModel
+from model.served_graph import UserGraphModel
+from model.served_link import UserLinkModel
 from model.train import TrainResult
 from model.user_model import (
     UserModelConfig,
@@ -26,6 +28,14 @@ from model.user_model import (
     load_weights,
     read_state_dict,
 )
+from model.weights import key_mismatch
+
+# The adapter that puts the user's class behind each task's served-model protocol.
+_USER_ADAPTERS: dict[Task, type[UserNodeModel | UserLinkModel | UserGraphModel]] = {
+    Task.NODE: UserNodeModel,
+    Task.LINK: UserLinkModel,
+    Task.GRAPH: UserGraphModel,
+}
 
 WEIGHTS_FILE = "model.pt"
 CONFIG_FILE = "model_config.json"
@@ -69,8 +79,9 @@ def load_model(
     model_dir: str | Path, map_location: str | torch.device = "cpu"
 ) -> tuple[torch.nn.Module, ModelConfig | UserModelConfig]:
     """Rebuilds the module from ``model_config.json`` and ``model.pt``, on ``map_location``,
-    in eval mode: a preset, or the user's class behind the served-model protocol
-    (``model.served``). Weights are read with ``weights_only=True`` (no code runs on load)."""
+    in eval mode: a preset, or the user's class behind its task's served-model protocol
+    (``model.served``, ``model.served_link``, ``model.served_graph``). Weights are read with
+    ``weights_only=True`` (no code runs on load)."""
     directory = Path(model_dir)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
     for path in (config_path, weights_path):
@@ -119,7 +130,8 @@ def _load_user_model(
     module = build_user_module(config, directory)
     weights = directory / WEIGHTS_FILE
     load_weights(module, read_state_dict(weights), str(weights))
-    return UserNodeModel(module, config).to(map_location).eval(), config
+    adapter = _USER_ADAPTERS[config.task](module, config)
+    return adapter.to(map_location).eval(), config
 
 
 def preset_keys(model: torch.nn.Module, state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -136,34 +148,10 @@ def check_state_dict(
     model: torch.nn.Module, state_dict: Mapping[str, object], *, source: str
 ) -> None:
     """Raises a ValueError naming every missing, unexpected and mis-shaped key."""
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    mis_shaped = []
-    for key in sorted(set(expected) & set(state_dict)):
-        value = state_dict[key]
-        if not isinstance(value, Tensor):
-            mis_shaped.append(f"{key}: expected a tensor, got {type(value).__name__}")
-        elif value.shape != expected[key].shape:
-            mis_shaped.append(
-                f"{key}: expected shape {tuple(expected[key].shape)}, got {tuple(value.shape)}"
-            )
-    problems = []
-    if missing:
-        problems.append(f"missing keys {_first(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_first(unexpected)}")
-    if mis_shaped:
-        problems.append(f"wrong shapes: {_first(mis_shaped)}")
-    if problems:
+    mismatch = key_mismatch(model, state_dict)
+    if mismatch:
         raise ValueError(
             f"the weights in {source} do not match the {type(model).__name__} that the model "
-            f"config describes ({'; '.join(problems)}); check that the weights were trained "
+            f"config describes ({mismatch.describe()}); check that the weights were trained "
             "with this model_config.json (arch, in_dim, hidden_dim, out_dim, num_layers, heads)"
         )
-
-
-def _first(items: list[str], limit: int = 6) -> str:
-    """Lists a few items so a wholly wrong file gives a readable message, not hundreds of keys."""
-    shown = ", ".join(items[:limit])
-    return f"{shown} (and {len(items) - limit} more)" if len(items) > limit else shown

@@ -1,12 +1,18 @@
-"""Graph classification: a node-level GNN, global pooling, and an MLP head.
+"""Graph classification: the served graph-model protocol, and the preset, a node-level GNN,
+global pooling and an MLP head.
 
-``GraphClassifier.forward(x, edge_index, batch=None)`` gives per-graph logits; ``batch`` maps
-each node row to its graph (PyG's ``Batch.batch``), None meaning one graph. A graph's answer
-depends only on its own nodes and edges, so graphs batched together (a disjoint union, as
-``torch_geometric.data.Batch`` builds it) get the answers they get alone.
+The protocol (:class:`GraphModel`) is what the graph engine and its explanations ask of a
+graph-level model, whoever wrote it: ``forward(x, edge_index, batch=None)`` gives one row per
+graph (``batch`` maps each node row to its graph, PyG's ``Batch.batch``; None meaning one
+graph), ``forward_with_embedding`` the rows and the graph embeddings of one pass (None when
+the model names no embedding: ``embeds`` is False), ``in_dim`` the node feature width. What
+the rows are follows ``serving_needs(model).output`` (``model.served``). The user's class gets
+the protocol from ``model.served_graph.UserGraphModel``.
 
-The graph embedding (``forward_with_embedding``) is the pooled vector the head reads: ReLU of
-the GNN's last layer (``hidden_dim`` wide), pooled over the graph's nodes.
+``GraphClassifier.forward`` gives per-graph logits. A graph's answer depends only on its own
+nodes and edges, so graphs batched together (a disjoint union, as ``torch_geometric.data.Batch``
+builds it) get the answers they get alone. Its graph embedding is the pooled vector the head
+reads: ReLU of the GNN's last layer (``hidden_dim`` wide), pooled over the graph's nodes.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -36,6 +42,27 @@ CLASSES_FILE = "classes.json"
 _POOL = {Pooling.SUM: global_add_pool, Pooling.MEAN: global_mean_pool, Pooling.MAX: global_max_pool}
 
 
+@runtime_checkable
+class GraphModel(Protocol):
+    """The served graph-model protocol (see the module docstring)."""
+
+    @property
+    def in_dim(self) -> int:
+        """Node feature width the model reads."""
+        ...
+
+    @property
+    def embeds(self) -> bool:
+        """``forward_with_embedding`` gives graph embeddings (``return_embedding`` works)."""
+        ...
+
+    def __call__(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor: ...
+
+    def forward_with_embedding(
+        self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None]: ...
+
+
 class GraphClassifier(torch.nn.Module):
     """Encoder (``encoder.gnn.*``), pooling, head (``head.*``: hidden -> hidden -> classes)."""
 
@@ -52,6 +79,14 @@ class GraphClassifier(torch.nn.Module):
             dropout=config.dropout,
             norm=None,
         )
+
+    @property
+    def in_dim(self) -> int:
+        return int(self.encoder.gnn.in_channels)
+
+    @property
+    def embeds(self) -> bool:
+        return True
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
         """Logits ``[num_graphs, out_dim]``."""

@@ -1,18 +1,28 @@
-"""Link prediction: a node-level GNN encoder and a pair decoder.
+"""Link prediction: the served link-model protocol, and the preset, a node-level GNN encoder
+and a pair decoder.
 
-``LinkPredictor.forward(x, edge_index, degree=None)`` returns one embedding per node (the
-encoder's last layer, ``out_dim`` wide, no activation): that is the node's embedding, the same
-thing the decoder consumes. ``score(z_src, z_dst)`` turns pairs of embeddings into logits and
-``sigmoid(logit)`` is the served score. Both decoders are symmetric in the pair, so a score
-says "these two nodes are linked" whatever the edge's direction.
+The protocol (:class:`LinkModel`) is what the link engine, its explanations and the candidate
+embeddings ask of a link model, whoever wrote it: ``forward(x, edge_index, degree=None,
+level_sizes=None, edge_attr=None)`` encodes an ego-graph (or the whole graph) into one
+embedding per row, the node protocol's keywords (``model.served``); ``score(z_src, z_dst)``
+scores pairs of embeddings and ``score_against(z_src, table)`` one node against every row of a
+table. :class:`LinkPredictor` implements it; the user's GAE-style class gets it from
+``model.served_link.UserLinkModel``. What a score is follows ``serving_needs(model).output``:
+``logits`` (the presets) are served as ``sigmoid(logit)``, ``probabilities`` and ``raw`` as
+they are (:func:`answer_scores`).
 
-The encoder is the node classifier of the same architecture (``model.architectures``), so its
+``LinkPredictor.forward`` returns the encoder's last layer (``out_dim`` wide, no activation):
+that is the node's embedding, the same thing the decoder consumes. Both decoders are symmetric
+in the pair, so a score says "these two nodes are linked" whatever the edge's direction. The
+encoder is the node classifier of the same architecture (``model.architectures``), so its
 exactness on ego-graphs (GCN's full-graph degrees included) carries over unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -20,10 +30,40 @@ from torch_geometric.nn.models import MLP
 
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import Decoder, ModelConfig, Task
+from model.user_model import Output
 
 # Rows of the candidate table scored at once by ``score_against``: bounds the temporaries of
 # the MLP decoder (rows x hidden floats) on a large graph.
 SCORE_CHUNK_ROWS = 65_536
+
+
+@runtime_checkable
+class LinkModel(Protocol):
+    """The served link-model protocol (see the module docstring)."""
+
+    @property
+    def decoder_name(self) -> str:
+        """What describe reports as the archive's decoder."""
+        ...
+
+    def __call__(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        level_sizes: Sequence[int] | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor: ...
+
+    def score(self, z_src: Tensor, z_dst: Tensor) -> Tensor: ...
+
+    def score_against(self, z_src: Tensor, table: Tensor) -> Tensor: ...
+
+
+def answer_scores(scores: Tensor, output: Output) -> Tensor:
+    """Pair scores as answers carry them: ``sigmoid`` of logits, anything else as it is."""
+    scores = scores.float()
+    return torch.sigmoid(scores) if output is Output.LOGITS else scores
 
 
 class DotDecoder(torch.nn.Module):
@@ -60,9 +100,23 @@ class LinkPredictor(torch.nn.Module):
         else:
             self.decoder = MLPDecoder(config.out_dim, config.hidden_dim, config.dropout)
 
-    def forward(self, x: Tensor, edge_index: Tensor, degree: Tensor | None = None) -> Tensor:
-        """Node embeddings ``[num_rows, out_dim]``; ``degree`` as for the node classifiers."""
-        return self.encoder(x, edge_index, degree=degree)
+    @property
+    def decoder_name(self) -> str:
+        return type(self.decoder).__name__
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        level_sizes: Sequence[int] | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
+        """Node embeddings ``[num_rows, out_dim]``; the keywords as for the node classifiers
+        (only the seeds' rows when ``level_sizes`` trims)."""
+        return self.encoder(
+            x, edge_index, degree=degree, level_sizes=level_sizes, edge_attr=edge_attr
+        )
 
     def score(self, z_src: Tensor, z_dst: Tensor) -> Tensor:
         """Logits of pairs: row ``i`` of ``z_src`` with row ``i`` of ``z_dst``."""
@@ -87,18 +141,27 @@ class LinkPredictor(torch.nn.Module):
 
 
 class PairLogit(torch.nn.Module):
-    """``(x, edge_index, pair, degree) -> logits of the pairs``: one module for the explainer.
+    """``(x, edge_index, pair, degree, level_sizes, edge_attr) -> scores of the pairs``: one
+    module for the explainer, over any :class:`LinkModel`.
 
-    ``pair`` is ``[2, P]`` rows of ``x``; the explainer attributes the pair's logit to the
-    ego-graph's features and edges.
+    ``pair`` is ``[2, P]`` rows of ``x``; the explainer attributes the pair's score (the logit,
+    for a model whose scores are logits) to the ego-graph's features and edges. The keywords
+    come in the protocol's order: Captum hands them on by position.
     """
 
-    def __init__(self, predictor: LinkPredictor) -> None:
+    def __init__(self, predictor: LinkModel) -> None:
         super().__init__()
         self.predictor = predictor
 
     def forward(
-        self, x: Tensor, edge_index: Tensor, pair: Tensor, degree: Tensor | None = None
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        pair: Tensor,
+        degree: Tensor | None = None,
+        level_sizes: Sequence[int] | None = None,
+        edge_attr: Tensor | None = None,
     ) -> Tensor:
-        z = self.predictor(x, edge_index, degree=degree)
+        edges: dict[str, Any] = {} if edge_attr is None else {"edge_attr": edge_attr}
+        z = self.predictor(x, edge_index, degree=degree, level_sizes=level_sizes, **edges)
         return self.predictor.score(z[pair[0]], z[pair[1]])

@@ -27,7 +27,8 @@ import torch
 
 from graph_assets.errors import StoreError
 from graph_assets.store import GraphStore, file_digests, index_dtype, open_recorded_array
-from model.link import LinkPredictor
+from model.served import serving_needs
+from model.user_model import EdgeInput
 
 LINK_DIR = "link"
 _REBUILD = "rebuild the archive with ./build_mar.sh --task link"
@@ -65,16 +66,20 @@ def out_csr(store: GraphStore) -> tuple[np.ndarray, np.ndarray]:
     return indptr, destinations[order].astype(index_dtype(n))
 
 
-def full_graph_embeddings(model: LinkPredictor, store: GraphStore) -> np.ndarray:
-    """Every node's embedding from one forward pass over the whole stored graph."""
+def full_graph_embeddings(model: torch.nn.Module, store: GraphStore) -> np.ndarray:
+    """Every node's embedding from one forward pass of a link model (``model.link.LinkModel``)
+    over the whole stored graph, with its edge features where the model reads them."""
     x = torch.from_numpy(np.array(store.features, dtype=np.float32))
     edge_index = torch.from_numpy(store.edge_index())
+    edges = {}
+    if serving_needs(model).edge_input is not EdgeInput.NONE:
+        edges["edge_attr"] = torch.from_numpy(np.array(store.edge_features, dtype=np.float32))
     model.eval()
     with torch.no_grad():
-        return model(x, edge_index).float().numpy()
+        return model(x, edge_index, **edges).float().numpy()
 
 
-def write_link_assets(model: LinkPredictor, store: GraphStore, out_dir: Path) -> dict[str, Any]:
+def write_link_assets(model: torch.nn.Module, store: GraphStore, out_dir: Path) -> dict[str, Any]:
     """Writes ``out_dir`` (the archive's ``link/``); returns its meta.json content."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-from model.architectures import edges_per_hop
+from model.trimmed import edges_per_hop, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig
 
 # Layers that normalise a message by its source's degree (PyG's gcn_norm and the like): on an
@@ -74,6 +74,13 @@ class UserNodeModel(torch.nn.Module):
             edge_input=config.edge_input,
             boundary_degrees=config.boundary_degrees,
         )
+        # The presets' fast path (bipartite layers, fewer rows each layer) where it applies.
+        self._by_rows = (
+            config.trim
+            and isinstance(module, BasicGNN)
+            and trims_by_rows(module)
+            and config.edge_input is not EdgeInput.EDGE_WEIGHT
+        )
 
     def forward(
         self,
@@ -85,13 +92,18 @@ class UserNodeModel(torch.nn.Module):
     ) -> Tensor:
         """The module's rows; ``degree`` is not the user's business (boundary degrees come in
         the ego-graph's edges), ``level_sizes`` trims a ``BasicGNN`` layer by layer."""
+        module = self.module
+        if level_sizes is not None and self._by_rows:
+            assert isinstance(module, BasicGNN)
+            if len(level_sizes) > module.num_layers:  # every layer has a hop to read
+                return trimmed_forward(module, x, edge_index, level_sizes, edge_attr)
         kwargs = edge_kwargs(self.config.edge_input, edge_attr)
         rows = x.size(0)
         if level_sizes is not None and self.config.trim:
             kwargs["num_sampled_nodes_per_hop"] = list(level_sizes)
             kwargs["num_sampled_edges_per_hop"] = edges_per_hop(edge_index, level_sizes)
             rows = level_sizes[0]  # trimmed: the seeds' rows come first, the rest may not
-        out = self.module(x, edge_index, **kwargs)
+        out = module(x, edge_index, **kwargs)
         if not isinstance(out, Tensor) or out.dim() != 2 or out.size(0) < rows:
             raise ValueError(
                 f"{type(self.module).__name__}.forward must return one row per node, a "
@@ -122,14 +134,17 @@ def _shape(value: object) -> str:
     return f"a {type(value).__name__}"
 
 
-def choose_edge_input(module: torch.nn.Module, edge_dim: int, asked: str) -> EdgeInput:
+def choose_edge_input(
+    module: torch.nn.Module, edge_dim: int, asked: str, method: str = "forward"
+) -> EdgeInput:
     """``asked`` (``auto``, ``edge_attr``, ``edge_weight``, ``none``) checked against the
-    model's forward and the graph; ``auto``: ``edge_attr`` where the forward takes it (a
-    ``BasicGNN`` only when its layers use it), else ``edge_weight`` for one edge feature."""
-    parameters = inspect.signature(module.forward).parameters
+    model's ``method`` (``forward``; a link model's ``encode``) and the graph; ``auto``:
+    ``edge_attr`` where the method takes it (a ``BasicGNN`` only when its layers use it), else
+    ``edge_weight`` for one edge feature."""
+    parameters = inspect.signature(getattr(module, method)).parameters
     takes_attr = "edge_attr" in parameters
     takes_weight = "edge_weight" in parameters
-    if isinstance(module, BasicGNN):  # its layers read edge features when built with edge_dim
+    if isinstance(module, BasicGNN) and method == "forward":  # edge_dim layers read them
         takes_attr = module.supports_edge_attr and any(
             getattr(conv, "edge_dim", None) for conv in module.convs
         )
@@ -147,7 +162,9 @@ def choose_edge_input(module: torch.nn.Module, edge_dim: int, asked: str) -> Edg
     chosen = EdgeInput(asked)
     takes = takes_attr if chosen is EdgeInput.EDGE_ATTR else takes_weight
     if not takes:
-        raise ValueError(f"--edge-input {asked}: {type(module).__name__}.forward takes no {asked}")
+        raise ValueError(
+            f"--edge-input {asked}: {type(module).__name__}.{method} takes no {asked}"
+        )
     if chosen is EdgeInput.EDGE_WEIGHT and edge_dim != 1:
         raise ValueError(
             f"--edge-input edge_weight needs exactly one edge feature, the graph has {edge_dim}"
@@ -165,9 +182,16 @@ class Probe:
     source_degrees: bool  # a layer normalises by its sources' degrees
 
 
-def probe(module: torch.nn.Module, in_dim: int, edge_dim: int, edge_input: EdgeInput) -> Probe:
-    """Runs the module once on a small random graph, counting message-passing steps
-    (``propagate`` calls: SGConv and APPNP make K of them) and noting the last layer called."""
+def probe(
+    module: torch.nn.Module,
+    in_dim: int,
+    edge_dim: int,
+    edge_input: EdgeInput,
+    method: str = "forward",
+) -> Probe:
+    """Runs the module's ``method`` (``forward``; a link model's ``encode``) once on a small
+    random graph, counting message-passing steps (``propagate`` calls: SGConv and APPNP make K
+    of them) and noting the last layer called."""
     calls: list[str] = []
     names = {id(sub): name for name, sub in module.named_modules()}
     handles = []
@@ -186,10 +210,11 @@ def probe(module: torch.nn.Module, in_dim: int, edge_dim: int, edge_input: EdgeI
     edge_attr = torch.rand(edge_index.size(1), max(edge_dim, 1), generator=generator)[:, :edge_dim]
     try:
         with torch.no_grad():
-            out = module(x, edge_index, **edge_kwargs(edge_input, edge_attr if edge_dim else None))
+            call = module if method == "forward" else getattr(module, method)
+            out = call(x, edge_index, **edge_kwargs(edge_input, edge_attr if edge_dim else None))
     except Exception as error:
         raise ValueError(
-            f"{type(module).__name__}.forward(x, edge_index"
+            f"{type(module).__name__}.{method}(x, edge_index"
             f"{', ' + edge_input.value if edge_input is not EdgeInput.NONE else ''}) failed on "
             f"a small graph with {in_dim} node features: {type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}"
@@ -199,7 +224,7 @@ def probe(module: torch.nn.Module, in_dim: int, edge_dim: int, edge_input: EdgeI
             handle.remove()
     if not isinstance(out, Tensor) or out.dim() != 2 or out.size(0) != nodes:
         raise ValueError(
-            f"{type(module).__name__}.forward must return one row per node ([N, C]); it "
+            f"{type(module).__name__}.{method} must return one row per node ([N, C]); it "
             f"returned {_shape(out)}"
         )
     kinds = {type(sub).__name__ for sub in module.modules()}

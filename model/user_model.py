@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from model.config import Task
+from model.weights import key_mismatch
 
 # The archive's copy of a model file lives here, beside model_config.json.
 MODEL_FILE_DIR = "user_model"
@@ -55,19 +56,27 @@ class UserModelConfig:
     """``model_config.json`` of an archive that serves the user's class.
 
     Attributes:
+        task: ``node`` (``forward`` -> one row per node), ``link`` (``encode`` -> one
+            embedding per node, ``decode`` -> one score per pair) or ``graph`` (``forward(x,
+            edge_index, batch)`` -> one row per graph).
         model_class: the class name in ``model_file``, or a dotted path such as
             ``torch_geometric.nn.models.GraphSAGE`` when there is no model file.
         model_file: the model file's name inside the archive's ``user_model/``, or None.
         model_args: keyword arguments of the class's constructor (JSON values).
-        in_dim, out_dim: node feature width and the width of one output row.
-        num_layers: hops of the ego-graph = the model's receptive field.
-        output: see :class:`Output`.
+        in_dim, out_dim: node feature width and the width of one output row (link: of one
+            embedding).
+        num_layers: hops of the ego-graph = the model's receptive field (graph: the
+            message-passing steps of one forward, for information: inline graphs are whole).
+        output: see :class:`Output` (link: what ``decode`` returns; ``logits`` are served as
+            their sigmoid).
         edge_input: see :class:`EdgeInput`.
         boundary_degrees: the ego-graph carries the deepest hop's full in-degrees (models that
             normalise by the degree of a message's source, such as GCNConv).
         trim: PyG ``BasicGNN`` trim-to-layer with the sampler's per-hop counts.
-        embedding: the module whose input is a node's embedding (the last message-passing
-            layer the forward calls), or ``method:<name>`` for a method the user named.
+        embedding: node: the module whose input is a node's embedding (the last
+            message-passing layer the forward calls); graph: the last Linear layer, whose
+            input is the graph's embedding, or ``""`` for none; either: ``method:<name>`` for a
+            method the user named. Link embeddings are ``encode``'s output.
     """
 
     task: Task = Task.NODE
@@ -85,10 +94,6 @@ class UserModelConfig:
 
     def __post_init__(self) -> None:
         self.task = Task.parse(self.task)
-        if self.task is not Task.NODE:
-            raise ValueError(
-                f"a model class of your own serves --task node for now, not {self.task.value}"
-            )
         self.output = Output(self.output)
         self.edge_input = EdgeInput(self.edge_input)
 
@@ -248,44 +253,20 @@ def _archive_kind(path: Path) -> str | None:
 def load_weights(module: torch.nn.Module, state_dict: Mapping[str, Tensor], source: str) -> None:
     """Loads ``state_dict`` strictly; missing, unexpected or mis-shaped keys are listed with
     the fix in one line."""
-    expected = module.state_dict()
-    missing = sorted(set(expected) - set(state_dict))
-    unexpected = sorted(set(state_dict) - set(expected))
-    mis_shaped = [
-        f"{key} {tuple(state_dict[key].shape)} (the model has {tuple(expected[key].shape)})"
-        for key in sorted(set(expected) & set(state_dict))
-        if state_dict[key].shape != expected[key].shape
-    ]
-    if not (missing or unexpected or mis_shaped):
+    mismatch = key_mismatch(module, state_dict)
+    if not mismatch:
         module.load_state_dict(dict(state_dict))
         return
-    problems = []
-    if missing:
-        problems.append(f"missing keys {_few(missing)}")
-    if unexpected:
-        problems.append(f"unexpected keys {_few(unexpected)}")
-    if mis_shaped:
-        problems.append(f"wrong shapes {_few(mis_shaped)}")
     fix = "check --model-args against the arguments the model was trained with"
-    prefix = _common_prefix(unexpected)
-    if prefix and missing and {key[len(prefix) :] for key in unexpected} >= set(missing):
+    prefix = mismatch.wrapper_prefix()
+    if prefix:
         fix = (
             f"the weights' keys start with {prefix!r} (a wrapper): save the inner module's "
             "state_dict()"
         )
     raise ValueError(
-        f"the weights in {source} do not fit {type(module).__name__}: {'; '.join(problems)}; {fix}"
+        f"the weights in {source} do not fit {type(module).__name__}: {mismatch.describe()}; {fix}"
     )
-
-
-def _common_prefix(keys: list[str]) -> str:
-    heads = {key.split(".", 1)[0] for key in keys if "." in key}
-    return f"{heads.pop()}." if len(heads) == 1 and all("." in key for key in keys) else ""
-
-
-def _few(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(items[:limit])
-    return f"{shown} (and {len(items) - limit} more)" if len(items) > limit else shown
 
 
 def build_user_module(config: UserModelConfig, model_dir: Path) -> torch.nn.Module:

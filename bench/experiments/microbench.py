@@ -24,7 +24,7 @@ import torch
 
 from graph_assets import GraphStore, open_store
 from handler.core.arrays import readonly_tensor
-from handler.core.settings import ServingSettings, parse_fanouts
+from handler.settings import ServingSettings, parse_fanouts
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model
 

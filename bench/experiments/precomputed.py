@@ -70,8 +70,8 @@ from bench.systems import servers
 from graph_assets import GraphStore, open_store
 from graph_assets.store import file_digests
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
-from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import WEIGHTS_FILE, load_model
 from model.link_assets import out_csr

@@ -39,8 +39,8 @@ import torch
 
 from graph_assets import GraphStore, generate_synthetic, open_store
 from graph_assets.overlay import GraphOverlay
-from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from model import Arch, ModelConfig, build_model
 

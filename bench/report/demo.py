@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from graph_assets import open_store, read_graph_dir, write_store
-from handler.core.settings import ServingSettings
+from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from model import Arch, ModelConfig, build_model
 from model.train import train_node_classifier

@@ -20,10 +20,10 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from handler.core.sampler import SubgraphTooLarge
-from handler.core.settings import ServingSettings
+from graph_assets.errors import SubgraphTooLarge
 from handler.protocol.error_table import api_error, internal_error, is_out_of_memory
 from handler.protocol.errors import ApiError, InternalError
+from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
-from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph
 from handler.protocol.body import NodeId, show
 from handler.protocol.errors import NodeNotFound
+from handler.settings import ServingSettings
 from model.device import to_serving_device
 from model.precompute import Precomputed
 from model.served import EdgeInput, serving_needs

@@ -42,8 +42,8 @@ from torch_geometric.explain.algorithm import CaptumExplainer
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
 from handler.core.sampler import SampledSubgraph
-from handler.core.settings import ServingSettings
 from handler.protocol.class_answer import class_answer
+from handler.settings import ServingSettings
 
 METHOD = "IntegratedGradients"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from graph_assets import GraphStore, StoreError, open_store, read_meta, share_store
-from handler.core.settings import ServingSettings
+from handler.settings import ServingSettings
 
 GRAPH_CACHE = "gnnserve-graph-cache"
 _T = TypeVar("_T")

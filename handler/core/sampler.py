@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
+from graph_assets.errors import SubgraphTooLarge
 from graph_assets.overlay import GraphOverlay
 from graph_assets.store import GraphStore
 from handler.core.arrays import Array, ArrayOps, ops_for, readonly_tensor
-from handler.core.settings import ServingSettings, parse_fanouts
+from handler.settings import ServingSettings, parse_fanouts
 
 # splitmix64 constants, as signed int64 so that wrapping int64 arithmetic applies.
 _MIX_1 = 0xBF58476D1CE4E5B9 - (1 << 64)
@@ -25,18 +26,6 @@ _MIX_2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15
 _LOW_63 = (1 << 63) - 1
 ALL_NEIGHBOURS = -1
-
-
-class SubgraphTooLarge(Exception):
-    """The ego-graph would exceed the configured node or edge limit; raised before building it."""
-
-    def __init__(self, nodes: int, edges: int, max_nodes: int, max_edges: int) -> None:
-        super().__init__(
-            f"the sampled ego-graph would have at least {nodes} nodes and {edges} edges; "
-            f"the limits are {max_nodes} nodes and {max_edges} edges"
-        )
-        self.nodes = nodes
-        self.edges = edges
 
 
 @dataclass(frozen=True)

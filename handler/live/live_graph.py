@@ -45,7 +45,6 @@ from graph_assets.overlay import GraphOverlay, UpdateRejected
 from graph_assets.private_dir import ensure_private_dir
 from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
 from graph_assets.update_log import LogRecord, UpdateLog, check_next
-from handler.core.settings import ServingSettings
 from handler.protocol.body import as_request
 from handler.protocol.error_table import api_error
 from handler.protocol.errors import (
@@ -56,6 +55,7 @@ from handler.protocol.errors import (
     TooLarge,
     Unavailable,
 )
+from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 

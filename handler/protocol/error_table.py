@@ -7,9 +7,8 @@ import errno
 
 import torch
 
-from graph_assets.errors import UpdateLogWriteFailed
+from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
 from graph_assets.overlay import Rejection, UpdateRejected
-from handler.core.sampler import SubgraphTooLarge
 from handler.protocol.errors import (
     ApiError,
     BadRequest,

@@ -13,8 +13,8 @@ import torch
 from graph_assets import GraphStore
 from handler.core.precomputed import PrecomputedRows
 from handler.core.router import Router
-from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph, UpdatePolicy
+from handler.settings import ServingSettings
 from model.config import ModelConfig
 from model.precompute import Precomputed
 from model.user_model import UserModelConfig

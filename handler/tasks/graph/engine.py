@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from handler.core.batch import Batch, BatchEngine, Group, timed
-from handler.core.settings import ServingSettings
 from handler.protocol.class_answer import class_answer
 from handler.protocol.kserve_v2 import class_outputs, inference_response
+from handler.settings import ServingSettings
 from handler.tasks.graph.requests import GraphRequest, parse_graph_request
 from model.device import to_serving_device
 from model.graph_level import GraphClassifier, as_data, batch_of

@@ -3,7 +3,9 @@
 - ``{"src": a, "dst": b}`` and ``{"pairs": [[a, b], ...]}``: the batch's pairs share one
   sampled ego-graph of all their endpoints (as node requests do); each node's embedding comes
   from it and the decoder scores the pair. With fanout ``-1`` at every hop this equals the
-  full-graph forward.
+  full-graph forward. Any link model serves (``model.link.LinkModel``: the presets, the user's
+  GAE-style class); a score is ``sigmoid`` of a logit, or the model's value as it is when its
+  scores are probabilities or raw (``model.link.answer_scores``).
 - ``{"src": a, "top_k": k, "exclude_neighbors": true}``: an exact search: ``a``'s embedding is
   scored against every node's embedding in ``link/embeddings.npy`` (one full-graph forward at
   build time, so exactly as fresh as the archive's graph; ``model.link_assets``), ``a`` itself
@@ -30,8 +32,9 @@ from handler.core.sampler import SampledSubgraph
 from handler.protocol.errors import ApiError
 from handler.protocol.kserve_v2 import ids_datatype, inference_response, output
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
-from model.link import LinkPredictor
+from model.link import LinkModel, answer_scores
 from model.link_assets import LinkAssets
+from model.served import serving_needs
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,14 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
     def __init__(
         self, ego: EgoGraphs, assets: LinkAssets, model_version: str, model_name: str = "link"
     ) -> None:
-        if not isinstance(ego.model, LinkPredictor):
-            raise TypeError(f"a link archive needs a LinkPredictor, got {type(ego.model).__name__}")
+        if not isinstance(ego.model, LinkModel):
+            raise TypeError(
+                f"a link archive needs a link model (forward, score, score_against), got "
+                f"{type(ego.model).__name__}"
+            )
         self.ego = ego
-        self.predictor: LinkPredictor = ego.model
+        self.predictor = ego.model
+        self.output = serving_needs(ego.model).output
         self.assets = assets
         self.device = ego.device
         self.model_version = model_version
@@ -104,7 +111,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             for position in group.positions:
                 nodes = _link(batch.outcomes[position]).nodes
                 src, dst = seed_rows(seeds, nodes[:, 0]), seed_rows(seeds, nodes[:, 1])
-                scores = torch.sigmoid(self.predictor.score(z[src], z[dst]).float())
+                scores = answer_scores(self.predictor.score(z[src], z[dst]), self.output)
                 batch.results[position] = scores.cpu().tolist()
         stop()
 
@@ -120,13 +127,16 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             z = torch.from_numpy(rows.rows(rows.num_layers, seeds.numpy())).to(self.device)
             stop()
             return z
-        x, degree = self.ego.gather(sub.node)
+        with torch.inference_mode():
+            x, degree = self.ego.gather(sub.node)
+            edge_attr = self.ego.edge_features(sub.edge)
         stop()
         batch.times.sampled_nodes += sub.num_nodes
         batch.times.sampled_edges += sub.num_edges
         stop = timed(batch.times, "forward")
         with torch.inference_mode():
-            z = self.predictor(x, sub.edge_index, degree=degree)[: sub.num_seeds]
+            edges = {} if edge_attr is None else {"edge_attr": edge_attr}
+            z = self.predictor(x, sub.edge_index, degree=degree, **edges)[: sub.num_seeds]
         stop()
         return z
 
@@ -148,11 +158,12 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             logits = logits.masked_fill(~allowed, float("-inf"))
             count = min(k, int(allowed.sum()))
             best = torch.topk(logits, count)
-            scores = torch.sigmoid(best.values).cpu().tolist()
+            scores = answer_scores(best.values, self.output).cpu().tolist()
             return list(zip(best.indices.cpu().tolist(), scores, strict=True))
 
     def _scores_against_every_node(self, node: int) -> torch.Tensor:
-        """Logits of ``node`` against every internal index; ``-inf`` for removed nodes."""
+        """Scores (before :func:`answer_scores`) of ``node`` against every internal index;
+        ``-inf`` for removed nodes."""
         rows = self.ego.precomputed
         if rows is None:
             z_src = self.table[node].to(self.device)
@@ -224,7 +235,8 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
     def describe(self) -> dict[str, Any]:
         """The link part of the management API's description."""
         return {
-            "decoder": type(self.predictor.decoder).__name__,
+            "decoder": self.predictor.decoder_name,
+            "output": self.output.value,
             "embedding_dim": int(self.table.shape[1]),
             "embeddings_built_at": self.assets.built_at,
             "max_top_k": self.ego.settings.max_top_k,

@@ -1,5 +1,6 @@
-"""Link explanations: ``{"src": a, "dst": b}``, the pair's logit explained on the ego-graph of
-both endpoints."""
+"""Link explanations: ``{"src": a, "dst": b}``, the pair's score before the sigmoid (the
+logit; a model's own value when its scores are probabilities or raw) explained on the ego-graph
+of both endpoints."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from handler.protocol.body import NodeId
 from handler.protocol.errors import BadRequest
 from handler.protocol.kserve_v2 import explanation_refusal
 from handler.tasks.link.requests import PairRequest, parse_link_request
-from model.link import LinkPredictor, PairLogit
+from model.link import LinkModel, PairLogit, answer_scores
+from model.served import serving_needs
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,11 +42,12 @@ class PairExplanation(EgoExplanation):
     def explain(self, target: PairTarget, payload: Any, batch: Batch[Any]) -> dict[str, Any]:
         inputs = self.ego_input(target.nodes, payload, batch)
         model = inputs.model
-        assert isinstance(model, LinkPredictor)
+        assert isinstance(model, LinkModel)
+        output = serving_needs(inputs.model).output
         pair = torch.tensor([[inputs.rows[0]], [inputs.rows[1]]], device=inputs.x.device)
         with torch.no_grad():
-            z = model(inputs.x, inputs.edge_index, degree=inputs.degree)
-            score = float(torch.sigmoid(model.score(z[pair[0]], z[pair[1]]))[0])
+            z = model(inputs.x, inputs.edge_index, **inputs.forward_kwargs())
+            score = float(answer_scores(model.score(z[pair[0]], z[pair[1]]), output)[0])
         answer: dict[str, Any] = {"src": target.ids[0], "dst": target.ids[1], "score": score}
         attribution = self.attributions(
             PairLogit(model).eval(), inputs, mode="regression", level="edge", pair=pair

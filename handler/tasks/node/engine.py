@@ -23,11 +23,11 @@ from handler.core.batch import (
 )
 from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes
 from handler.core.sampler import NeighbourSampler, SampledSubgraph
-from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph
 from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import ApiError, InternalError, NodeNotFound
 from handler.protocol.kserve_v2 import v2_response
+from handler.settings import ServingSettings
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
 from model.precompute import Precomputed
 from model.served import answer_rows, serving_needs

@@ -30,10 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph_assets.errors import SubgraphTooLarge
 from handler.core.arrays import TorchOps
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.sampler import NeighbourSampler, SubgraphTooLarge, self_loops_in_place
+from handler.core.sampler import NeighbourSampler, self_loops_in_place
 from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import ApiError, BadRequest
 from handler.tasks.node.new_node_rows import NEW_NODE, new_node_rows

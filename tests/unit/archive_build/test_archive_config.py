@@ -9,7 +9,7 @@ import yaml
 
 from archive_build.archive_config import main as write_archive_config
 from graph_assets import generate_synthetic
-from handler.core.settings import ServingSettings
+from handler.settings import ServingSettings
 
 
 def written(tmp_path, *options: str) -> tuple[int, dict | None]:

@@ -17,7 +17,7 @@ from torch_geometric.utils import degree
 from archive_build import own_model
 from archive_build.verify import verify
 from graph_assets import GraphStore
-from handler.core.settings import ServingSettings
+from handler.settings import ServingSettings
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, edge_feature_store
 from tests.unit.archive_build import user_models
 
@@ -251,3 +251,25 @@ def test_presets_equal_the_plain_pyg_model_with_self_loops_and_parallel_edges(
     answer = engine.handle([{"body": {"node_ids": ids}}])[0].body["predictions"]
     served = torch.tensor([p["probabilities"] for p in answer])
     assert float((served - torch.softmax(expected, dim=-1)).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("case", ["gcn", "gat-edge-dim"])
+def test_a_graph_too_large_is_checked_on_the_nodes_in_neighbourhoods(
+    case: str, store: GraphStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above WHOLE_GRAPH_EDGES the reference is the forward of the subgraph the sampled nodes'
+    (hops + 1)-hop in-neighbourhood induces: the same answers for them as the whole graph's."""
+    from archive_build import verify as verification
+    from model.export import load_model
+
+    name, args = CASES[case]
+    torch.manual_seed(0)
+    result = package_and_verify(tmp_path, store, getattr(pyg, name)(**args), BASIC + name, args)
+    assert result.passed
+    model, _ = load_model(tmp_path / "model")
+    nodes = verification.verification_nodes(store)[:40]
+    whole = verification.reference_rows(model, store, nodes, 2)
+    monkeypatch.setattr(verification, "WHOLE_GRAPH_EDGES", 0)
+    closure = verification.reference_rows(model, store, nodes, 2)
+    assert float((closure - whole).abs().max()) <= 1e-6
+    assert len(verification.in_closure(store, nodes[:1], 1)) < store.num_nodes

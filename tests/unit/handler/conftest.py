@@ -16,9 +16,9 @@ from ts.context import Context, RequestProcessor
 from graph_assets import GraphStore, open_store, read_graph_dir, write_store
 from graph_assets.graph_dataset import generate_graph_dataset
 from handler.core.ego import EgoGraphs
-from handler.core.settings import ServingSettings
 from handler.gnn_handler import GNNHandler
 from handler.live.live_graph import LiveGraph
+from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine

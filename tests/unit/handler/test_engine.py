@@ -10,7 +10,7 @@ import torch
 
 from handler.core.batch import apply_threads
 from handler.core.ego import EgoGraphs
-from handler.core.settings import ServingSettings
+from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 
 from .conftest import make_engine, random_model

@@ -6,9 +6,8 @@ import errno
 
 import pytest
 
-from graph_assets.errors import UpdateLogWriteFailed
+from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
 from graph_assets.overlay import Rejection, UpdateRejected
-from handler.core.sampler import SubgraphTooLarge
 from handler.protocol.error_table import api_error, internal_error
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from handler.core.explain import ExplainEngine, integrated_gradients, summarize
-from handler.core.settings import ServingSettings
+from handler.settings import ServingSettings
 from handler.tasks.graph.explain import GraphExplanation
 from handler.tasks.link.explain import PairExplanation
 from handler.tasks.node.explain import NodeExplanation

@@ -19,8 +19,8 @@ from ts.context import RequestProcessor
 
 from graph_assets import StoreError, generate_synthetic
 from handler.core.graph_source import open_referenced_graph
-from handler.core.settings import ServingSettings
 from handler.live.live_graph import UPDATE_KEY_HEADER
+from handler.settings import ServingSettings
 
 from .conftest import started
 

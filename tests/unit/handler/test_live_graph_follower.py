@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from archive_build.archive_config import main as write_archive_config
-from handler.core.settings import ServingSettings
 from handler.live import live_graph
 from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.settings import ServingSettings
 
 from .conftest import make_engine, random_model, started
 

@@ -15,8 +15,8 @@ from ts.context import RequestProcessor
 
 from graph_assets import RawGraph, StoreError, open_store, write_store
 from handler.core.ego import EgoGraphs
-from handler.core.settings import ServingSettings
 from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.link.task import TASK as LINK
 from handler.tasks.node.engine import NodeClassificationEngine

@@ -10,8 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from graph_assets.errors import SubgraphTooLarge
 from handler.core.arrays import NumpyOps, TorchOps
-from handler.core.sampler import NeighbourSampler, SampledSubgraph, SubgraphTooLarge
+from handler.core.sampler import NeighbourSampler, SampledSubgraph
 
 
 def random_csc(num_nodes: int, num_edges: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

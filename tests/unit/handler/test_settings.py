@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from archive_build.archive_config import main as write_archive_config
-from handler.core.settings import ServingSettings, default_fanouts, parse_fanouts, worker_settings
+from handler.settings import ServingSettings, default_fanouts, parse_fanouts, worker_settings
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from handler.core.batch import BatchEngine
-from handler.core.settings import ServingSettings
 from handler.protocol.errors import BadRequest, NotFound, TooLarge
+from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.graph.requests import clean_edges, parse_graph_request
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request

@@ -112,7 +112,7 @@ def test_a_link_archive_without_its_embeddings_is_refused(link_archive):
 
 
 def test_every_task_the_settings_accept_is_in_the_registry():
-    from handler.core.settings import TASKS as ACCEPTED
+    from handler.settings import TASKS as ACCEPTED
     from handler.tasks.registry import TASKS
 
     assert set(TASKS) == set(ACCEPTED)

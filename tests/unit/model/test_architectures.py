@@ -11,8 +11,8 @@ from model.architectures import (
     GIN,
     GraphSAGE,
     gcn_norm_with_degree,
-    runs_stock_propagate,
 )
+from model.trimmed import layer_on_rows, runs_stock_propagate
 
 ARCH_CLASSES = {"gcn": GCN, "sage": GraphSAGE, "gat": GAT, "gin": GIN}
 
@@ -88,7 +88,7 @@ def test_direct_layers_equal_pyg_propagate(small_graph, arch):
     into_rows = edge_index[:, edge_index[1] < rows]
     with torch.no_grad():
         for conv in model.gnn.convs:
-            direct = model._trimmed_layer(conv, x, rows, into_rows)
+            direct = layer_on_rows(conv, x, rows, into_rows)
             assert torch.equal(direct, conv((x, x[:rows]), into_rows))
             x = torch.relu(conv(x, edge_index))
 
@@ -102,7 +102,7 @@ def test_a_conv_with_hooks_or_an_explainer_takes_pyg_propagate(small_graph):
     conv.register_propagate_forward_hook(lambda *args: calls.append(1))
     into_rows = small_graph.edge_index[:, small_graph.edge_index[1] < 25]
     with torch.no_grad():
-        model._trimmed_layer(conv, small_graph.x, 25, into_rows)
+        layer_on_rows(conv, small_graph.x, 25, into_rows)
     assert calls == [1]
     explained = build_model({"arch": "sage", "in_dim": 6, "out_dim": 3}).gnn.convs[0]
     explained.explain = True

@@ -1,0 +1,122 @@
+"""The user's link model behind the served link-model protocol (``model.link.LinkModel``).
+
+A link model of your own follows PyG's GAE convention: ``encode(x, edge_index[, edge_attr |
+edge_weight]) -> z``, one embedding per node, and ``decode(z, edge_label_index) -> scores``,
+one score per column of ``edge_label_index``. :class:`UserLinkModel` is the adapter: its
+``forward`` is ``encode`` on an ego-graph (or the whole graph) with the node protocol's
+keywords, and ``score`` / ``score_against`` hand pairs of embeddings to ``decode`` as a small
+``z`` and an ``edge_label_index`` into it, so any ``decode`` that reads the pairs' rows of
+``z`` scores them as it would on the whole graph's ``z``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from model.link import SCORE_CHUNK_ROWS
+from model.served import ServingNeeds, edge_kwargs
+from model.user_model import UserModelConfig
+
+LINK_METHODS = ("encode", "decode")
+_CONVENTION = (
+    "a link model follows PyG's GAE convention: encode(x, edge_index[, edge_attr]) -> z and "
+    "decode(z, edge_label_index) -> scores"
+)
+
+
+def check_link_methods(module: torch.nn.Module) -> None:
+    """Refuses, in one line, a module without ``encode`` or ``decode``."""
+    missing = [name for name in LINK_METHODS if not callable(getattr(module, name, None))]
+    if missing:
+        raise ValueError(
+            f"{type(module).__name__} has no {' or '.join(missing)} method: {_CONVENTION}"
+        )
+
+
+class UserLinkModel(torch.nn.Module):
+    """The user's GAE-style module behind the link protocol (its weights under ``module.``)."""
+
+    def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
+        super().__init__()
+        check_link_methods(module)
+        self.module = module
+        self.config = config
+        self.serving_needs = ServingNeeds(
+            output=config.output,
+            edge_input=config.edge_input,
+            boundary_degrees=config.boundary_degrees,
+        )
+
+    @property
+    def decoder_name(self) -> str:
+        return f"{type(self.module).__name__}.decode"
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        level_sizes: Sequence[int] | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
+        """``encode``'s embeddings, one row per row of ``x``; ``degree`` is not the user's
+        business (boundary degrees come in the ego-graph's edges) and ``encode`` is not
+        trimmed, so ``level_sizes`` changes nothing."""
+        encode = method_of(self.module, "encode")
+        z = encode(x, edge_index, **edge_kwargs(self.config.edge_input, edge_attr))
+        if not isinstance(z, Tensor) or z.dim() != 2 or z.size(0) != x.size(0):
+            raise ValueError(
+                f"{type(self.module).__name__}.encode must return one embedding per node, a "
+                f"[{x.size(0)}, D] tensor; it returned {_shape(z)}"
+            )
+        return z
+
+    def score(self, z_src: Tensor, z_dst: Tensor) -> Tensor:
+        """``decode`` of pairs: row ``i`` of ``z_src`` with row ``i`` of ``z_dst``."""
+        pairs = z_src.size(0)
+        rows = torch.arange(pairs, device=z_src.device)
+        return self._decode(torch.cat([z_src, z_dst]), torch.stack([rows, rows + pairs]))
+
+    def score_against(self, z_src: Tensor, table: Tensor) -> Tensor:
+        """``decode`` of one node (``z_src``, ``[D]``) with every row of ``table``, in chunks
+        of ``SCORE_CHUNK_ROWS`` rows."""
+        parts = []
+        for start in range(0, table.shape[0], SCORE_CHUNK_ROWS):
+            chunk = table[start : start + SCORE_CHUNK_ROWS].to(z_src.device, z_src.dtype)
+            rows = torch.arange(1, chunk.size(0) + 1, device=z_src.device)
+            index = torch.stack([torch.zeros_like(rows), rows])
+            parts.append(self._decode(torch.cat([z_src.unsqueeze(0), chunk]), index))
+        if not parts:
+            return z_src.new_empty(0)
+        return torch.cat(parts)
+
+    def _decode(self, z: Tensor, edge_label_index: Tensor) -> Tensor:
+        scores = method_of(self.module, "decode")(z, edge_label_index)
+        return decoded_scores(type(self.module).__name__, scores, edge_label_index.size(1))
+
+
+def method_of(module: torch.nn.Module, name: str) -> Callable[..., Any]:
+    """A method of the user's module by name (checked at build by :func:`check_link_methods`)."""
+    method: Callable[..., Any] = getattr(module, name)
+    return method
+
+
+def decoded_scores(name: str, scores: object, pairs: int) -> Tensor:
+    """``decode``'s answer as ``[pairs]`` (``[pairs, 1]`` is accepted); anything else is
+    refused naming what it returned."""
+    if not isinstance(scores, Tensor) or scores.numel() != pairs or scores.dim() > 2:
+        raise ValueError(
+            f"{name}.decode must return one score per pair, a [{pairs}] tensor; it returned "
+            f"{_shape(scores)}"
+        )
+    return scores.reshape(pairs)
+
+
+def _shape(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"

@@ -1,0 +1,136 @@
+"""A PyG ``BasicGNN``'s forward on a sampled ego-graph, each layer computing only the rows a
+later layer reads: the presets' and a user's ``torch_geometric.nn.models`` model's one fast path.
+
+Rows of a sampled ego-graph are grouped by hop and its edges by the hop of their destination, so
+layer ``i`` of an ``L``-layer model only has to produce hops ``0..L-1-i``: it runs bipartite,
+``conv((x, x[:rows]), edges[:, :e])`` (the destination rows are a prefix of the source rows).
+SAGE (mean) and GIN layers are computed from their own weights without PyG's per-call
+bookkeeping, which on a few thousand rows costs about as much as the arithmetic itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch_geometric.nn import (
+    EdgeConv,
+    GATConv,
+    GATv2Conv,
+    GINConv,
+    GINEConv,
+    GraphConv,
+    MessagePassing,
+    SAGEConv,
+)
+from torch_geometric.nn.models.basic_gnn import BasicGNN
+from torch_geometric.nn.norm import BatchNorm
+
+# Layers that take a (source rows, destination rows) pair, so a layer can write fewer rows
+# than it reads.
+_BIPARTITE = (SAGEConv, GINConv, GINEConv, GATConv, GATv2Conv, GraphConv, EdgeConv)
+# Norms that act on each row alone (in eval mode), so they commute with dropping rows.
+_ROW_NORMS = (torch.nn.Identity, BatchNorm, torch.nn.BatchNorm1d)
+
+
+def trims_by_rows(gnn: BasicGNN) -> bool:
+    """True when :func:`trimmed_forward` computes ``gnn``'s forward: bipartite layers, row-wise
+    norms, no jumping knowledge (which would read every hop's rows)."""
+    return (
+        gnn.jk_mode is None
+        and all(isinstance(conv, _BIPARTITE) for conv in gnn.convs)
+        and all(isinstance(norm, _ROW_NORMS) for norm in gnn.norms)
+    )
+
+
+def trimmed_forward(
+    gnn: BasicGNN,
+    x: Tensor,
+    edge_index: Tensor,
+    level_sizes: Sequence[int],
+    edge_attr: Tensor | None = None,
+) -> Tensor:
+    """``gnn``'s output for the first rows of ``x`` (at least the seeds'); layer ``i`` reads
+    hops ``0..L-i`` and writes hops ``0..L-1-i``. As ``BasicGNN.forward`` between layers: act
+    (first or after), norm, dropout."""
+    layers = gnn.num_layers
+    rows = list(itertools.accumulate(level_sizes))
+    edges = list(itertools.accumulate(edges_per_hop(edge_index, level_sizes)))
+    for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
+        keep = layers - 1 - i  # the deepest hop whose rows this layer's output feeds
+        attr = None
+        if edge_attr is not None and gnn.supports_edge_attr:
+            attr = edge_attr[: edges[keep]]
+        x = layer_on_rows(conv, x, rows[keep], edge_index[:, : edges[keep]], attr)
+        if i < layers - 1:
+            if gnn.act is not None and gnn.act_first:
+                x = gnn.act(x)
+            x = norm(x)
+            if gnn.act is not None and not gnn.act_first:
+                x = gnn.act(x)
+            x = gnn.dropout(x)
+    return x
+
+
+def layer_on_rows(
+    conv: torch.nn.Module,
+    x: Tensor,
+    rows: int,
+    edge_index: Tensor,
+    edge_attr: Tensor | None = None,
+) -> Tensor:
+    """One layer's output for the first ``rows`` rows of ``x`` (its destinations), whose
+    in-edges ``edge_index`` holds."""
+    if isinstance(conv, MessagePassing) and runs_stock_propagate(conv):
+        if (
+            isinstance(conv, SAGEConv)
+            and conv.aggr == "mean"
+            and conv.root_weight
+            and not (conv.project or conv.normalize)
+        ):
+            mean = aggregate_in_edges(x, edge_index, rows, mean=True)
+            return conv.lin_l(mean) + conv.lin_r(x[:rows])
+        if isinstance(conv, GINConv) and conv.aggr == "add":
+            total = aggregate_in_edges(x, edge_index, rows, mean=False)
+            return conv.nn(total + (1 + conv.eps) * x[:rows])
+    if edge_attr is not None:
+        return conv((x, x[:rows]), edge_index, edge_attr=edge_attr)
+    return conv((x, x[:rows]), edge_index)
+
+
+def runs_stock_propagate(conv: MessagePassing) -> bool:
+    """True when ``conv.propagate`` would do nothing but aggregate: no explainer masks, no
+    hooks, no decomposed layers (what :func:`aggregate_in_edges` may stand in for)."""
+    hooks = (
+        conv._propagate_forward_pre_hooks,
+        conv._propagate_forward_hooks,
+        conv._message_forward_pre_hooks,
+        conv._message_forward_hooks,
+        conv._aggregate_forward_pre_hooks,
+        conv._aggregate_forward_hooks,
+    )
+    return not conv.explain and conv.decomposed_layers == 1 and not any(hooks)
+
+
+def aggregate_in_edges(x: Tensor, edge_index: Tensor, rows: int, mean: bool) -> Tensor:
+    """Sum (or mean) of ``x[src]`` into each of the first ``rows`` rows over ``edge_index``.
+
+    The arithmetic of PyG's ``propagate`` with ``aggr="sum"|"mean"`` (the same additions in the
+    same order, so the same bits), without its per-call bookkeeping.
+    """
+    src, dst = edge_index
+    total = x.new_zeros(rows, x.size(1)).index_add_(0, dst, x.index_select(0, src))
+    if not mean:
+        return total
+    count = torch.bincount(dst, minlength=rows).clamp_(min=1).to(x.dtype)
+    return total / count.unsqueeze(1)
+
+
+def edges_per_hop(edge_index: Tensor, level_sizes: Sequence[int]) -> list[int]:
+    """Edges into each hop's rows (hops ``0..L-1``); they must come grouped in hop order."""
+    bounds = torch.tensor(list(itertools.accumulate(level_sizes)), device=edge_index.device)
+    hop_of_dst = torch.bucketize(edge_index[1], bounds, right=True)
+    counts = torch.bincount(hop_of_dst, minlength=len(level_sizes))[: len(level_sizes) - 1]
+    return [int(c) for c in counts]
