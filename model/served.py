@@ -162,9 +162,7 @@ def choose_edge_input(
     chosen = EdgeInput(asked)
     takes = takes_attr if chosen is EdgeInput.EDGE_ATTR else takes_weight
     if not takes:
-        raise ValueError(
-            f"--edge-input {asked}: {type(module).__name__}.{method} takes no {asked}"
-        )
+        raise ValueError(f"--edge-input {asked}: {type(module).__name__}.{method} takes no {asked}")
     if chosen is EdgeInput.EDGE_WEIGHT and edge_dim != 1:
         raise ValueError(
             f"--edge-input edge_weight needs exactly one edge feature, the graph has {edge_dim}"

@@ -30,7 +30,6 @@ from __future__ import annotations
 import importlib
 import math
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,7 +41,6 @@ from torch_geometric.explain.algorithm import CaptumExplainer
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
 from handler.core.sampler import SampledSubgraph
-from handler.protocol.class_answer import class_answer
 from handler.settings import ServingSettings
 
 METHOD = "IntegratedGradients"
@@ -287,9 +285,3 @@ class EgoExplanation:
         return summarize(
             attribution, node_ids, inputs.edge_index, inputs.keys, self.settings.explain_top_k
         )
-
-
-def classes(logits: torch.Tensor, class_names: Sequence[str] | None) -> dict[str, Any]:
-    """The class answer of one row of logits."""
-    names = list(class_names) if class_names is not None else None
-    return class_answer(torch.softmax(logits.float(), dim=-1).cpu().tolist(), names)

@@ -1,10 +1,12 @@
 """Graph classification requests: inline graphs, one forward pass per TorchServe batch.
 
 Every valid request's graph joins one ``torch_geometric.data.Batch`` (a disjoint union), the
-classifier runs once, and each request gets its graph's row. A graph's answer depends only on
-its own nodes and edges, so it is the answer it gets alone (to float rounding: the tests allow
-1e-6). A batch whose forward pass fails is retried graph by graph, so only the graph that
-causes the failure gets a 500.
+model runs once, and each request gets its graph's row. A graph's answer depends only on its
+own nodes and edges, so it is the answer it gets alone (to float rounding: the tests allow
+1e-6; the build verifies it for every archive). A batch whose forward pass fails is retried
+graph by graph, so only the graph that causes the failure gets a 500. Any graph model serves
+(``model.graph_level.GraphModel``: the presets, the user's class); its rows are answered as
+node rows are (class answers of logits or probabilities, ``output`` for raw rows).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from typing import Any
 import torch
 
 from handler.core.batch import Batch, BatchEngine, Group, timed
-from handler.protocol.class_answer import class_answer
+from handler.protocol.class_answer import node_answer
+from handler.protocol.errors import BadRequest
 from handler.protocol.kserve_v2 import class_outputs, inference_response
 from handler.settings import ServingSettings
 from handler.tasks.graph.requests import GraphRequest, parse_graph_request
 from model.device import to_serving_device
-from model.graph_level import GraphClassifier, as_data, batch_of
+from model.graph_level import GraphModel, as_data, batch_of
+from model.served import answer_rows, serving_needs
 
 
 class GraphEngine(BatchEngine[GraphRequest]):
@@ -36,11 +40,15 @@ class GraphEngine(BatchEngine[GraphRequest]):
         model_version: str,
         model_name: str = "graphs",
     ) -> None:
-        if not isinstance(model, GraphClassifier):
-            raise TypeError(f"a graph archive needs a GraphClassifier, got {type(model).__name__}")
+        if not isinstance(model, GraphModel):
+            raise TypeError(
+                f"a graph archive needs a graph model (forward_with_embedding, in_dim), got "
+                f"{type(model).__name__}"
+            )
         self.model = to_serving_device(model, device)
-        self.classifier: GraphClassifier = model
-        self.in_dim = int(model.encoder.gnn.in_channels)
+        self.classifier = model
+        self.in_dim = model.in_dim
+        self.output = serving_needs(model).output
         self.class_names = class_names
         self.settings = settings
         self.device = device
@@ -49,9 +57,16 @@ class GraphEngine(BatchEngine[GraphRequest]):
 
     def parse(self, item: Any) -> GraphRequest:
         settings = self.settings
-        return parse_graph_request(
+        request = parse_graph_request(
             item, self.in_dim, settings.max_graph_nodes, settings.max_graph_edges
         )
+        if request.return_embedding and not self.classifier.embeds:
+            raise BadRequest(
+                "return_embedding: this archive's model names no graph embedding (its forward "
+                "calls no Linear layer on one row per graph); rebuild it with "
+                "--embedding-method NAME, a method of the model returning one row per graph"
+            )
+        return request
 
     def make_group(self, positions: list[int], outcomes: list[Any]) -> Any:
         return batch_of([as_data(outcomes[p].x, outcomes[p].edge_index) for p in positions])
@@ -67,22 +82,25 @@ class GraphEngine(BatchEngine[GraphRequest]):
         stop()
         stop = timed(batch.times, "forward")
         with torch.inference_mode():
-            logits, embedding = self.classifier.forward_with_embedding(x, edge_index, assignment)
-            probabilities = torch.softmax(logits.float(), dim=-1).cpu()
-            embedding = embedding.float().cpu()
+            rows, embedding = self.classifier.forward_with_embedding(x, edge_index, assignment)
+            answers = answer_rows(rows, self.output).cpu()
+            embeddings = None if embedding is None else embedding.float().cpu()
         stop()
         for row, position in enumerate(group.positions):
-            batch.results[position] = (probabilities[row], embedding[row])
+            batch.results[position] = (
+                answers[row],
+                None if embeddings is None else embeddings[row],
+            )
 
     def body(self, request: GraphRequest, result: Any) -> dict[str, Any]:
-        probabilities, embedding = result
+        row, embedding = result
         if request.protocol == "v2":  # one graph: predicted_class [1], probabilities [1, C]
-            outputs = class_outputs([probabilities.tolist()])
+            outputs = class_outputs([row.tolist()])
             return inference_response(
                 request.request_id, self.model_name, self.model_version, outputs
             )
-        answer = class_answer(probabilities.tolist(), self.class_names)
-        if request.return_embedding:
+        answer = node_answer(row.tolist(), self.output, self.class_names)
+        if request.return_embedding and embedding is not None:
             answer["embedding"] = embedding.tolist()
         answer["model_version"] = self.model_version
         return answer

@@ -1,5 +1,5 @@
 """Graph explanations: ``{"graph": ...}``, the predicted class's logit of the inline graph
-explained on the graph itself (node keys are its local node numbers)."""
+(a raw output's value) explained on the graph itself (node keys are its local node numbers)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import torch
 
 from handler.core.batch import Batch
 from handler.core.ego import plain_module
-from handler.core.explain import classes, integrated_gradients, summarize
+from handler.core.explain import integrated_gradients, summarize
+from handler.protocol.class_answer import node_answer
 from handler.protocol.kserve_v2 import explanation_refusal
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.graph.requests import GRAPH_EXAMPLE, GraphRequest
+from model.served import answer_rows
+from model.user_model import Output
 
 
 class GraphExplanation:
@@ -42,14 +45,15 @@ class GraphExplanation:
         x = torch.from_numpy(target.x).to(device)
         edge_index = torch.from_numpy(target.edge_index).to(device)
         assignment = torch.zeros(x.shape[0], dtype=torch.long, device=device)
+        output = self.graphs.output
         with torch.no_grad():
-            logits = model(x, edge_index, assignment)[0]
-        answer = classes(logits, self.graphs.class_names)
+            row = answer_rows(model(x, edge_index, assignment)[0], output)
+        answer = node_answer(row.cpu().tolist(), output, self.graphs.class_names)
         attribution = integrated_gradients(
             model,
             x,
             edge_index,
-            mode="multiclass_classification",
+            mode="regression" if output is Output.RAW else "multiclass_classification",
             level="graph",
             steps=settings.explain_steps,
             budget_s=settings.explain_time_budget_ms / 1000,

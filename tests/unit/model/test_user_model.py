@@ -137,8 +137,9 @@ def test_tensor_arguments_are_written_as_tensor_objects() -> None:
     assert torch.equal(module.scale, torch.tensor([1.0, 2.0]))
 
 
-def test_the_config_round_trips_and_refuses_other_tasks() -> None:
-    config = UserModelConfig(model_class="a.B", in_dim=4, out_dim=3, num_layers=2)
-    assert UserModelConfig.from_dict(config.to_dict()) == config
-    with pytest.raises(ValueError, match="task node"):
-        UserModelConfig(model_class="a.B", in_dim=4, out_dim=3, num_layers=2, task="link")
+def test_the_config_round_trips_for_every_task_and_refuses_an_unknown_one() -> None:
+    for task in ("node", "link", "graph"):
+        config = UserModelConfig(model_class="a.B", in_dim=4, out_dim=3, num_layers=2, task=task)
+        assert UserModelConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match="task must be one of"):
+        UserModelConfig(model_class="a.B", in_dim=4, out_dim=3, num_layers=2, task="edge")
