@@ -1,10 +1,18 @@
 """``python -m archive_build.own_model``: packages the user's own model class for an archive.
 
-Checks the class, its arguments and the ``state_dict`` against the graph, infers what serving
-needs to know (hops, edge-feature input, output width, the embedding layer) from one forward on
-a small graph, and writes the model directory ``build_mar.sh`` stages: ``model.pt`` (the
-weights as given), ``model_config.json`` (:class:`model.user_model.UserModelConfig`),
-``metrics.json`` and ``user_model/<file>.py``. Every refusal is one line.
+Checks the class, its arguments and the ``state_dict`` against the graph (or, for ``--task
+graph``, the dataset of small graphs, which only sizes the model: there is no training), infers
+what serving needs to know from one forward on a small graph (hops, edge-feature input, output
+width, the embedding layer), and writes the model directory ``build_mar.sh`` stages:
+``model.pt`` (the weights as given), ``model_config.json``
+(:class:`model.user_model.UserModelConfig`), ``metrics.json``, ``user_model/<file>.py``, and per
+task ``link/`` (every node's embedding, ``model.link_assets``) or ``classes.json``. Every
+refusal is one line.
+
+- ``node``: ``forward(x, edge_index[, edge_attr | edge_weight])`` -> one row per node.
+- ``link``: PyG's GAE convention, ``encode(x, edge_index[, edge_attr | edge_weight])`` -> one
+  embedding per node and ``decode(z, edge_label_index)`` -> one score per pair.
+- ``graph``: ``forward(x, edge_index, batch)`` -> one row per graph.
 """
 
 from __future__ import annotations
@@ -13,14 +21,22 @@ import argparse
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from graph_assets import StoreError, open_store
+from graph_assets.graph_dataset import GraphDataset, open_graph_dataset
 from graph_assets.store import GraphStore
+from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
+from model.graph_level import CLASSES_FILE, as_data
+from model.link_assets import LINK_DIR, write_link_assets
 from model.served import choose_edge_input, probe, trims
+from model.served_graph import UserGraphModel, probe_graph
+from model.served_link import UserLinkModel, check_link_methods, decoded_scores, method_of
 from model.user_model import (
     MODEL_FILE_DIR,
     EdgeInput,
@@ -34,8 +50,20 @@ from model.user_model import (
 )
 
 
-def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
-    """Checks and writes the model directory; returns its config."""
+@dataclass(frozen=True)
+class Loaded:
+    """The user's class, instantiated with its arguments and weights, in eval mode."""
+
+    module: torch.nn.Module
+    name: str  # the class's name, for messages
+    model_args: dict[str, Any]
+    model_file: Path | None
+    weights: Path
+
+
+def load(args: argparse.Namespace) -> Loaded:
+    """The class from ``--model-class``/``--model-file`` with ``--model-args`` and
+    ``--weights``."""
     model_file = Path(args.model_file) if args.model_file else None
     if args.model_args_file:
         path = Path(args.model_args_file)
@@ -49,71 +77,245 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     weights = Path(args.weights)
     load_weights(module, read_state_dict(weights), f"--weights {weights}")
     module.eval()
+    return Loaded(module, cls.__name__, model_args, model_file, weights)
+
+
+def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
+    """Checks and writes the model directory of a node archive; returns its config."""
+    loaded = load(args)
+    module, name = loaded.module, loaded.name
     edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input)
     seen = probe(module, store.feature_dim, store.edge_feature_dim, edge_input)
-    hops = args.num_hops if args.num_hops is not None else seen.steps
-    if hops < 1:
-        raise ValueError(
-            f"{cls.__name__}.forward called no message-passing layer (torch_geometric "
-            "MessagePassing): give --num-hops K, the number of hops its answer depends on"
-        )
+    hops = _hops(args, seen.steps, f"{name}.forward")
     output = Output(args.output)
     if output is not Output.RAW and seen.out_dim != store.num_classes:
         raise ValueError(
-            f"{cls.__name__} returns {seen.out_dim} values per node but the graph has "
+            f"{name} returns {seen.out_dim} values per node but the graph has "
             f"{store.num_classes} classes: build with --output raw for values that are not "
             "class scores, or check out_channels in --model-args"
         )
     embedding = f"method:{args.embedding_method}" if args.embedding_method else seen.last_layer
     if args.embedding_method and not callable(getattr(module, args.embedding_method, None)):
-        raise ValueError(
-            f"--embedding-method {args.embedding_method}: {cls.__name__} has no such method"
-        )
-    config = UserModelConfig(
-        model_class=args.model_class,
-        model_file=model_file.name if model_file else None,
-        model_args=model_args,
+        raise ValueError(f"--embedding-method {args.embedding_method}: {name} has no such method")
+    config = _config(
+        args,
+        loaded,
         in_dim=store.feature_dim,
         out_dim=seen.out_dim,
         num_layers=hops,
-        output=output,
         edge_input=edge_input,
         boundary_degrees=seen.source_degrees,
         trim=trims(module),
         embedding=embedding,
     )
+    _write(Path(args.out), loaded, config)
+    _print_model(args, name, hops, seen.steps)
+    _print_output(config, store, f"{seen.out_dim} per node", seen.source_degrees)
+    return config
+
+
+def package_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
+    """Checks and writes the model directory of a link archive, with ``link/``: every node's
+    embedding from one full-graph ``encode``."""
+    if args.embedding_method:
+        raise ValueError(
+            "--embedding-method goes with node and graph archives: a link archive's embeddings "
+            "are what encode returns"
+        )
+    loaded = load(args)
+    module, name = loaded.module, loaded.name
+    check_link_methods(module)
+    edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input, "encode")
+    seen = probe(module, store.feature_dim, store.edge_feature_dim, edge_input, "encode")
+    hops = _hops(args, seen.steps, f"{name}.encode")
+    config = _config(
+        args,
+        loaded,
+        in_dim=store.feature_dim,
+        out_dim=seen.out_dim,
+        num_layers=hops,
+        edge_input=edge_input,
+        boundary_degrees=seen.source_degrees,
+    )
+    model = UserLinkModel(module, config).eval()
+    scores = _probe_decode(model, seen.out_dim)
     out = Path(args.out)
+    _write(out, loaded, config)
+    meta = write_link_assets(model, store, out / LINK_DIR)
+    _print_model(args, name, hops, seen.steps)
+    _print_output(config, store, f"{name}.decode scores pairs of {seen.out_dim}-wide embeddings")
+    print(f"  embeddings of {meta['num_nodes']} nodes from one full-graph encode -> {LINK_DIR}/")
+    if config.output is Output.LOGITS and bool(((scores >= 0) & (scores <= 1)).all()):
+        print(
+            "  note: decode's scores on a small test graph all lie in [0, 1]; if decode returns "
+            "probabilities (PyG's GAE.decode applies a sigmoid by default), build with "
+            "--output probabilities, or the answers are their sigmoid"
+        )
+    return config
+
+
+def package_graph(args: argparse.Namespace, dataset: GraphDataset) -> UserModelConfig:
+    """Checks and writes the model directory of a graph archive (``classes.json`` from the
+    dataset, which only sizes the model)."""
+    if args.num_hops is not None:
+        raise ValueError(
+            "--num-hops goes with node and link archives: a graph archive answers each inline "
+            "graph whole"
+        )
+    if args.edge_input not in ("auto", "none"):
+        raise ValueError(
+            f"--edge-input {args.edge_input}: inline graphs carry no edge features, so a graph "
+            "archive's model gets none"
+        )
+    loaded = load(args)
+    module, name = loaded.module, loaded.name
+    if args.embedding_method and not callable(getattr(module, args.embedding_method, None)):
+        raise ValueError(f"--embedding-method {args.embedding_method}: {name} has no such method")
+    seen = probe_graph(module, dataset.feature_dim, args.embedding_method)
+    output = Output(args.output)
+    if output is not Output.RAW and seen.out_dim != dataset.num_classes:
+        raise ValueError(
+            f"{name} returns {seen.out_dim} values per graph but the dataset has "
+            f"{dataset.num_classes} classes: build with --output raw for values that are not "
+            "class scores, or check the class count in --model-args"
+        )
+    embedding = f"method:{args.embedding_method}" if args.embedding_method else seen.last_linear
+    config = _config(
+        args,
+        loaded,
+        in_dim=dataset.feature_dim,
+        out_dim=seen.out_dim,
+        num_layers=seen.steps,
+        embedding=embedding,
+    )
+    out = Path(args.out)
+    metrics = {}
+    if output is not Output.RAW:
+        metrics["labelled_accuracy"] = labelled_accuracy(UserGraphModel(module, config), dataset)
+    _write(out, loaded, config, metrics)
+    (out / CLASSES_FILE).write_text(json.dumps({"class_names": dataset.class_names}) + "\n")
+    plural = "" if seen.steps == 1 else "s"
+    print(f"  model {name}: {seen.steps} message-passing step{plural} in one forward")
+    print(
+        f"  output {output.value}, {seen.out_dim} per graph; embedding: "
+        + (
+            f"{args.embedding_method}(x, edge_index, batch)"
+            if args.embedding_method
+            else f"the input of {embedding}"
+            if embedding
+            else "none (return_embedding is refused; --embedding-method NAME names one)"
+        )
+    )
+    if "labelled_accuracy" in metrics:
+        print(f"  accuracy on the dataset's labelled graphs {metrics['labelled_accuracy']:.3f}")
+    return config
+
+
+def labelled_accuracy(model: UserGraphModel, dataset: GraphDataset) -> float:
+    """Share of the dataset's labelled graphs whose predicted class is their label (each graph
+    alone: the build's figure, not a test score)."""
+    correct = labelled = 0
+    with torch.no_grad():
+        for x, edge_index, label in dataset.graphs():
+            if label < 0:
+                continue
+            graph = as_data(x, edge_index)
+            rows = model(graph.x, graph.edge_index)
+            correct += int(int(rows[0].argmax()) == label)
+            labelled += 1
+    return correct / max(1, labelled)
+
+
+def _probe_decode(model: UserLinkModel, width: int) -> torch.Tensor:
+    """``decode`` on three pairs of random embeddings: one score per pair, or a one-line
+    refusal naming what it returned."""
+    z = torch.randn(4, width, generator=torch.Generator().manual_seed(0))
+    pairs = torch.tensor([[0, 1, 2], [1, 2, 3]])
+    name = type(model.module).__name__
+    try:
+        with torch.no_grad():
+            scores = method_of(model.module, "decode")(z, pairs)
+    except Exception as error:
+        raise ValueError(
+            f"{name}.decode(z, edge_label_index) failed on 3 pairs of {width}-wide embeddings: "
+            f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        ) from None
+    return decoded_scores(name, scores, 3)
+
+
+def _hops(args: argparse.Namespace, steps: int, called: str) -> int:
+    hops = int(args.num_hops) if args.num_hops is not None else steps
+    if hops < 1:
+        raise ValueError(
+            f"{called} called no message-passing layer (torch_geometric MessagePassing): give "
+            "--num-hops K, the number of hops its answer depends on"
+        )
+    return hops
+
+
+def _config(args: argparse.Namespace, loaded: Loaded, **inferred: Any) -> UserModelConfig:
+    return UserModelConfig(
+        task=Task.parse(args.task),
+        model_class=args.model_class,
+        model_file=loaded.model_file.name if loaded.model_file else None,
+        model_args=loaded.model_args,
+        output=Output(args.output),
+        **inferred,
+    )
+
+
+def _write(
+    out: Path, loaded: Loaded, config: UserModelConfig, metrics: dict[str, Any] | None = None
+) -> None:
+    """``model.pt`` (the weights as given), the model file, ``model_config.json`` and
+    ``metrics.json``."""
     out.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(weights, out / WEIGHTS_FILE)
-    if model_file is not None:
+    shutil.copyfile(loaded.weights, out / WEIGHTS_FILE)
+    if loaded.model_file is not None:
         (out / MODEL_FILE_DIR).mkdir(exist_ok=True)
-        shutil.copyfile(model_file, out / MODEL_FILE_DIR / model_file.name)
+        shutil.copyfile(loaded.model_file, out / MODEL_FILE_DIR / loaded.model_file.name)
     (out / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    metrics = {"model_class": args.model_class, "weights": weights.name}
-    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n")
+    recorded = {"model_class": config.model_class, "weights": loaded.weights.name}
+    (out / METRICS_FILE).write_text(json.dumps({**recorded, **(metrics or {})}, indent=2) + "\n")
+
+
+def _print_model(args: argparse.Namespace, name: str, hops: int, steps: int) -> None:
     how = (
         "given by --num-hops"
         if args.num_hops is not None
-        else (f"inferred: {seen.steps} message-passing steps in one forward; --num-hops sets it")
+        else f"inferred: {steps} message-passing steps in one forward; --num-hops sets it"
     )
-    print(f"  model {cls.__name__}: {hops} hops ({how})")
+    print(f"  model {name}: {hops} hops ({how})")
+
+
+def _print_output(
+    config: UserModelConfig, store: GraphStore, rows: str, source_degrees: bool = False
+) -> None:
     edges = "none"
-    if edge_input is not EdgeInput.NONE:
-        edges = f"{edge_input.value} ({store.edge_feature_dim} wide)"
+    if config.edge_input is not EdgeInput.NONE:
+        edges = f"{config.edge_input.value} ({store.edge_feature_dim} wide)"
     print(
-        f"  output {output.value}, {seen.out_dim} per node; edge features: {edges}"
+        f"  output {config.output.value}, {rows}; edge features: {edges}"
         + (
             "; the deepest hop carries full-graph degrees (degree-normalising layers)"
-            if seen.source_degrees
+            if source_degrees or config.boundary_degrees
             else ""
         )
     )
-    return config
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m archive_build.own_model", description=__doc__)
-    parser.add_argument("--store", required=True, help="the graph store the model serves")
+    parser.add_argument(
+        "--task",
+        choices=[task.value for task in Task],
+        default=Task.NODE.value,
+        help="node (forward), link (encode and decode) or graph (forward with batch)",
+    )
+    parser.add_argument("--store", help="the graph store the model serves (node and link)")
+    parser.add_argument(
+        "--dataset", help="--task graph: the dataset store of small graphs that sizes the model"
+    )
     parser.add_argument(
         "--model-class", required=True, help="class name in --model-file, or a dotted path"
     )
@@ -135,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
         default="auto",
         help="how edge features reach forward (default: what forward takes)",
     )
-    parser.add_argument("--embedding-method", help="a method returning node embeddings")
+    parser.add_argument("--embedding-method", help="a method returning node (or graph) embeddings")
     parser.add_argument("--out", required=True, help="model directory to write")
     return parser
 
@@ -148,9 +350,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.num_hops is not None and args.num_hops < 1:
         print(f"error: --num-hops must be >= 1, got {args.num_hops}", file=sys.stderr)
         return 1
+    graph_task = args.task == Task.GRAPH.value
+    if graph_task != bool(args.dataset) or graph_task == bool(args.store):
+        print(
+            "error: give --store STORE (node and link) or --dataset DSET (--task graph)",
+            file=sys.stderr,
+        )
+        return 1
     try:
         with torch.no_grad():
-            package(args, open_store(Path(args.store)))
+            if graph_task:
+                package_graph(args, open_graph_dataset(Path(args.dataset)))
+            elif args.task == Task.LINK.value:
+                package_link(args, open_store(Path(args.store)))
+            else:
+                package(args, open_store(Path(args.store)))
     except (ValueError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

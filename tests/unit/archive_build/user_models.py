@@ -1,4 +1,5 @@
-"""Model classes a user might ship in a model file (loaded by the tests with --model-file)."""
+"""Model classes a user might ship in a model file (loaded by the tests with --model-file): node
+models, GAE-style link models (encode and decode) and graph-level models."""
 
 from __future__ import annotations
 
@@ -6,14 +7,19 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import (
     APPNP,
+    GATConv,
     GATv2Conv,
+    GCNConv,
     GINEConv,
     GraphConv,
     ResGatedGraphConv,
     SAGEConv,
     SGConv,
     TransformerConv,
+    global_add_pool,
+    global_mean_pool,
 )
+from torch_geometric.nn.models import GAE, GIN, GraphSAGE
 
 
 class SkipSage(torch.nn.Module):
@@ -94,3 +100,118 @@ class GlobalCentre(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return self.conv(x - x.mean(dim=0, keepdim=True), edge_index)
+
+
+class SageLink(torch.nn.Module):
+    """GAE-style: a stock GraphSAGE encoder and a dot-product decode (scores are logits)."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int) -> None:
+        super().__init__()
+        self.encoder = GraphSAGE(in_channels, hidden, num_layers=2, out_channels=out_channels)
+
+    def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.encoder(x, edge_index)
+
+    def decode(self, z: Tensor, edge_label_index: Tensor) -> Tensor:
+        return (z[edge_label_index[0]] * z[edge_label_index[1]]).sum(dim=-1)
+
+
+class EdgeGatLink(torch.nn.Module):
+    """An encoder that reads edge features (GATConv with edge_dim, 3 hops with a SAGEConv) and
+    an MLP decode on the element-wise product."""
+
+    def __init__(self, in_channels: int, hidden: int, edge_dim: int) -> None:
+        super().__init__()
+        self.gat = GATConv(in_channels, hidden, heads=2, concat=False, edge_dim=edge_dim)
+        self.sage = SAGEConv(hidden, hidden)
+        self.gcn = GCNConv(hidden, hidden)
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+        )
+
+    def encode(self, x: Tensor, edge_index: Tensor, edge_attr: Tensor) -> Tensor:
+        h = self.gat(x, edge_index, edge_attr).relu()
+        h = self.sage(h, edge_index).relu()
+        return self.gcn(h, edge_index)
+
+    def decode(self, z: Tensor, edge_label_index: Tensor) -> Tensor:
+        return self.mlp(z[edge_label_index[0]] * z[edge_label_index[1]]).squeeze(-1)
+
+
+class SageGae(GAE):
+    """PyG's own GAE around a GraphSAGE encoder: its decode returns sigmoid probabilities."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int) -> None:
+        super().__init__(GraphSAGE(in_channels, hidden, num_layers=2, out_channels=out_channels))
+
+
+class EncodeOnly(torch.nn.Module):
+    """An encoder without a decode."""
+
+    def __init__(self, in_channels: int, hidden: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, hidden)
+
+    def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv(x, edge_index)
+
+
+class PairNormLink(SageLink):
+    """Not per pair: decode normalises the scores over every pair it is given."""
+
+    def decode(self, z: Tensor, edge_label_index: Tensor) -> Tensor:
+        scores = super().decode(z, edge_label_index)
+        return scores - scores.mean()
+
+
+class GinGraph(torch.nn.Module):
+    """Graph classification as PyG's examples write it: GIN layers, sum pooling, an MLP head;
+    ``embed`` is the pooled vector."""
+
+    def __init__(self, in_channels: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.gin = GIN(in_channels, hidden, num_layers=3)
+        self.head1 = torch.nn.Linear(hidden, hidden)
+        self.head2 = torch.nn.Linear(hidden, classes)
+
+    def embed(self, x: Tensor, edge_index: Tensor, batch: Tensor) -> Tensor:
+        return global_add_pool(self.gin(x, edge_index).relu(), batch)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor) -> Tensor:
+        return self.head2(self.head1(self.embed(x, edge_index, batch)).relu())
+
+
+class PooledConv(torch.nn.Module):
+    """A SAGEConv to class scores, mean-pooled: no Linear layer sees one row per graph."""
+
+    def __init__(self, in_channels: int, classes: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, classes)
+
+    def forward(
+        self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None
+    ) -> Tensor:
+        return global_mean_pool(self.conv(x, edge_index), batch)
+
+
+class BatchStatsGraph(torch.nn.Module):
+    """Batch statistics: BatchNorm1d without running stats normalises over every node of the
+    batch, in eval mode too."""
+
+    def __init__(self, in_channels: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.conv = GraphConv(in_channels, hidden)
+        self.norm = torch.nn.BatchNorm1d(hidden, track_running_stats=False)
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor) -> Tensor:
+        h = self.norm(self.conv(x, edge_index)).relu()
+        return self.head(global_mean_pool(h, batch))
+
+
+class DropoutGraph(BatchStatsGraph):
+    """Randomness in eval mode: dropout with training=True."""
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor) -> Tensor:
+        h = torch.nn.functional.dropout(self.conv(x, edge_index), p=0.5, training=True)
+        return self.head(global_mean_pool(h.relu(), batch))
