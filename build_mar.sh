@@ -15,7 +15,8 @@ the serialized graph (or, with --graph-location, where it is and its checksum), 
 (or given) weights, the handler and its model-config YAML.
 With no options: the demo graph (graph_assets/demo), GraphSAGE, model_store/gnn.mar.
 --task link trains a link predictor on the graph's edges; --task graph trains a graph
-classifier on a directory of small graphs (no stored graph in the archive).
+classifier on a directory of small graphs (no stored graph in the archive). --model-class
+serves your own trained class instead, for every task.
 
 Graph
   --graph DIR             input graph: DIR/nodes.csv + DIR/edges.csv (or .parquet); format in
@@ -57,31 +58,43 @@ Model
                           train`; the architecture comes from FILE's sibling model_config.json
                           if present, else from the flags) or of your own class (--model-class)
 
-Your own model (docs/models.md; --task node)
+Your own model (docs/models.md; every task)
   --model-class NAME      your class: its name in --model-file, or an importable dotted path
-                          such as torch_geometric.nn.models.GraphSAGE; needs --weights. Its
-                          forward is PyG's: forward(x, edge_index[, edge_attr | edge_weight])
-                          -> one row per node
+                          such as torch_geometric.nn.models.GraphSAGE; needs --weights. PyG's
+                          conventions: --task node: forward(x, edge_index[, edge_attr |
+                          edge_weight]) -> one row per node; --task link: encode(x,
+                          edge_index[, edge_attr | edge_weight]) -> one embedding per node
+                          and decode(z, edge_label_index) -> one score per pair (GAE);
+                          --task graph: forward(x, edge_index, batch) -> one row per graph
+                          (the dataset only sizes it: nothing is trained)
   --model-file FILE       the Python file that defines the class; it goes into the archive
                           and workers import it from there (it is code: docs/security.md)
   --model-args JSON       the constructor's keyword arguments, e.g. '{"hidden": 64}'
   --model-args-file F     the same from a JSON file
   --output KIND           logits (default: answers carry softmax probabilities, the class and
-                          its label), probabilities (rows taken as they are), or raw (values
-                          returned as they are: regression, risk scores)
+                          its label; link scores are sigmoid(decode)), probabilities (rows or
+                          scores taken as they are: PyG's GAE.decode returns probabilities),
+                          or raw (values returned as they are: regression, risk scores)
   --num-hops K            the model's receptive field = hops sampled (default: inferred from
-                          one forward: the message-passing steps it makes, printed)
+                          one forward, or link: one encode: the message-passing steps it
+                          makes, printed); node and link
   --edge-input KIND       auto (default: edge_attr when forward takes it, else edge_weight for
                           one edge feature), edge_attr, edge_weight or none
-  --embedding-method NAME a method of your class returning node embeddings for
-                          return_embedding (default: the input of the last message-passing
-                          layer the forward calls)
+  --embedding-method NAME a method of your class, called with the forward's arguments,
+                          returning embeddings for return_embedding (default: node: the input
+                          of the last message-passing layer the forward calls; graph: the
+                          input of the last Linear layer when it sees one row per graph, else
+                          none and return_embedding is refused); link embeddings are encode's
 
-Verification (every archive with a stored graph)
-  --verify-tolerance X    before the archive is written, its serving path runs in process with
-                          full neighbourhoods on 256 random nodes and the 16 highest in-degree
-                          ones and is compared with the model's full-graph forward; above X the
-                          build stops naming the worst node and the likely cause (default 1e-5)
+Verification (every archive)
+  --verify-tolerance X    before the archive is written, its serving path runs in process and
+                          is compared with the model's own answer; node: 256 random nodes and
+                          the 16 highest in-degree ones with full neighbourhoods against the
+                          full-graph forward; link: 256 random pairs and 32 touching those
+                          hubs, and the hubs' top-10, against decode(encode(whole graph));
+                          graph: 64 dataset graphs in batches of 8 against each one alone.
+                          Above X the build stops naming the worst node, pair or graph and the
+                          likely cause (default 1e-5)
   --no-verify             skip that check (recorded in build_info.json)
 
 Serving (written to the archive's model-config YAML)
@@ -203,10 +216,10 @@ if [ -z "$arch" ]; then if [ "$task" = graph ]; then arch=gin; else arch=sage; f
 [ -x "$PYTHON" ] || die "no Python environment at $PYTHON; run 'make install' first"
 [ -n "$weights" ] && { [ -f "$weights" ] || die "--weights $weights: no such file"; }
 if [ -n "$model_class" ]; then
-  [ "$task" = node ] || die "--model-class serves --task node (link and graph archives use the presets)"
   [ -n "$weights" ] || die "--model-class needs --weights: the state_dict you trained (torch.save(model.state_dict(), F))"
   [ -z "$precompute" ] || die "--precompute serves the presets (--arch); with --model-class leave it out"
   [ ${#model_args[@]} -eq 0 ] || die "--hidden-dim/--num-layers/--heads size a preset; give your class's arguments with --model-args"
+  [ ${#task_args[@]} -eq 0 ] || die "${task_args[0]} configures a preset; your class decodes (link) or pools (graph) itself"
 elif [ ${#own_args[@]} -gt 0 ]; then
   die "${own_args[0]} goes with --model-class (your own model class)"
 fi
@@ -268,7 +281,15 @@ else
     "${graph_args[@]}"
 fi
 
-if [ "$task" != node ]; then
+if [ -n "$model_class" ]; then
+  step "2/4 packaging your $task model $model_class with the weights $weights"
+  source=(--store "$graph_store"); [ "$task" != graph ] || source=(--dataset "$graph_meta")
+  "$PYTHON" -m archive_build.own_model --task "$task" "${source[@]}" --weights "$weights" \
+    --out "$work/model" "${own_args[@]}" || exit 1
+  if [ -d "$work/model/user_model" ]; then cp -R "$work/model/user_model" "$stage/"; fi
+  if [ "$task" = link ]; then cp -R "$work/model/link" "$stage/link"; fi
+  if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
+elif [ "$task" != node ]; then
   source=(--store "$graph_store"); given=(); action=training
   if [ "$task" = graph ]; then source=(--dataset "$graph_meta"); fi
   if [ -n "$weights" ]; then given=(--weights "$weights"); action=packaging; fi
@@ -277,11 +298,6 @@ if [ "$task" != node ]; then
     "${model_args[@]}" "${task_args[@]}" "${train_args[@]}"
   if [ "$task" = link ]; then cp -R "$work/model/link" "$stage/link"; fi
   if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
-elif [ -n "$model_class" ]; then
-  step "2/4 packaging your model $model_class with the weights $weights"
-  "$PYTHON" -m archive_build.own_model --store "$graph_store" --weights "$weights" \
-    --out "$work/model" "${own_args[@]}" || exit 1
-  if [ -d "$work/model/user_model" ]; then cp -R "$work/model/user_model" "$stage/"; fi
 elif [ -n "$weights" ]; then
   step "2/4 packaging the given weights $weights"
   "$PYTHON" -m model package --store "$graph_store" --weights "$weights" --arch "$arch" \
@@ -301,19 +317,22 @@ fi
 step "3/4 writing the model-config YAML and staging the code"
 "$PYTHON" -m archive_build.archive_config --out "$work/model-config.yaml" --task "$task" \
   --model-config "$stage/model_config.json" "${yaml_args[@]}"
-verification=()
-if [ "$task" = node ]; then
-  if [ -n "$verify" ]; then
-    step "3/4 verifying the serving path against the model's full-graph forward"
-    "$PYTHON" -m archive_build.verify --store "$graph_store" --model-dir "$work/model" \
-      --model-config-yaml "$work/model-config.yaml" --tolerance "$verify_tolerance" \
-      --out "$work/verification.json" || exit 1
-    cp "$work/model/model_config.json" "$stage/"  # the check may have recorded boundary degrees
-    verification=(--verification "$work/verification.json")
+if [ -n "$verify" ]; then
+  if [ "$task" = graph ]; then
+    step "3/4 verifying that graphs answered in a batch get their answers alone"
+    checked=(--dataset "$graph_meta")
   else
-    echo "  verification skipped (--no-verify); recorded in build_info.json"
-    verification=(--verification none)
+    step "3/4 verifying the serving path against the model's full-graph forward"
+    checked=(--store "$graph_store")
   fi
+  "$PYTHON" -m archive_build.verify "${checked[@]}" --model-dir "$work/model" \
+    --model-config-yaml "$work/model-config.yaml" --tolerance "$verify_tolerance" \
+    --out "$work/verification.json" || exit 1
+  cp "$work/model/model_config.json" "$stage/"  # the check may have recorded boundary degrees
+  verification=(--verification "$work/verification.json")
+else
+  echo "  verification skipped (--no-verify); recorded in build_info.json"
+  verification=(--verification none)
 fi
 "$PYTHON" -m archive_build.build_info --name "$name" --version "$version" --graph "$graph_meta" \
   --metrics "$stage/metrics.json" --model-config "$stage/model_config.json" \
