@@ -131,19 +131,27 @@ def summarize(
     """The listed part of an explanation: top nodes, edges and features by |attribution|.
 
     ``row_node`` maps each row of the input to a node key (its global index, or the local node
-    number of an inline graph); ``node_ids`` gives the ID shown for each key in ``keys``.
+    number of an inline graph); ``node_ids`` gives the ID shown for each key ``>= 0``, in key
+    order. A row keyed ``-1`` (the zero-feature boundary row an ego-graph carries for a model
+    that normalises by its sources' degrees) and its edges feed no answer and are not listed.
     """
-    per_row = attribution.node_mask.sum(dim=1).double().numpy()
-    keys, inverse = np.unique(row_node, return_inverse=True)
+    inside = row_node >= 0
+    per_row = attribution.node_mask[torch.from_numpy(inside)].sum(dim=1).double().numpy()
+    keys, inverse = np.unique(row_node[inside], return_inverse=True)
     per_node = np.bincount(inverse, weights=per_row, minlength=keys.size)
     shown = dict(zip(keys.tolist(), node_ids, strict=True))
     src = row_node[edge_index[0].cpu().numpy()]
     dst = row_node[edge_index[1].cpu().numpy()]
-    pairs, pair_inverse = np.unique(np.stack([src, dst], axis=1), axis=0, return_inverse=True)
-    per_edge = np.bincount(
-        pair_inverse.ravel(), weights=attribution.edge_mask.double().numpy(), minlength=len(pairs)
+    between = (src >= 0) & (dst >= 0)
+    pairs, pair_inverse = np.unique(
+        np.stack([src, dst], axis=1)[between], axis=0, return_inverse=True
     )
-    per_feature = attribution.node_mask.sum(dim=0).double().numpy()
+    per_edge = np.bincount(
+        pair_inverse.ravel(),
+        weights=attribution.edge_mask.double().numpy()[between],
+        minlength=len(pairs),
+    )
+    per_feature = attribution.node_mask[torch.from_numpy(inside)].sum(dim=0).double().numpy()
     return {
         "method": METHOD,
         "steps": attribution.steps,
@@ -281,7 +289,7 @@ class EgoExplanation:
         )
 
     def summary(self, attribution: Attribution, inputs: EgoInput) -> dict[str, Any]:
-        node_ids = self.ego.external_ids(np.unique(inputs.keys))
+        node_ids = self.ego.external_ids(np.unique(inputs.keys[inputs.keys >= 0]))
         return summarize(
             attribution, node_ids, inputs.edge_index, inputs.keys, self.settings.explain_top_k
         )

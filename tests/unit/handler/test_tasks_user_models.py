@@ -1,0 +1,126 @@
+"""The link and graph engines and their explanations on the user's own classes: scores as the
+model's output says, edge features and boundary degrees in pair explanations, graph answers of
+raw rows, and return_embedding refused with a 400 when the model names no embedding."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from handler.core.ego import EgoGraphs
+from handler.core.explain import ExplainEngine
+from handler.settings import ServingSettings
+from handler.tasks.graph.engine import GraphEngine
+from handler.tasks.graph.explain import GraphExplanation
+from handler.tasks.link.engine import LinkEngine
+from handler.tasks.link.explain import PairExplanation
+from model.link_assets import open_link_assets, write_link_assets
+from model.served_graph import UserGraphModel
+from model.served_link import UserLinkModel
+from model.user_model import UserModelConfig
+from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
+from tests.unit.archive_build import user_models
+
+from .conftest import NAMES, graph_requests
+
+
+def answers(engine: Any, payloads: list[dict]) -> list[tuple[int, dict]]:
+    return [(r.status, r.body) for r in engine.handle([{"body": p} for p in payloads])]
+
+
+def link_engine(tmp_path: Path, output: str) -> tuple[LinkEngine, torch.nn.Module]:
+    """EdgeGatLink (edge features, a GCNConv: boundary degrees) with full fanouts."""
+    store = edge_feature_store(tmp_path)
+    torch.manual_seed(0)
+    module = user_models.EdgeGatLink(FEATURES, 16, EDGE_DIM).eval()
+    config = UserModelConfig(
+        task="link",
+        model_class="EdgeGatLink",
+        in_dim=FEATURES,
+        out_dim=16,
+        num_layers=3,
+        output=output,
+        edge_input="edge_attr",
+        boundary_degrees=True,
+    )
+    model = UserLinkModel(module, config).eval()
+    write_link_assets(model, store, tmp_path / "link")
+    settings = ServingSettings(task="link", fanouts=(-1, -1, -1), explain_time_budget_ms=60_000)
+    ego = EgoGraphs.create(store, model, settings, torch.device("cpu"))
+    return LinkEngine(ego, open_link_assets(tmp_path / "link", store), "1.0"), module
+
+
+def test_raw_link_scores_are_decode_as_it_is_and_pairs_are_explained(tmp_path):
+    engine, module = link_engine(tmp_path, "raw")
+    store = engine.store
+    [(status, body)] = answers(engine, [{"src": "acct_0", "dst": "acct_4"}])
+    with torch.no_grad():
+        z = module.encode(
+            torch.from_numpy(np.array(store.features)),
+            torch.from_numpy(store.edge_index()),
+            torch.from_numpy(np.array(store.edge_features)),
+        )
+        pair = torch.from_numpy(store.lookup(["acct_0", "acct_4"])).reshape(2, 1)
+        expected = float(module.decode(z, pair)[0])
+    assert status == 200 and body["score"] == pytest.approx(expected, abs=1e-5)
+    assert engine.describe()["decoder"] == "EdgeGatLink.decode"
+    assert engine.describe()["output"] == "raw"
+    explainer = ExplainEngine(PairExplanation(engine.ego), "1.0")
+    [(status, explained)] = answers(explainer, [{"src": "acct_0", "dst": "acct_4"}])
+    assert status == 200, explained
+    assert explained["score"] == pytest.approx(body["score"], abs=1e-5)
+    listed = explained["explanation"]
+    ids = set(store.external_ids(np.arange(store.num_nodes)))
+    assert listed["edges"] and {node["node_id"] for node in listed["nodes"]} <= ids
+
+
+def graph_engine(
+    module: torch.nn.Module, embedding: str, output: str, out_dim: int = 4
+) -> GraphEngine:
+    config = UserModelConfig(
+        task="graph",
+        model_class=type(module).__name__,
+        in_dim=8,
+        out_dim=out_dim,
+        num_layers=1,
+        output=output,
+        embedding=embedding,
+    )
+    model = UserGraphModel(module.eval(), config).eval()
+    return GraphEngine(model, NAMES, ServingSettings(task="graph"), torch.device("cpu"), "1.0")
+
+
+def test_return_embedding_is_refused_when_the_model_names_no_embedding():
+    torch.manual_seed(0)
+    engine = graph_engine(user_models.PooledConv(8, 4), "", "logits")
+    payload = graph_requests(1)[0]
+    [(plain, body), (refused, error)] = answers(
+        engine, [payload, {**payload, "return_embedding": True}]
+    )
+    assert plain == 200 and body["predicted_label"] in NAMES and "embedding" not in body
+    assert refused == 400 and "names no graph embedding" in error["message"]
+    assert "--embedding-method" in error["message"]
+
+
+def test_raw_graph_rows_are_answered_as_they_are_and_explained():
+    torch.manual_seed(0)
+    module = user_models.GinGraph(8, 16, 1)  # one value per graph: a regression
+    engine = graph_engine(module, "head2", "raw", out_dim=1)
+    payload = {**graph_requests(1)[0], "return_embedding": True}
+    [(status, body)] = answers(engine, [payload])
+    x = torch.tensor(payload["graph"]["x"])
+    edge_index = torch.tensor(payload["graph"]["edge_index"])
+    one = torch.zeros(len(x), dtype=torch.long)
+    with torch.no_grad():
+        expected = module(x, edge_index, one)[0]
+    assert status == 200 and "probabilities" not in body
+    assert torch.allclose(torch.tensor(body["output"]), expected, atol=1e-5)
+    assert len(body["embedding"]) == 16
+    explainer = ExplainEngine(GraphExplanation(engine), "1.0")
+    [(status, explained)] = answers(explainer, [graph_requests(1)[0]])
+    assert status == 200 and explained["output"] == pytest.approx(body["output"], abs=1e-5)
+    assert explained["explanation"]["nodes"]
