@@ -101,7 +101,11 @@ def test_concurrent_burst_with_bad_requests_in_the_batches(server):
     # (1 s by default), so one more request after the interval makes it report the burst.
     time.sleep(1.2)
     alone = predict(server, {"node_id": "acct_3"}).json()
-    assert responses[payloads.index({"node_id": "acct_3"})].json() == alone
+    batched = responses[payloads.index({"node_id": "acct_3"})].json()
+    # The same ego-graph bit for bit; BLAS picks kernels by the batch's row count, so the
+    # probabilities agree to float32 rounding (docs/architecture.md, "Sampling").
+    assert np.allclose(batched.pop("probabilities"), alone.pop("probabilities"), atol=1e-6)
+    assert batched == alone
     log = server.home / "logs" / "model_log.log"
     deadline = time.monotonic() + 10
     while max(largest_batches(log.read_text()), default=0) <= 1:
