@@ -24,7 +24,13 @@ from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from model.config import Arch, ModelConfig
-from model.trimmed import edges_per_hop, layer_on_rows, runs_stock_propagate, trimmed_forward
+from model.trimmed import (
+    ConvOnRows,
+    edges_per_hop,
+    gnn_layer,
+    runs_stock_propagate,
+    trimmed_forward,
+)
 
 
 class NodeClassifier(torch.nn.Module):
@@ -62,31 +68,25 @@ class NodeClassifier(torch.nn.Module):
         edge_index: Tensor,
         rows: int,
         degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
     ) -> Tensor:
         """Layer ``index`` of the full-graph forward for the first ``rows`` rows of ``x``, as the
-        next layer reads it (after the activation; the last layer's logits as they are).
+        next layer reads it (:func:`model.trimmed.gnn_layer`, the one rule of a layer's rows).
 
         ``x`` holds the layer's input for the destination rows first, then for the other
         sources of ``edge_index`` (local rows), which must hold every in-edge of each
-        destination; ``degree``: full-graph in-degrees of the rows of ``x`` (GCN). Precomputed
-        archives build every layer of every node with it, and refresh the rows an update
-        reaches with it: one rule for both (model.precompute).
+        destination; ``degree``: full-graph in-degrees of the rows of ``x`` (GCN);
+        ``edge_attr``: the edges' features, for layers built with ``edge_dim`` (a user's
+        ``BasicGNN`` behind this class). Precomputed archives build every layer of every node
+        with it, and refresh the rows an update reaches with it: one rule for both
+        (model.precompute).
         """
-        gnn = self.gnn
-        out = self._layer_output(gnn.convs[index], x, rows, edge_index, degree)
-        if index < gnn.num_layers - 1 and gnn.act is not None:
-            out = gnn.act(out)
-        return out
+        conv = self._conv(degree)
+        return gnn_layer(self.gnn, index, x, rows, edge_index, edge_attr, conv_on_rows=conv)
 
-    def _layer_output(
-        self,
-        conv: torch.nn.Module,
-        x: Tensor,
-        rows: int,
-        edge_index: Tensor,
-        degree: Tensor | None,
-    ) -> Tensor:
-        return layer_on_rows(conv, x, rows, edge_index)
+    def _conv(self, degree: Tensor | None) -> ConvOnRows | None:
+        """How a conv computes its rows (None: :func:`model.trimmed.layer_on_rows`)."""
+        return None
 
 
 class GCN(NodeClassifier):
@@ -134,26 +134,30 @@ class GCN(NodeClassifier):
         edge_index, edge_weight = gcn_norm_with_degree(edge_index, x.size(0), degree, x.dtype)
         return self.gnn(x, edge_index, edge_weight=edge_weight)
 
-    def _layer_output(
-        self,
-        conv: torch.nn.Module,
-        x: Tensor,
-        rows: int,
-        edge_index: Tensor,
-        degree: Tensor | None,
-    ) -> Tensor:
-        """``lin(sum_j w_ij x_j) + bias``: the weighted sum first, then the linear map (equal
-        to GCNConv's ``sum_j w_ij lin(x_j)``), so only the destination rows are multiplied."""
-        looped, weight = gcn_norm_with_degree(edge_index, x.size(0), degree, x.dtype)
-        into = looped[1] < rows
-        src, dst = looped[0][into], looped[1][into]
-        if not (isinstance(conv, GCNConv) and runs_stock_propagate(conv)):
-            return conv(x, looped[:, into], edge_weight=weight[into])[:rows]
-        total = x.new_zeros(rows, x.size(1)).index_add_(
-            0, dst, x.index_select(0, src) * weight[into].unsqueeze(1)
-        )
-        out = conv.lin(total)
-        return out if conv.bias is None else out + conv.bias
+    def _conv(self, degree: Tensor | None) -> ConvOnRows:
+        """``lin(sum_j w_ij x_j) + bias`` with the weights from ``degree``: the weighted sum
+        first, then the linear map (equal to GCNConv's ``sum_j w_ij lin(x_j)``), so only the
+        destination rows are multiplied."""
+
+        def conv_on_rows(
+            conv: torch.nn.Module,
+            x: Tensor,
+            rows: int,
+            edge_index: Tensor,
+            edge_attr: Tensor | None = None,
+        ) -> Tensor:
+            looped, weight = gcn_norm_with_degree(edge_index, x.size(0), degree, x.dtype)
+            into = looped[1] < rows
+            src, dst = looped[0][into], looped[1][into]
+            if not (isinstance(conv, GCNConv) and runs_stock_propagate(conv)):
+                return conv(x, looped[:, into], edge_weight=weight[into])[:rows]
+            total = x.new_zeros(rows, x.size(1)).index_add_(
+                0, dst, x.index_select(0, src) * weight[into].unsqueeze(1)
+            )
+            out = conv.lin(total)
+            return out if conv.bias is None else out + conv.bias
+
+        return conv_on_rows
 
 
 class GraphSAGE(NodeClassifier):

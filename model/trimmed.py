@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -55,22 +56,55 @@ def trimmed_forward(
     """``gnn``'s output for the first rows of ``x`` (at least the seeds'); layer ``i`` reads
     hops ``0..L-i`` and writes hops ``0..L-1-i``. As ``BasicGNN.forward`` between layers: act
     (first or after), norm, dropout."""
-    layers = gnn.num_layers
     rows = list(itertools.accumulate(level_sizes))
     edges = list(itertools.accumulate(edges_per_hop(edge_index, level_sizes)))
-    for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
-        keep = layers - 1 - i  # the deepest hop whose rows this layer's output feeds
-        attr = None
-        if edge_attr is not None and gnn.supports_edge_attr:
-            attr = edge_attr[: edges[keep]]
-        x = layer_on_rows(conv, x, rows[keep], edge_index[:, : edges[keep]], attr)
-        if i < layers - 1:
-            if gnn.act is not None and gnn.act_first:
-                x = gnn.act(x)
-            x = norm(x)
-            if gnn.act is not None and not gnn.act_first:
-                x = gnn.act(x)
-            x = gnn.dropout(x)
+    for i in range(gnn.num_layers):
+        keep = gnn.num_layers - 1 - i  # the deepest hop whose rows this layer's output feeds
+        attr = None if edge_attr is None else edge_attr[: edges[keep]]
+        x = gnn_layer(gnn, i, x, rows[keep], edge_index[:, : edges[keep]], attr)
+    return x
+
+
+class ConvOnRows(Protocol):
+    """How one conv computes its destination rows (:func:`layer_on_rows`'s signature)."""
+
+    def __call__(
+        self,
+        conv: torch.nn.Module,
+        x: Tensor,
+        rows: int,
+        edge_index: Tensor,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor: ...
+
+
+def gnn_layer(
+    gnn: BasicGNN,
+    index: int,
+    x: Tensor,
+    rows: int,
+    edge_index: Tensor,
+    edge_attr: Tensor | None = None,
+    conv_on_rows: ConvOnRows | None = None,
+) -> Tensor:
+    """Layer ``index`` of ``gnn``'s forward for the first ``rows`` rows of ``x`` (whose in-edges
+    ``edge_index`` holds, with their features ``edge_attr`` for layers that read them), as the
+    next layer reads it: the conv, then, as ``BasicGNN.forward`` does between layers, the
+    activation (first or after), the norm and dropout; the last layer's output as it is.
+
+    The one rule for a layer of every ``BasicGNN`` we serve: the trimmed forward above, and the
+    rows of a precomputed archive (model.precompute), presets and a user's model alike.
+    ``conv_on_rows`` stands in for :func:`layer_on_rows` where a preset computes its conv
+    otherwise (GCN from full-graph degrees)."""
+    attr = edge_attr if gnn.supports_edge_attr else None
+    x = (conv_on_rows or layer_on_rows)(gnn.convs[index], x, rows, edge_index, attr)
+    if index < gnn.num_layers - 1:
+        if gnn.act is not None and gnn.act_first:
+            x = gnn.act(x)
+        x = gnn.norms[index](x)
+        if gnn.act is not None and not gnn.act_first:
+            x = gnn.act(x)
+        x = gnn.dropout(x)
     return x
 
 
