@@ -20,7 +20,7 @@ import torch
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from model.served import answer_rows
-from model.user_model import Output
+from model.user_model import Output, import_model_class, instantiate
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, write_edge_feature_csv
 from tests.unit.archive_build import user_models
 
@@ -28,6 +28,16 @@ from .archives import ROOT
 
 pytestmark = pytest.mark.integration
 ARGS = {"in_channels": FEATURES, "hidden": 16, "classes": CLASSES, "edge_dim": EDGE_DIM}
+BASIC = {"in_channels": FEATURES, "hidden_channels": 16, "num_layers": 2, "out_channels": CLASSES}
+# More of the matrix (tests/unit/archive_build/test_own_model.py has all of it in process),
+# through build_mar.sh and TorchServe: name -> (class, constructor arguments).
+MATRIX: dict[str, tuple[str, dict[str, object]]] = {
+    "gcn": ("torch_geometric.nn.models.GCN", {**BASIC, "act": "tanh"}),
+    "gatv2e": ("torch_geometric.nn.models.GAT", {**BASIC, "v2": True, "edge_dim": EDGE_DIM}),
+    "gin": ("torch_geometric.nn.models.GIN", {**BASIC, "num_layers": 3}),
+    "appnp": ("Appnp", {"in_channels": FEATURES, "hidden": 16, "classes": CLASSES, "k": 3}),
+    "gated": ("GatedGraphConv", {"in_channels": FEATURES, "hidden": 16, "classes": CLASSES}),
+}
 
 
 def build(*options: str) -> subprocess.CompletedProcess[str]:
@@ -69,12 +79,28 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--weights", str(root / "risk.pt"), "--fanouts", "-1,-1",
     )  # fmt: skip
     assert risk.returncode == 0, risk.stderr
+    for name, (model_class, args) in MATRIX.items():
+        torch.manual_seed(1)
+        module = instantiate(import_model_class(model_class, model_file(model_class)), args)
+        torch.save(module.state_dict(), root / f"{name}.pt")
+        where = ("--model-file", str(user_models.__file__)) if "." not in model_class else ()
+        result = build(
+            *common, "--name", name, "--model-class", model_class, *where,
+            "--model-args", json.dumps(args), "--weights", str(root / f"{name}.pt"),
+            "--fanouts", ",".join(["-1"] * (3 if name in ("gin", "appnp") else 2)),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
     return root
+
+
+def model_file(model_class: str) -> Path | None:
+    return None if "." in model_class else Path(user_models.__file__)
 
 
 @pytest.fixture(scope="module")
 def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    with serve(built / "store", "fraud=fraud.mar,risk=risk.mar", name="own_model") as started:
+    models = ",".join(f"{name}={name}.mar" for name in ("fraud", "risk", *MATRIX))
+    with serve(built / "store", models, name="own_model") as started:
         yield started
 
 
@@ -85,12 +111,8 @@ def full_graph(built: Path, name: str, output: Output) -> tuple[list[str], torch
         zipfile.ZipFile(built / "store" / f"{name}.mar").extractall(work)
     store = open_store(work / "graph")
     config = json.loads((work / "model_config.json").read_text())
-    if config["model_file"]:
-        module = getattr(user_models, config["model_class"])(**config["model_args"])
-    else:
-        from torch_geometric.nn.models import GraphSAGE
-
-        module = GraphSAGE(**config["model_args"])
+    cls = import_model_class(config["model_class"], model_file(config["model_class"]))
+    module = instantiate(cls, config["model_args"])
     module.load_state_dict(torch.load(work / "model.pt", weights_only=True))
     x = torch.from_numpy(np.array(store.features))
     edge_index = torch.from_numpy(store.edge_index())
@@ -122,6 +144,17 @@ def test_a_model_file_with_edge_features_serves_its_full_graph_answer(server, bu
         "legit",
         "review",
     }
+
+
+@pytest.mark.parametrize("name", sorted(MATRIX))
+def test_the_matrix_serves_each_models_full_graph_answer(server, built, name):
+    ids, expected = full_graph(built, name, Output.LOGITS)
+    got = []
+    for start in range(0, len(ids), 30):
+        response = post(server, name, {"node_ids": ids[start : start + 30]})
+        assert response.status_code == 200, response.text
+        got += [p["probabilities"] for p in response.json()["predictions"]]
+    assert float((torch.tensor(got) - expected).abs().max()) <= 1e-5
 
 
 def test_raw_outputs_are_returned_as_they_are(server, built):
