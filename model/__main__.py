@@ -38,7 +38,7 @@ from model.export import (
     preset_keys,
     write_model_files,
 )
-from model.precompute import precompute, weights_digest
+from model.precompute import Mode, plan_for, precompute, weights_digest
 from model.registry import build_model
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
 from model.train import train_node_classifier
@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     package.add_argument("--weights", required=True, help="a state_dict saved with torch.save")
     precompute = commands.add_parser(
         "precompute",
-        help="every layer's rows of every node, for a --precompute archive (model.precompute)",
+        help="every node's rows (per layer, or its output) for a --precompute archive "
+        "(model.precompute)",
     )
     precompute.add_argument("--store", required=True, help="the graph store the model serves")
     precompute.add_argument(
@@ -108,6 +109,7 @@ def _precompute(args: dict[str, Any], store: GraphStore) -> str:
     """Writes ``--out``; returns the summary line."""
     model_dir = Path(args["model_dir"])
     model, _ = load_model(model_dir)
+    print(f"  {plan_for(model).reason}", flush=True)
     started = time.perf_counter()
     meta = precompute(
         model,
@@ -116,9 +118,13 @@ def _precompute(args: dict[str, Any], store: GraphStore) -> str:
         weights_digest(model_dir / WEIGHTS_FILE),
         progress=not args["quiet"],
     )
+    what = (
+        f"{meta['num_layers']} layers (widths {meta['dims']})"
+        if meta["mode"] == Mode.LAYERS.value
+        else f"the output (width {meta['dims'][0]})"
+    )
     return (
-        f"precomputed {meta['num_layers']} layers (widths {meta['dims']}) of "
-        f"{store.num_nodes} nodes in {time.perf_counter() - started:.1f} s"
+        f"  precomputed {what} of {store.num_nodes} nodes in {time.perf_counter() - started:.1f} s"
     )
 
 

@@ -1,21 +1,28 @@
-"""Every node's representation at every layer, computed once at build time and served as is.
+"""Every node's representation, computed once at build time and served as is.
 
-``./build_mar.sh --precompute`` runs the model's layers over the whole stored graph one layer
-at a time (PyG's layer-wise ``BasicGNN.inference``): layer ``l`` of all nodes is computed from
-layer ``l-1`` of all nodes, in chunks of consecutive destination nodes whose in-edges fit a
-budget, so memory stays bounded whatever the graph's size. The results go to the archive's
-``precomputed/``, memory-mapped and checksummed like the graph:
+``./build_mar.sh --precompute`` stores one of two things in the archive's ``precomputed/``
+(memory-mapped and checksummed like the graph), whichever :func:`plan_for` finds for the model:
 
-- ``layer_<l>.npy``, float32 ``[N, d_l]`` for ``l = 1..L``: what layer ``l`` hands the next one
-  (after the activation); ``layer_<L>.npy`` is the model's output (logits, or a link
-  encoder's embeddings). Layer 0 is the graph's features.
-- ``out_indptr.npy`` / ``out_indices.npy``: the graph's edges grouped by source (CSR), which
-  an update follows to find the rows it reaches;
-- ``meta.json``: format version, the graph's checksum, the weights' sha256, dims, the files.
+- **Per-layer rows** (``layers`` mode), for a stack of message-passing layers that compute by
+  rows: the presets, and a user's ``torch_geometric.nn.models`` ``BasicGNN`` whose layers run
+  bipartite (``model.trimmed.trims_by_rows``), that needs no boundary degrees and reads edge
+  features, if at all, as ``edge_attr``. The model runs one layer at a time over the whole
+  graph (PyG's layer-wise ``BasicGNN.inference``): layer ``l`` of all nodes from layer ``l-1``
+  of all nodes, in chunks of consecutive destination nodes whose in-edges fit a budget, so
+  memory stays bounded whatever the graph's size. ``layer_<l>.npy``, float32 ``[N, d_l]`` for
+  ``l = 1..L``: what layer ``l`` hands the next one (after the activation and norm);
+  ``layer_<L>.npy`` is the model's output. Layer 0 is the graph's features. A row is
+  recomputed with :func:`layer_rows` (``model.trimmed.gnn_layer``) from its in-neighbours' rows
+  one layer below, here and when a live update refreshes the rows it reaches
+  (``handler.core.precomputed``): one rule, so a refreshed row equals a rebuilt one.
+- **Every node's output** (``output`` mode), for any other model (custom modules, jumping
+  knowledge, degree-normalising layers, PNA, ...): ``output.npy``, float32 ``[N, C]``, the
+  model's own forward on the whole graph when it is small, else on each chunk's whole
+  in-neighbourhood (``model.in_closure``), the rule live updates recompute outputs with.
 
-A row is recomputed with :meth:`NodeClassifier.layer` from its in-neighbours' rows one layer
-below, both here and when a live update refreshes the rows it reaches
-(``handler.core.precomputed``): one rule, so a refreshed row equals a rebuilt one.
+Beside them: ``out_indptr.npy`` / ``out_indices.npy``, the graph's edges grouped by source
+(CSR), which an update follows to find the rows it reaches; ``meta.json``: format version,
+mode, hops, the graph's checksum, the weights' sha256, dims, the files.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch_geometric.nn.models.basic_gnn import BasicGNN
 from tqdm import tqdm
 
 from graph_assets.durable import fsync_path
@@ -37,37 +46,154 @@ from graph_assets.errors import StoreError
 from graph_assets.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
 from model.export import WEIGHTS_FILE
+from model.in_closure import closure_chunks, closure_forward, in_closure, store_in_edges
 from model.link import LinkPredictor
 from model.link_assets import out_csr
+from model.served import UserNodeModel, serving_needs
+from model.trimmed import trims_by_rows
+from model.user_model import EdgeInput
 
 PRECOMPUTED_DIR = "precomputed"
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 OUT_FILES = ("out_indptr.npy", "out_indices.npy")
+OUTPUT_FILE = "output.npy"
 # In-edges per chunk: the chunk's gathered input rows are at most this many, times the width.
+# An output-mode build runs the whole graph's forward at once up to this many edges.
 CHUNK_EDGES = 1 << 21
 CHUNK_NODES = 1 << 18
 _REBUILD = "rebuild the archive with ./build_mar.sh --precompute"
 
 
+class Mode(str, Enum):
+    """What a precomputed archive stores: every layer's rows, or every node's output."""
+
+    LAYERS = "layers"
+    OUTPUT = "output"
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """How a model's rows are precomputed and kept current (:func:`plan_for`).
+
+    Attributes:
+        mode: per-layer rows or every node's output (module docstring).
+        reason: why, as the build prints it.
+        hops: layers mode: the layers stored; output mode: the model's hops, how far
+            downstream an update reaches.
+        stack: layers mode: the layers (a user's ``BasicGNN`` under a ``NodeClassifier``,
+            whose ``layer`` is the one rule); None in output mode.
+        degree: a node's degree is part of what its out-edges carry (GCN's normalisation, a
+            user's degree-normalising layers): a changed in-list reaches its out-neighbours
+            too; the GCN preset's layers read full-graph degrees.
+        edge_attr: the layers read their in-edges' features (by edge ID).
+        stored_embedding: a node's embedding is its layer ``L-1`` row (the input of the last
+            layer); otherwise it is computed from the node's in-neighbourhood.
+    """
+
+    mode: Mode
+    reason: str
+    hops: int
+    stack: NodeClassifier | None = None
+    degree: bool = False
+    edge_attr: bool = False
+    stored_embedding: bool = False
+
+    @property
+    def arrays(self) -> int:
+        """Row arrays stored: one per layer, or the one output."""
+        return self.hops if self.mode is Mode.LAYERS else 1
+
+
+def plan_for(model: torch.nn.Module) -> Plan:
+    """Per-layer rows for a stack of by-rows layers (the presets, a link preset's encoder, a
+    user's qualifying ``BasicGNN``), every node's output for any other node model."""
+    if isinstance(model, LinkPredictor):
+        model = model.encoder
+    if isinstance(model, NodeClassifier):
+        layers = model.gnn.num_layers
+        return Plan(
+            mode=Mode.LAYERS,
+            reason=f"per-layer rows: the {type(model).__name__} preset's {layers} layers",
+            hops=layers,
+            stack=model,
+            degree=isinstance(model, GCN),
+            stored_embedding=True,
+        )
+    if not isinstance(model, UserNodeModel):
+        raise TypeError(f"{type(model).__name__} has no node-level rows to precompute")
+    module, config = model.module, model.config
+    name = type(module).__name__
+    why_not = _not_by_layers(module, config.edge_input, config.boundary_degrees)
+    if why_not is None:
+        assert isinstance(module, BasicGNN)
+        layers = module.num_layers
+        edge_attr = config.edge_input is EdgeInput.EDGE_ATTR
+        return Plan(
+            mode=Mode.LAYERS,
+            reason=(
+                f"per-layer rows: {name} is a torch_geometric.nn.models model whose {layers} "
+                "layers compute by rows, with no degree normalisation"
+                + (" (their edge features read by edge ID)" if edge_attr else "")
+            ),
+            hops=layers,
+            stack=NodeClassifier(module),
+            edge_attr=edge_attr,
+            stored_embedding=config.embedding == f"convs.{layers - 1}",
+        )
+    hops = config.num_layers
+    return Plan(
+        mode=Mode.OUTPUT,
+        reason=(
+            f"every node's output: {name} {why_not}; an update recomputes the outputs within "
+            f"{hops} hops downstream of what it changed, each from its whole {hops}-hop "
+            "in-neighbourhood"
+        ),
+        hops=hops,
+        degree=config.boundary_degrees,
+    )
+
+
+def _not_by_layers(
+    module: torch.nn.Module, edge_input: EdgeInput, boundary_degrees: bool
+) -> str | None:
+    """Why ``module`` is not stored layer by layer, or None when it is."""
+    if not isinstance(module, BasicGNN):
+        return "is not a torch_geometric.nn.models model (a stack of layers run one at a time)"
+    if module.jk_mode is not None:
+        return f"has jumping knowledge (jk={module.jk_mode!r}), which reads every layer's rows"
+    kinds = ", ".join(sorted({type(conv).__name__ for conv in module.convs}))
+    if boundary_degrees:
+        return f"normalises messages by their sources' degrees ({kinds})"
+    if not trims_by_rows(module):
+        norms = ", ".join(sorted({type(norm).__name__ for norm in module.norms}))
+        return (
+            f"has layers ({kinds}; norms {norms}) that do not compute a destination's row "
+            "from its in-neighbours' rows alone"
+        )
+    if edge_input is EdgeInput.EDGE_WEIGHT:
+        return "reads its edge feature as edge_weight"
+    return None
+
+
+def check_plan(precomputed: Precomputed, model: torch.nn.Module) -> Plan:
+    """The model's plan, which must be the one the rows were built with (StoreError, one
+    line ending in the rebuild command, otherwise)."""
+    plan = plan_for(model)
+    if plan.mode is not precomputed.mode or plan.arrays != precomputed.num_layers:
+        raise StoreError(
+            f"{precomputed.path}: holds {_stored(precomputed.mode, precomputed.num_layers)}, "
+            f"the archive's model needs {_stored(plan.mode, plan.arrays)}; {_REBUILD}"
+        )
+    return plan
+
+
+def _stored(mode: Mode, arrays: int) -> str:
+    return f"{arrays} layers' rows" if mode is Mode.LAYERS else "every node's output"
+
+
 def layer_file(layer: int) -> str:
     return f"layer_{layer}.npy"
-
-
-def node_level(model: torch.nn.Module) -> NodeClassifier:
-    """The layers a precomputed archive stores: a node classifier's, a link predictor's
-    encoder's."""
-    if isinstance(model, LinkPredictor):
-        return model.encoder
-    if isinstance(model, NodeClassifier):
-        return model
-    raise TypeError(f"{type(model).__name__} has no node-level layers to precompute")
-
-
-def needs_degree(model: NodeClassifier) -> bool:
-    """GCN normalises by full-graph degrees: its layers read them, and a changed degree
-    reaches the node's out-neighbours."""
-    return isinstance(model, GCN)
 
 
 def weights_digest(path: Path) -> str:
@@ -85,8 +211,9 @@ class LocalGraph:
 
 
 def range_in_neighbourhoods(indptr: np.ndarray, indices: np.ndarray, a: int, b: int) -> LocalGraph:
-    """The in-neighbourhoods of nodes ``a..b-1`` of a CSC graph. Sources are numbered through
-    a mask over all nodes, in O(nodes + edges): no sort of the chunk's edges."""
+    """The in-neighbourhoods of nodes ``a..b-1`` of a CSC graph, edges in CSC order (edge IDs
+    ``indptr[a]..indptr[b]-1``). Sources are numbered through a mask over all nodes, in
+    O(nodes + edges): no sort of the chunk's edges."""
     start, end = int(indptr[a]), int(indptr[b])
     src = np.asarray(indices[start:end], dtype=np.int64)
     dst = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(np.asarray(indptr[a : b + 1])))
@@ -116,24 +243,33 @@ def chunks(indptr: np.ndarray, chunk_edges: int, chunk_nodes: int) -> Iterator[t
 
 
 def layer_rows(
-    model: NodeClassifier,
+    plan: Plan,
     index: int,
     graph: LocalGraph,
     below: np.ndarray,
     degree: np.ndarray | None,
+    edge_attr: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Layer ``index`` (0-based) for the destinations of ``graph``; ``below``: the layer's
-    input rows of ``graph.nodes``; ``degree``: their full-graph in-degrees (GCN)."""
-    device = next(model.parameters()).device
+    """Layer ``index`` (0-based) of ``plan``'s layers for the destinations of ``graph``;
+    ``below``: the layer's input rows of ``graph.nodes``; ``degree``: their full-graph
+    in-degrees (GCN); ``edge_attr``: the features of ``graph``'s edges (layers that read
+    them)."""
+    stack = plan.stack
+    assert stack is not None, "layer rows are per-layer mode's"
+    device = next(stack.parameters()).device
     x = torch.from_numpy(np.ascontiguousarray(below, dtype=np.float32)).to(device)
     deg = None if degree is None else torch.from_numpy(np.asarray(degree, dtype=np.float32))
+    attr = None
+    if plan.edge_attr and edge_attr is not None:
+        attr = torch.from_numpy(np.ascontiguousarray(edge_attr, dtype=np.float32)).to(device)
     with torch.inference_mode():
-        out = model.layer(
+        out = stack.layer(
             index,
             x,
             graph.edge_index.to(device),
             graph.rows,
             degree=None if deg is None else deg.to(device),
+            edge_attr=attr,
         )
         return out.float().cpu().numpy()
 
@@ -147,41 +283,19 @@ def precompute(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Writes ``out_dir`` (the archive's ``precomputed/``); returns its meta.json content."""
-    layers = node_level(model).eval()
+    model.eval()
+    plan = plan_for(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    n = store.num_nodes
-    indptr, indices = np.asarray(store.indptr), np.asarray(store.indices)
-    degree = store.degree_rows(np.arange(n)) if needs_degree(layers) else None
-    below: np.ndarray = np.asarray(store.features)
-    dims = []
-    for index in range(layers.gnn.num_layers):
-        name = layer_file(index + 1)
-        width = _layer_width(layers, index, below)
-        rows = np.lib.format.open_memmap(out / name, mode="w+", dtype=np.float32, shape=(n, width))
-        bar = tqdm(
-            total=store.num_edges,
-            desc=f"precompute layer {index + 1}",
-            disable=None if progress else True,  # None: off when stderr is not a terminal
-        )
-        for a, b in chunks(indptr, chunk_edges, CHUNK_NODES):
-            graph = range_in_neighbourhoods(indptr, indices, a, b)
-            local_degree = None if degree is None else degree[graph.nodes]
-            rows[a:b] = layer_rows(
-                layers, index, graph, np.take(below, graph.nodes, axis=0), local_degree
-            )
-            bar.update(int(indptr[b] - indptr[a]))
-        bar.close()
-        rows.flush()
-        del rows
-        below = np.load(out / name, mmap_mode="r", allow_pickle=False)
-        dims.append(width)
+    if plan.mode is Mode.LAYERS:
+        names, dims = _precompute_layers(plan, store, out, chunk_edges, progress)
+    else:
+        names, dims = _precompute_output(model, plan, store, out, chunk_edges, progress)
     out_indptr, out_indices = out_csr(store)
     for name, array in zip(OUT_FILES, (out_indptr, out_indices), strict=True):
         np.save(out / name, array, allow_pickle=False)
-    names = [layer_file(i + 1) for i in range(len(dims))] + list(OUT_FILES)
     files = {}
-    for name in names:
+    for name in [*names, *OUT_FILES]:
         fsync_path(out / name)
         array = np.load(out / name, mmap_mode="r", allow_pickle=False)
         files[name] = {
@@ -192,6 +306,8 @@ def precompute(
         }
     meta = {
         "format_version": FORMAT_VERSION,
+        "mode": plan.mode.value,
+        "hops": plan.hops,
         "graph_checksum": store.checksum,
         "weights_sha256": weights_sha256,
         "num_layers": len(dims),
@@ -203,20 +319,105 @@ def precompute(
     return meta
 
 
-def _layer_width(model: NodeClassifier, index: int, below: np.ndarray) -> int:
+def _precompute_layers(
+    plan: Plan, store: GraphStore, out: Path, chunk_edges: int, progress: bool
+) -> tuple[list[str], list[int]]:
+    """``layer_<l>.npy`` for every layer, one layer over all nodes at a time."""
+    n = store.num_nodes
+    indptr, indices = np.asarray(store.indptr), np.asarray(store.indices)
+    degree = store.degree_rows(np.arange(n)) if plan.degree else None
+    edge_features = store.edge_features if plan.edge_attr else None
+    below: np.ndarray = np.asarray(store.features)
+    names, dims = [], []
+    for index in range(plan.hops):
+        name = layer_file(index + 1)
+        width = _layer_width(plan, index, below, store.edge_feature_dim)
+        rows = np.lib.format.open_memmap(out / name, mode="w+", dtype=np.float32, shape=(n, width))
+        bar = tqdm(
+            total=store.num_edges,
+            desc=f"precompute layer {index + 1}",
+            disable=None if progress else True,  # None: off when stderr is not a terminal
+        )
+        for a, b in chunks(indptr, chunk_edges, CHUNK_NODES):
+            graph = range_in_neighbourhoods(indptr, indices, a, b)
+            local_degree = None if degree is None else degree[graph.nodes]
+            attr = None
+            if edge_features is not None:
+                attr = np.array(edge_features[int(indptr[a]) : int(indptr[b])])
+            rows[a:b] = layer_rows(
+                plan, index, graph, np.take(below, graph.nodes, axis=0), local_degree, attr
+            )
+            bar.update(int(indptr[b] - indptr[a]))
+        bar.close()
+        rows.flush()
+        del rows
+        below = np.load(out / name, mmap_mode="r", allow_pickle=False)
+        names.append(name)
+        dims.append(width)
+    return names, dims
+
+
+def _layer_width(plan: Plan, index: int, below: np.ndarray, edge_dim: int) -> int:
     """Output width of layer ``index``, from one node's forward (no edges)."""
     graph = LocalGraph(
         nodes=np.zeros(1, dtype=np.int64),
         edge_index=torch.empty(2, 0, dtype=torch.int64),
         rows=1,
     )
-    degree = np.zeros(1) if needs_degree(model) else None
-    return int(layer_rows(model, index, graph, np.array(below[:1]), degree).shape[1])
+    degree = np.zeros(1) if plan.degree else None
+    attr = np.zeros((0, edge_dim), dtype=np.float32)
+    return int(layer_rows(plan, index, graph, np.array(below[:1]), degree, attr).shape[1])
+
+
+def _precompute_output(
+    model: torch.nn.Module,
+    plan: Plan,
+    store: GraphStore,
+    out: Path,
+    chunk_edges: int,
+    progress: bool,
+) -> tuple[list[str], list[int]]:
+    """``output.npy``: the whole graph's forward when it has at most ``chunk_edges`` edges,
+    else chunks of consecutive nodes, each on its whole in-neighbourhood with the in-edges of
+    its ``hops``-hop nodes too (``model.in_closure``: exact whether or not the model reads its
+    sources' degrees, so the stored rows do not depend on that being detected), each
+    neighbourhood within ``chunk_edges`` edges unless one node's alone is larger."""
+    n = store.num_nodes
+    reads_edges = serving_needs(model).edge_input is not EdgeInput.NONE
+    if store.num_edges <= chunk_edges:
+        whole = np.arange(n, dtype=np.int64)
+        closure = in_closure(store_in_edges(store), whole, 1)
+        x = np.array(store.features)
+        attr = store.edge_feature_rows(closure.edge_ids) if reads_edges else None
+        rows, _ = closure_forward(model, closure, x, attr)
+        np.save(out / OUTPUT_FILE, rows.astype(np.float32), allow_pickle=False)
+        return [OUTPUT_FILE], [int(rows.shape[1])]
+    stored: np.memmap | None = None
+    bar = tqdm(total=n, desc="precompute outputs", disable=None if progress else True)
+    every = np.arange(n, dtype=np.int64)
+    for closure in closure_chunks(store_in_edges(store), every, plan.hops + 1, chunk_edges):
+        x = np.take(store.features, closure.nodes, axis=0)
+        attr = store.edge_feature_rows(closure.edge_ids) if reads_edges else None
+        rows, _ = closure_forward(model, closure, x, attr)
+        if stored is None:
+            stored = np.lib.format.open_memmap(
+                out / OUTPUT_FILE, mode="w+", dtype=np.float32, shape=(n, rows.shape[1])
+            )
+        seeds = closure.nodes[: closure.seeds]  # consecutive nodes
+        stored[int(seeds[0]) : int(seeds[-1]) + 1] = rows
+        bar.update(len(seeds))
+    bar.close()
+    assert stored is not None
+    width = int(stored.shape[1])
+    stored.flush()
+    del stored
+    return [OUTPUT_FILE], [width]
 
 
 @dataclass(frozen=True, eq=False)
 class Precomputed:
-    """Opened ``precomputed/`` (read-only memory maps): ``layers[l - 1]`` is layer ``l``."""
+    """Opened ``precomputed/`` (read-only memory maps): ``layers[l - 1]`` is layer ``l``, or
+    in output mode ``layers[0]`` is every node's output."""
 
     path: Path
     meta: dict[str, Any]
@@ -227,6 +428,10 @@ class Precomputed:
     @property
     def num_layers(self) -> int:
         return len(self.layers)
+
+    @property
+    def mode(self) -> Mode:
+        return Mode(self.meta.get("mode", Mode.LAYERS.value))
 
 
 def open_archive_precomputed(
@@ -263,7 +468,15 @@ def open_precomputed(
         raise StoreError(
             f"{meta_path}: computed with other weights than the archive's model.pt; {_REBUILD}"
         )
-    names = [layer_file(i + 1) for i in range(int(meta["num_layers"]))]
+    mode = meta.get("mode", Mode.LAYERS.value)
+    if mode not in {m.value for m in Mode}:
+        raise StoreError(
+            f"{meta_path}: mode must be 'layers' or 'output', got {mode!r}; {_REBUILD}"
+        )
+    if mode == Mode.OUTPUT.value:
+        names = [OUTPUT_FILE]
+    else:
+        names = [layer_file(i + 1) for i in range(int(meta["num_layers"]))]
     files = meta.get("files", {})
     if sorted(files) != sorted([*names, *OUT_FILES]):
         raise StoreError(f"{meta_path}: files must list {[*names, *OUT_FILES]}; {_REBUILD}")

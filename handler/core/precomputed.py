@@ -1,25 +1,33 @@
-""":class:`PrecomputedRows`: a precomputed archive's layer rows (model.precompute), kept equal to
-the full-graph forward of the graph version being served.
+""":class:`PrecomputedRows`: a precomputed archive's rows (model.precompute), kept equal to the
+full-graph forward of the graph version being served, in either of its two modes.
 
 Every request that changes the graph marks the rows it reaches, in seq order, as soon as it is
 applied (the overlay calls :meth:`mark` under the live graph's lock, on every worker and replica
-alike):
+alike). What changed: the nodes whose feature row was set (new nodes included), and the nodes
+whose in-edges changed (an edge added or removed, a neighbour removed, an in-edge's features
+set: the overlay lists each in ``OverlayChange.in_lists_before``); where a node's degree is part
+of what its out-edges carry (GCN's normalisation, a user's degree-normalising layers), a changed
+in-list changes what its out-neighbours receive too. Each stored array is then marked from the
+one below it (the features below the first) with one rule, the array's reach ``r``: a row is
+reached when a node within ``r`` hops upstream was reached in the array below, or within
+``r - 1`` hops upstream had its in-edges (or, with degrees, an in-neighbour's in-edges) changed.
 
-- layer 0 (the features) changed at the nodes whose feature row was set (new nodes included);
-- a node whose in-edges changed (an edge added or removed, a neighbour removed, an in-edge's
-  features set: the overlay lists each in ``OverlayChange.in_lists_before``) has a new
-  neighbourhood at every layer; with GCN its degree changed too, which changes the weight of
-  each of its out-edges, so its out-neighbours are reached at every layer as well;
-- row ``v`` of layer ``l`` is reached when ``v`` or one of its in-neighbours was reached at layer
-  ``l-1``, or its neighbourhood changed.
+- **Per-layer rows** (``r = 1`` per layer): row ``v`` of layer ``l`` is reached when ``v`` or an
+  in-neighbour was reached at layer ``l-1``, or ``v``'s neighbourhood changed. A marked row is
+  recomputed from the current rows of its whole in-neighbourhood one layer below (their
+  edges' features by edge ID where the layers read them), with ``model.precompute.layer_rows``,
+  the rule the build used.
+- **Every node's output** (one array, ``r`` = the model's hops): every node within ``hops``
+  hops downstream of a changed feature row, within ``hops - 1`` of a changed in-list (``hops``
+  with degrees). A marked output is recomputed by the model's own forward on the node's whole
+  in-neighbourhood at the current version (``model.in_closure``), the rule the build used.
 
-A marked row is recomputed from the current rows of its whole in-neighbourhood one layer below,
-with ``NodeClassifier.layer`` (the rule the build used), before anything reads it: a read
-recomputes the marked rows it needs (and, first, the marked rows those need), and the live
-graph's follower recomputes the rest in the background, a bounded number of rows at a time,
-between batches. So no answer ever reads a row older than the version it reports, an update is
-acknowledged after marking only, and a read pays only for the marked rows it reads. Refreshed
-rows replace the stored ones in memory; the stored files are never written.
+A marked row is recomputed before anything reads it: a read recomputes the marked rows it needs
+(and, first, the marked rows those need), and the live graph's follower recomputes the rest in
+the background, a bounded number of rows at a time, between batches. So no answer ever reads a
+row older than the version it reports, an update is acknowledged after marking only, and a
+read pays only for the marked rows it reads. Refreshed rows replace the stored ones in memory;
+the stored files are never written.
 """
 
 from __future__ import annotations
@@ -36,16 +44,26 @@ from graph_assets.graph_view import GraphView
 from graph_assets.overlay import GraphOverlay, OverlayChange
 from handler.core.arrays import readonly_tensor
 from handler.core.sampler import NeighbourSampler
+from model.in_closure import (
+    UNLIMITED,
+    Closure,
+    InEdgeLists,
+    InEdgeReader,
+    closure_chunks,
+    closure_forward,
+    in_closure,
+)
 from model.precompute import (
     CHUNK_EDGES,
     LocalGraph,
+    Mode,
     Precomputed,
+    check_plan,
     layer_rows,
-    needs_degree,
-    node_level,
 )
+from model.served import serving_needs
+from model.user_model import EdgeInput
 
-_UNLIMITED = 1 << 62
 # Marked rows the follower recomputes per step between batches (a few ms of holding the graph).
 DRAIN_ROWS = 256
 
@@ -62,7 +80,7 @@ class RefreshStats:
 
 
 class PrecomputedRows:
-    """Layer rows of every node of the served graph version; ``rows(l, nodes)``."""
+    """Stored rows of every node of the served graph version; ``rows(l, nodes)``."""
 
     def __init__(
         self,
@@ -72,10 +90,13 @@ class PrecomputedRows:
         overlay: GraphOverlay | None = None,
     ) -> None:
         self.precomputed = precomputed
-        self.model = node_level(model)
+        self.model = model
+        self.plan = check_plan(precomputed, model)
         self.store = store
         self.overlay = overlay
         self.num_layers = precomputed.num_layers
+        # How far one array's change reaches in the next (module docstring).
+        self.reach = 1 if self.plan.mode is Mode.LAYERS else self.plan.hops
         self.changed: list[dict[int, np.ndarray]] = [{} for _ in range(self.num_layers)]
         self.pending: list[set[int]] = [set() for _ in range(self.num_layers)]
         self._depth = 0  # > 0 while recomputing: the reads are the refresh's own
@@ -83,17 +104,17 @@ class PrecomputedRows:
         self.stats = RefreshStats()
         self._out_indptr = np.asarray(precomputed.out_indptr, dtype=np.int64)
         self._out_indices = np.asarray(precomputed.out_indices)
+        self._in_neighbourhoods = NeighbourSampler(
+            readonly_tensor(store.indptr),
+            readonly_tensor(store.indices),
+            fanouts=[-1],
+            seed=0,
+            graph_key=0,
+            max_nodes=UNLIMITED,
+            max_edges=UNLIMITED,
+            overlay=overlay,
+        )
         if overlay is not None:
-            self._in_neighbourhoods = NeighbourSampler(
-                readonly_tensor(store.indptr),
-                readonly_tensor(store.indices),
-                fanouts=[-1],
-                seed=0,
-                graph_key=0,
-                max_nodes=_UNLIMITED,
-                max_edges=_UNLIMITED,
-                overlay=overlay,
-            )
             if not overlay.is_empty:  # the log was replayed before these rows existed
                 self.mark(overlay.changes_so_far())
             overlay.listeners.append(self.mark)
@@ -102,6 +123,8 @@ class PrecomputedRows:
         """For ``describe``: what is stored, and what refreshing it has cost so far."""
         stats = self.stats
         return {
+            "mode": self.plan.mode.value,
+            "hops": self.plan.hops,
             "layers": self.num_layers,
             "dims": list(self.precomputed.meta["dims"]),
             "built_at": self.precomputed.meta["built_at"],
@@ -135,6 +158,81 @@ class PrecomputedRows:
         start, end = int(self.store.indptr[node]), int(self.store.indptr[node + 1])
         return np.asarray(self.store.indices[start:end], dtype=np.int64)
 
+    def in_list_edge_ids(self, node: int) -> np.ndarray:
+        """The ID of each edge of ``in_list(node)``, in the same order."""
+        if self.overlay is not None:
+            return self.overlay.in_list_edge_ids(node)
+        return np.arange(int(self.store.indptr[node]), int(self.store.indptr[node + 1]))
+
+    def in_edges(self, nodes: np.ndarray) -> InEdgeLists:
+        """Every current in-edge of ``nodes`` (unique), with its edge ID: the
+        :data:`model.in_closure.InEdgeReader` of the served version."""
+        if nodes.size == 0:
+            empty = np.empty(0, dtype=np.int64)
+            return InEdgeLists(src=empty, dst=empty, edge_ids=empty)
+        sub = self._in_neighbourhoods.sample(torch.from_numpy(nodes))
+        rows = sub.node.numpy()
+        src, dst = sub.edge_index.numpy()
+        return InEdgeLists(src=rows[src], dst=rows[dst], edge_ids=sub.edge.numpy())
+
+    def edge_rows(self, edge_ids: np.ndarray, new_edge_rows: np.ndarray | None) -> np.ndarray:
+        """Features of edges by ID; an ID ``< 0`` is a cold-start node's edge, whose row is
+        ``new_edge_rows[-1 - ID]``."""
+        out = np.zeros((len(edge_ids), self.store.edge_feature_dim), dtype=np.float32)
+        stored = edge_ids >= 0
+        out[stored] = self.view.edge_feature_rows(edge_ids[stored])
+        if new_edge_rows is not None and not bool(stored.all()):
+            out[~stored] = new_edge_rows[-1 - edge_ids[~stored]]
+        return out
+
+    def ego_forward(
+        self,
+        seeds: np.ndarray,
+        read: InEdgeReader | None = None,
+        new_x: np.ndarray | None = None,
+        new_edge_rows: np.ndarray | None = None,
+        with_embedding: bool = False,
+        max_nodes: int = UNLIMITED,
+        max_edges: int = UNLIMITED,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(rows, embeddings or None)`` of ``seeds`` from the model's forward on their whole
+        in-neighbourhood (``model.in_closure``), read by ``read`` (default: the served
+        version); ``SubgraphTooLarge`` beyond the limits. A row of node ``< 0`` (a cold-start
+        node) has the features ``new_x``, an edge of ID ``< 0`` the row
+        ``new_edge_rows[-1 - ID]``."""
+        closure = in_closure(read or self.in_edges, seeds, self.edge_hops, max_nodes, max_edges)
+        return self._forward(closure, new_x, new_edge_rows, with_embedding)
+
+    @property
+    def edge_hops(self) -> int:
+        """Levels of in-edges an output's whole in-neighbourhood holds (``model.in_closure``:
+        one more for a model that reads its sources' degrees)."""
+        return self.plan.hops + (1 if self.plan.degree else 0)
+
+    def _forward(
+        self,
+        closure: Closure,
+        new_x: np.ndarray | None = None,
+        new_edge_rows: np.ndarray | None = None,
+        with_embedding: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """The model on ``closure`` (its features and edge features gathered)."""
+        nodes = closure.nodes
+        known = nodes >= 0
+        x = np.empty((len(nodes), self.store.feature_dim), dtype=np.float32)
+        x[known] = self.view.feature_rows(nodes[known])
+        if new_x is not None and not bool(known.all()):
+            x[~known] = new_x
+        attr = None
+        if self.reads_edges:
+            attr = self.edge_rows(closure.edge_ids, new_edge_rows)
+        return closure_forward(self.model, closure, x, attr, with_embedding)
+
+    @property
+    def reads_edges(self) -> bool:
+        """The model reads edge features."""
+        return serving_needs(self.model).edge_input is not EdgeInput.NONE
+
     def rows(self, layer: int, nodes: np.ndarray) -> np.ndarray:
         """float32 rows of layer ``layer`` (0: the features, ``num_layers``: the output) of
         the internal indices ``nodes``, as the served graph version has them."""
@@ -153,13 +251,14 @@ class PrecomputedRows:
         return out
 
     def mark(self, change: OverlayChange) -> None:
-        """Marks every row ``change`` reaches, layer by layer (module docstring)."""
+        """Marks every row ``change`` reaches, array by array (module docstring)."""
         started = time.perf_counter()
         self._follow_edges(change)
         neighbourhood = np.fromiter(change.in_lists_before, dtype=np.int64)
         structural = neighbourhood
-        if needs_degree(self.model):
+        if self.plan.degree:
             structural = np.union1d(neighbourhood, self.out_neighbours(neighbourhood))
+        structural = self.downstream(structural, self.reach - 1)
         reached = np.fromiter(change.feature_rows, dtype=np.int64)
         removed = (
             np.fromiter(self.overlay.removed, dtype=np.int64)
@@ -167,13 +266,24 @@ class PrecomputedRows:
             else np.empty(0, dtype=np.int64)
         )
         for layer in range(1, self.num_layers + 1):
-            dirty = np.union1d(np.union1d(reached, self.out_neighbours(reached)), structural)
+            dirty = np.union1d(self.downstream(reached, self.reach), structural)
             dirty = dirty[~np.isin(dirty, removed)]
             self.pending[layer - 1].update(dirty.tolist())
             self.stats.marked += int(dirty.size)
             reached = dirty
         self.stats.updates += 1
         self.stats.seconds += time.perf_counter() - started
+
+    def downstream(self, nodes: np.ndarray, hops: int) -> np.ndarray:
+        """``nodes`` and every node within ``hops`` out-edges of them (ascending)."""
+        found = np.unique(nodes)
+        frontier = found
+        for _ in range(hops):
+            frontier = np.setdiff1d(self.out_neighbours(frontier), found, assume_unique=True)
+            if frontier.size == 0:
+                break
+            found = np.union1d(found, frontier)
+        return found
 
     def drain(self, max_rows: int) -> int:
         """Recomputes up to ``max_rows`` marked rows, lowest layer first (the follower's
@@ -252,24 +362,30 @@ class PrecomputedRows:
         return int(need.size)
 
     def _recompute(self, layer: int, nodes: np.ndarray) -> None:
-        """Rows ``nodes`` of ``layer`` from layer ``layer - 1`` (whose marked rows among their
-        inputs are recomputed first, by ``rows``), in chunks of bounded edges."""
-        view = self.view
-        degree = view.degree_rows if needs_degree(self.model) else None
+        """Rows ``nodes`` of ``layer``, in chunks of bounded in-edges: per-layer rows from
+        layer ``layer - 1`` (whose marked rows among their inputs are recomputed first, by
+        ``rows``), outputs from the model on the nodes' in-neighbourhoods."""
         target = self.changed[layer - 1]
+        if self.plan.mode is Mode.OUTPUT:
+            for closure in closure_chunks(self.in_edges, nodes, self.edge_hops, CHUNK_EDGES):
+                out, _ = self._forward(closure)
+                target.update(zip(closure.nodes[: closure.seeds].tolist(), out, strict=True))
+            return
+        view = self.view
+        degree = view.degree_rows if self.plan.degree else None
         for chunk in _chunks(nodes, view.degree_rows(nodes), CHUNK_EDGES):
             sub = self._in_neighbourhoods.sample(torch.from_numpy(chunk))
             local = sub.node.numpy()
             graph = LocalGraph(nodes=local, edge_index=sub.edge_index, rows=len(chunk))
             out = layer_rows(
-                self.model,
+                self.plan,
                 layer - 1,
                 graph,
                 self.rows(layer - 1, local),
                 None if degree is None else degree(local),
+                self.edge_rows(sub.edge.numpy(), None) if self.plan.edge_attr else None,
             )
-            for node, row in zip(chunk.tolist(), out, strict=True):
-                target[node] = row
+            target.update(zip(chunk.tolist(), out, strict=True))
 
 
 def _chunks(nodes: np.ndarray, degrees: np.ndarray, budget: int) -> list[np.ndarray]:

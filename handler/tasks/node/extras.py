@@ -36,8 +36,9 @@ from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
 from handler.core.sampler import NeighbourSampler, self_loops_in_place
 from handler.protocol.class_answer import node_answer
+from handler.protocol.error_table import api_error
 from handler.protocol.errors import ApiError, BadRequest
-from handler.tasks.node.new_node_rows import NEW_NODE, new_node_rows
+from handler.tasks.node.new_node_rows import NEW_NODE, new_node_ego, new_node_rows
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
 from model.embedding import forward_with_embedding
 from model.served import answer_rows, serving_needs
@@ -203,15 +204,16 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             if self.ego.precomputed is not None:
                 return StoredRows(np.unique(nodes))
             return self.ego.sample(nodes)
+        request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
+        if self.ego.precomputed is not None:  # exact for every model (new_node_rows)
+            return StoredRows(neighbours.numpy())
         if serving_needs(self.ego.model).boundary_degrees:
             raise BadRequest(
                 "new_node is not available for this archive's model: it reads the degrees of "
                 "its neighbours' neighbours (a degree-normalising layer), which a new node's "
-                "request does not carry"
+                "sampled ego-graph does not carry; an archive built with --precompute answers "
+                "it exactly"
             )
-        request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
-        if self.ego.precomputed is not None:
-            return StoredRows(neighbours.numpy())
         none = neighbours[:0]
         settings = self.ego.settings
         return sample_with_new_node(
@@ -224,7 +226,12 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
 
     def run_group(self, group: Group, batch: Batch[Resolved]) -> None:
         if isinstance(group.payload, StoredRows):
-            self._from_stored_rows(group, batch)
+            try:
+                self._from_stored_rows(group, batch)
+            except SubgraphTooLarge as error:  # a whole in-neighbourhood over the limits: 413
+                too_large = api_error(error)
+                assert too_large is not None
+                raise too_large from None
             return
         times, model = batch.times, plain_module(self.ego.model)
         stop = timed(times, "gather")
@@ -293,20 +300,38 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         return edge_attr
 
     def _from_stored_rows(self, group: Group, batch: Batch[Resolved]) -> None:
-        """A precomputed archive: known nodes' output and embedding rows as stored; a new node
-        from the stored rows of its upstream cone (``new_node_rows``)."""
+        """A precomputed archive: known nodes' output and embedding rows as stored (per-layer
+        rows), or from their whole in-neighbourhoods (stored outputs, an embedding method); a
+        new node from the stored rows of its upstream cone, or from its whole in-neighbourhood
+        (``new_node_rows``)."""
         rows = self.ego.precomputed
         assert rows is not None
         nodes, layers = group.payload.nodes, rows.num_layers
+        from_rows = rows.plan.stored_embedding
+        most_nodes = self.ego.settings.max_subgraph_nodes
+        most_edges = self.ego.settings.max_subgraph_edges
         stop = timed(batch.times, "gather")
-        request = _request(batch.outcomes[group.positions[0]])
+        resolved = _resolved(batch.outcomes[group.positions[0]])
+        request = resolved.request
         if isinstance(request, NewNodeRequest):
             none = nodes[:0]
             senders = nodes if request.direction in ("in", "both") else none
             receivers = nodes if request.direction in ("out", "both") else none
-            output, embedding = new_node_rows(rows, request.x, senders, receivers)
-        else:
+            given = _given_edge_rows(request, resolved.nodes)
+            if from_rows:
+                output, embedding = new_node_rows(rows, request.x, senders, receivers, given)
+            else:
+                output, embedding = new_node_ego(
+                    rows, request.x, senders, receivers, given, most_nodes, most_edges
+                )
+        elif from_rows:
             output, embedding = rows.rows(layers, nodes), rows.rows(layers - 1, nodes)
+        else:
+            output, computed = rows.ego_forward(
+                nodes, with_embedding=True, max_nodes=most_nodes, max_edges=most_edges
+            )
+            assert computed is not None
+            embedding = computed
         stop()
         probabilities = answer_rows(torch.from_numpy(output), self.output)
         vectors = torch.from_numpy(np.ascontiguousarray(embedding))
