@@ -41,7 +41,9 @@ from torch_geometric.explain.algorithm import CaptumExplainer
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
 from handler.core.sampler import SampledSubgraph
+from handler.protocol.errors import BadRequest
 from handler.settings import ServingSettings
+from model.user_model import Output
 
 METHOD = "IntegratedGradients"
 
@@ -71,6 +73,20 @@ class Attribution:
     steps: int
     budget_limited: bool
     seconds: float
+
+
+def explanation_mode(output: Output, width: int) -> str:
+    """Captum's mode for a model's rows: class scores are explained as the predicted class's,
+    a raw output as a regression of its one value; a raw row of several values has no one
+    value to explain (400)."""
+    if output is not Output.RAW:
+        return "multiclass_classification"
+    if width != 1:
+        raise BadRequest(
+            f"explanations of a raw output explain one value, and this archive's model returns "
+            f"{width} per row; build it with --output logits or probabilities for class scores"
+        )
+    return "regression"
 
 
 def integrated_gradients(

@@ -10,13 +10,12 @@ import torch
 
 from handler.core.batch import Batch
 from handler.core.ego import plain_module
-from handler.core.explain import integrated_gradients, summarize
+from handler.core.explain import explanation_mode, integrated_gradients, summarize
 from handler.protocol.class_answer import node_answer
 from handler.protocol.kserve_v2 import explanation_refusal
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.graph.requests import GRAPH_EXAMPLE, GraphRequest
 from model.served import answer_rows
-from model.user_model import Output
 
 
 class GraphExplanation:
@@ -53,7 +52,7 @@ class GraphExplanation:
             model,
             x,
             edge_index,
-            mode="regression" if output is Output.RAW else "multiclass_classification",
+            mode=explanation_mode(output, int(row.numel())),
             level="graph",
             steps=settings.explain_steps,
             budget_s=settings.explain_time_budget_ms / 1000,

@@ -11,13 +11,12 @@ import torch
 from pydantic import ValidationError
 
 from handler.core.batch import Batch
-from handler.core.explain import EgoExplanation
+from handler.core.explain import EgoExplanation, explanation_mode
 from handler.protocol.body import NodeId, as_request
 from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import BadRequest
 from handler.protocol.validation import IdField, Strict, describe_errors
 from model.served import answer_rows, serving_needs
-from model.user_model import Output
 
 _EXAMPLE = '{"node_id": 42}'
 
@@ -52,7 +51,7 @@ class NodeExplanation(EgoExplanation):
             rows = inputs.model(inputs.x, inputs.edge_index, **inputs.forward_kwargs())
         row = answer_rows(rows[inputs.rows[0]], output).cpu().tolist()
         answer = {"node_id": target.node_id, **node_answer(row, output, self.ego.store.class_names)}
-        mode = "regression" if output is Output.RAW else "multiclass_classification"
+        mode = explanation_mode(output, len(row))
         attribution = self.attributions(inputs.model, inputs, mode=mode, level="node")
         answer["explanation"] = self.summary(attribution, inputs)
         return answer

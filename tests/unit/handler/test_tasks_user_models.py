@@ -124,3 +124,33 @@ def test_raw_graph_rows_are_answered_as_they_are_and_explained():
     [(status, explained)] = answers(explainer, [graph_requests(1)[0]])
     assert status == 200 and explained["output"] == pytest.approx(body["output"], abs=1e-5)
     assert explained["explanation"]["nodes"]
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_raw_node_outputs_are_explained_when_they_are_one_value(tmp_path, width):
+    """A raw output of one value is explained as a regression; several values have no one
+    value to explain: 400 naming the fix, never a 500."""
+    from torch_geometric.nn.models import GraphSAGE
+
+    from handler.tasks.node.explain import NodeExplanation
+    from model.served import UserNodeModel
+
+    store = edge_feature_store(tmp_path)
+    torch.manual_seed(0)
+    module = GraphSAGE(FEATURES, 8, 2, width).eval()
+    config = UserModelConfig(
+        model_class="torch_geometric.nn.models.GraphSAGE",
+        in_dim=FEATURES,
+        out_dim=width,
+        num_layers=2,
+        output="raw",
+        trim=True,
+    )
+    settings = ServingSettings(fanouts=(-1, -1), explain_time_budget_ms=60_000)
+    model = UserNodeModel(module, config).eval()
+    ego = EgoGraphs.create(store, model, settings, torch.device("cpu"))
+    [(status, body)] = answers(ExplainEngine(NodeExplanation(ego), "1.0"), [{"node_id": "acct_0"}])
+    if width == 1:
+        assert status == 200 and len(body["output"]) == 1 and body["explanation"]["nodes"]
+    else:
+        assert status == 400 and "--output" in body["message"]
