@@ -261,28 +261,28 @@ graph_meta="$graph_store"
 if [ "$task" = graph ]; then
   graph_meta="$work/dataset"  # training data only: a graph archive carries no graph
   if [ -n "$synthetic_graphs" ]; then
-    step "1/4 generating $synthetic_graphs small labelled graphs"
+    step "1/5 generating $synthetic_graphs small labelled graphs"
     "$PYTHON" -m graph_assets synthetic-graphs "$synthetic_graphs" --out "$graph_meta" \
       "${synth_args[@]}"
   else
-    step "1/4 reading the graph dataset in $graph"
+    step "1/5 reading the graph dataset in $graph"
     "$PYTHON" -m graph_assets graphs --dataset "$graph" --out "$graph_meta" "${undirected[@]}"
   fi
 elif [ -n "$store" ] || [ -n "$referenced" ]; then
   if [ -n "$store" ]; then cp -R "$store" "$graph_store"; fi
-  step "1/4 checking the graph store ${store:-$graph_store}"
+  step "1/5 checking the graph store ${store:-$graph_store}"
   "$PYTHON" -c 'import sys; from pathlib import Path; from graph_assets import open_store; s = open_store(Path(sys.argv[1])); print(f"  {s.num_nodes} nodes, {s.num_edges} edges, checksum {s.checksum}")' "$graph_store"
 elif [ ${#synthetic[@]} -gt 0 ]; then
-  step "1/4 generating a synthetic graph: ${synthetic[0]} nodes, ${synthetic[1]} edges"
+  step "1/5 generating a synthetic graph: ${synthetic[0]} nodes, ${synthetic[1]} edges"
   "$PYTHON" -m graph_assets synthetic "${synthetic[@]}" --out "$graph_store" "${synth_args[@]}"
 else
-  step "1/4 serializing the graph in $graph"
+  step "1/5 serializing the graph in $graph"
   "$PYTHON" -m graph_assets build --graph "$graph" --out "$graph_store" "${undirected[@]}" \
     "${graph_args[@]}"
 fi
 
 if [ -n "$model_class" ]; then
-  step "2/4 packaging your $task model $model_class with the weights $weights"
+  step "2/5 packaging your $task model $model_class with the weights $weights"
   source=(--store "$graph_store"); [ "$task" != graph ] || source=(--dataset "$graph_meta")
   "$PYTHON" -m archive_build.own_model --task "$task" "${source[@]}" --weights "$weights" \
     --out "$work/model" "${own_args[@]}" || exit 1
@@ -293,37 +293,38 @@ elif [ "$task" != node ]; then
   source=(--store "$graph_store"); given=(); action=training
   if [ "$task" = graph ]; then source=(--dataset "$graph_meta"); fi
   if [ -n "$weights" ]; then given=(--weights "$weights"); action=packaging; fi
-  step "2/4 $action a $arch $task model"
+  step "2/5 $action a $arch $task model"
   "$PYTHON" -m model "$task" "${source[@]}" --arch "$arch" --out "$work/model" "${given[@]}" \
     "${model_args[@]}" "${task_args[@]}" "${train_args[@]}"
   if [ "$task" = link ]; then cp -R "$work/model/link" "$stage/link"; fi
   if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
 elif [ -n "$weights" ]; then
-  step "2/4 packaging the given weights $weights"
+  step "2/5 packaging the given weights $weights"
   "$PYTHON" -m model package --store "$graph_store" --weights "$weights" --arch "$arch" \
     --out "$work/model" "${model_args[@]}"
 else
-  step "2/4 training a $arch node classifier"
+  step "2/5 training a $arch node classifier"
   "$PYTHON" -m model train --store "$graph_store" --arch "$arch" --out "$work/model" \
     "${model_args[@]}" "${train_args[@]}"
 fi
 cp "$work/model/model_config.json" "$work/model/metrics.json" "$stage/"
 if [ -n "$precompute" ]; then
-  step "2/4 precomputing every layer of every node"
+  step "2/5 precomputing the rows every answer reads"
   "$PYTHON" -m model precompute --store "$graph_store" --model-dir "$work/model" \
     --out "$stage/precomputed"
 fi
 
-step "3/4 writing the model-config YAML and staging the code"
+step "3/5 writing the model-config YAML and staging the code"
 "$PYTHON" -m archive_build.archive_config --out "$work/model-config.yaml" --task "$task" \
   --model-config "$stage/model_config.json" "${yaml_args[@]}"
 if [ -n "$verify" ]; then
   if [ "$task" = graph ]; then
-    step "3/4 verifying that graphs answered in a batch get their answers alone"
+    step "4/5 verifying that graphs answered in a batch get their answers alone"
     checked=(--dataset "$graph_meta")
   else
-    step "3/4 verifying the serving path against the model's full-graph forward"
+    step "4/5 verifying the serving path against the model's full-graph forward"
     checked=(--store "$graph_store")
+    if [ -n "$precompute" ] && [ "$task" = node ]; then checked+=(--precomputed "$stage/precomputed"); fi
   fi
   "$PYTHON" -m archive_build.verify "${checked[@]}" --model-dir "$work/model" \
     --model-config-yaml "$work/model-config.yaml" --tolerance "$verify_tolerance" \
@@ -343,7 +344,7 @@ for package in graph_assets model handler; do
   find "$package" -name '*.py' -not -path '*/__pycache__/*' -exec cp --parents {} "$stage/" \;
 done
 
-step "4/4 packaging $archive with torch-model-archiver"
+step "5/5 packaging $archive with torch-model-archiver"
 "$ARCHIVER" --model-name "$name" --version "$version" --handler handler/gnn_handler.py \
   --serialized-file "$work/model/model.pt" --extra-files "$stage" \
   --config-file "$work/model-config.yaml" --export-path "$work/out" --force

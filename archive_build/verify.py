@@ -43,10 +43,11 @@ from handler.tasks.graph.requests import clean_edges
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.config import Task
-from model.export import CONFIG_FILE, load_model
+from model.export import CONFIG_FILE, WEIGHTS_FILE, load_model
 from model.graph_level import GraphModel, as_data
 from model.link import LinkModel, answer_scores
 from model.link_assets import LINK_DIR, LinkAssets, open_link_assets
+from model.precompute import Precomputed, open_precomputed, weights_digest
 from model.served import UserNodeModel, answer_rows, edge_kwargs, serving_needs
 from model.served_graph import UserGraphModel
 from model.served_link import UserLinkModel, decoded_scores, method_of
@@ -297,11 +298,16 @@ def _in_edge_positions(store: GraphStore, nodes: np.ndarray) -> np.ndarray:
 
 
 def served_rows(
-    model: torch.nn.Module, store: GraphStore, settings: ServingSettings, nodes: np.ndarray
+    model: torch.nn.Module,
+    store: GraphStore,
+    settings: ServingSettings,
+    nodes: np.ndarray,
+    precomputed: Precomputed | None = None,
 ) -> dict[Any, list[float]]:
-    """Each node's answer row through the archive's node engine, in TorchServe-sized batches."""
+    """Each node's answer row through the archive's node engine, in TorchServe-sized batches
+    (from its stored rows when ``precomputed`` is given, as a ``--precompute`` archive serves)."""
     engine = NodeClassificationEngine.create(
-        store, model, settings, torch.device("cpu"), model_version="verify"
+        store, model, settings, torch.device("cpu"), model_version="verify", precomputed=precomputed
     )
     ids = store.external_ids(nodes)
     requests = [
@@ -408,9 +414,14 @@ def exact_settings(settings: ServingSettings, hops: int) -> ServingSettings:
 
 
 def verify(
-    model_dir: Path, store: GraphStore, settings: ServingSettings, tolerance: float
+    model_dir: Path,
+    store: GraphStore,
+    settings: ServingSettings,
+    tolerance: float,
+    precomputed_dir: Path | None = None,
 ) -> Verification | LinkVerification:
-    """Runs a node or link archive's comparison (and, on a failure, finds the likely cause)."""
+    """Runs a node or link archive's comparison (and, on a failure, finds the likely cause);
+    a node archive's ``precomputed_dir`` rows are compared too, as its answers read them."""
     started = time.perf_counter()
     model, config = load_model(model_dir)
     if config.task is Task.LINK:
@@ -438,6 +449,18 @@ def verify(
             hops,
             tolerance,
         )
+    elif precomputed_dir is not None:
+        rows = open_precomputed(precomputed_dir, store, weights_digest(model_dir / WEIGHTS_FILE))
+        stored = compare(
+            full,
+            served_rows(model, store, exact_settings(settings, hops), nodes, precomputed=rows),
+            store,
+            nodes,
+        )
+        if stored.worst > result.worst:
+            result = stored
+        if stored.worst > tolerance:
+            cause = "the precomputed rows are not the model's full-graph forward (a bug: report it)"
     sampled = None
     if any(fanout != -1 for fanout in settings.fanouts) and result.worst <= tolerance:
         sampled_settings = dataclasses.replace(
@@ -678,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", required=True, help="model.pt and model_config.json")
     parser.add_argument("--model-config-yaml", required=True, help="the archive's YAML")
     parser.add_argument("--tolerance", type=float, default=1e-5, help="largest difference")
+    parser.add_argument("--precomputed", help="a --precompute archive's precomputed/ rows")
     parser.add_argument("--out", required=True, help="verification JSON to write")
     args = parser.parse_args(argv)
     if bool(args.store) == bool(args.dataset):
@@ -695,7 +719,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             result = verify(
-                Path(args.model_dir), open_store(Path(args.store)), settings, args.tolerance
+                Path(args.model_dir),
+                open_store(Path(args.store)),
+                settings,
+                args.tolerance,
+                Path(args.precomputed) if args.precomputed else None,
             )
     except (ValueError, StoreError) as error:
         print(f"error: verification could not run: {error}", file=sys.stderr)

@@ -273,3 +273,35 @@ def test_a_graph_too_large_is_checked_on_the_nodes_in_neighbourhoods(
     closure = verification.reference_rows(model, store, nodes, 2)
     assert float((closure - whole).abs().max()) <= 1e-6
     assert len(verification.in_closure(store, nodes[:1], 1)) < store.num_nodes
+
+
+def test_a_precomputed_archive_is_verified_from_its_stored_rows(
+    store: GraphStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored rows are what a --precompute archive answers from: the build compares them,
+    and rows that are not the model's forward are refused."""
+    import dataclasses
+
+    from archive_build import verify as verification
+    from model.export import load_model
+    from model.precompute import open_precomputed, precompute, weights_digest
+
+    name, args = CASES["sage-max-tanh-3"]
+    torch.manual_seed(0)
+    assert package_and_verify(tmp_path, store, pyg.GraphSAGE(**args), BASIC + name, args).passed
+    model_dir = tmp_path / "model"
+    model, _ = load_model(model_dir)
+    rows = tmp_path / "precomputed"
+    precompute(model, store, rows, weights_digest(model_dir / "model.pt"), progress=False)
+    settings = ServingSettings(fanouts=(5, 5, 5))
+    assert verify(model_dir, store, settings, 1e-5, precomputed_dir=rows).passed
+
+    def shifted(*opened: Any) -> Any:
+        stored = open_precomputed(*opened)
+        return dataclasses.replace(
+            stored, layers=[*stored.layers[:-1], stored.layers[-1] * 2.0]
+        )  # not a shift: softmax ignores those
+
+    monkeypatch.setattr(verification, "open_precomputed", shifted)
+    result = verify(model_dir, store, settings, 1e-5, precomputed_dir=rows)
+    assert not result.passed and "precomputed rows" in result.cause
