@@ -87,16 +87,8 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input)
     seen = probe(module, store.feature_dim, store.edge_feature_dim, edge_input)
     hops = _hops(args, seen.steps, f"{name}.forward")
-    output = Output(args.output)
-    if output is not Output.RAW and seen.out_dim != store.num_classes:
-        raise ValueError(
-            f"{name} returns {seen.out_dim} values per node but the graph has "
-            f"{store.num_classes} classes: build with --output raw for values that are not "
-            "class scores, or check out_channels in --model-args"
-        )
-    embedding = f"method:{args.embedding_method}" if args.embedding_method else seen.last_layer
-    if args.embedding_method and not callable(getattr(module, args.embedding_method, None)):
-        raise ValueError(f"--embedding-method {args.embedding_method}: {name} has no such method")
+    checked_output(args, name, seen.out_dim, store.num_classes, "node", "the graph")
+    embedding = embedding_source(args, module, name, seen.last_layer)
     config = _config(
         args,
         loaded,
@@ -169,17 +161,10 @@ def package_graph(args: argparse.Namespace, dataset: GraphDataset) -> UserModelC
         )
     loaded = load(args)
     module, name = loaded.module, loaded.name
-    if args.embedding_method and not callable(getattr(module, args.embedding_method, None)):
-        raise ValueError(f"--embedding-method {args.embedding_method}: {name} has no such method")
+    embedding_source(args, module, name, "")  # a named method must exist before the probe
     seen = probe_graph(module, dataset.feature_dim, args.embedding_method)
-    output = Output(args.output)
-    if output is not Output.RAW and seen.out_dim != dataset.num_classes:
-        raise ValueError(
-            f"{name} returns {seen.out_dim} values per graph but the dataset has "
-            f"{dataset.num_classes} classes: build with --output raw for values that are not "
-            "class scores, or check the class count in --model-args"
-        )
-    embedding = f"method:{args.embedding_method}" if args.embedding_method else seen.last_linear
+    output = checked_output(args, name, seen.out_dim, dataset.num_classes, "graph", "the dataset")
+    embedding = embedding_source(args, module, name, seen.last_linear)
     config = _config(
         args,
         loaded,
@@ -302,6 +287,33 @@ def _print_output(
             else ""
         )
     )
+
+
+def checked_output(
+    args: argparse.Namespace, name: str, width: int, classes: int, per: str, source: str
+) -> Output:
+    """``--output``, refused when class scores would not be one per class of ``source``."""
+    output = Output(args.output)
+    if output is not Output.RAW and width != classes:
+        raise ValueError(
+            f"{name} returns {width} values per {per} but {source} has {classes} classes: "
+            "build with --output raw for values that are not class scores, or check the "
+            "class count in --model-args"
+        )
+    return output
+
+
+def embedding_source(
+    args: argparse.Namespace, module: torch.nn.Module, name: str, default: str
+) -> str:
+    """``method:<name>`` for ``--embedding-method`` (which must be a method of the class),
+    else ``default`` (the layer whose input is the embedding)."""
+    method = args.embedding_method
+    if not method:
+        return default
+    if not callable(getattr(module, method, None)):
+        raise ValueError(f"--embedding-method {method}: {name} has no such method")
+    return f"method:{method}"
 
 
 def parser() -> argparse.ArgumentParser:
