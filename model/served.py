@@ -139,8 +139,10 @@ def choose_edge_input(
 ) -> EdgeInput:
     """``asked`` (``auto``, ``edge_attr``, ``edge_weight``, ``none``) checked against the
     model's ``method`` (``forward``; a link model's ``encode``) and the graph; ``auto``:
-    ``edge_attr`` where the method takes it (a ``BasicGNN`` only when its layers use it), else
-    ``edge_weight`` for one edge feature."""
+    ``edge_attr`` where the method takes it (a ``BasicGNN`` only when its layers use it), none
+    where it takes no edge input. A method that takes only ``edge_weight`` on a graph with edge
+    features is refused under ``auto``: whether it was trained with weights is the user's to
+    say, and guessing either way would serve another model."""
     parameters = inspect.signature(getattr(module, method)).parameters
     takes_attr = "edge_attr" in parameters
     takes_weight = "edge_weight" in parameters
@@ -156,8 +158,13 @@ def choose_edge_input(
     if asked == "auto":
         if takes_attr:
             return EdgeInput.EDGE_ATTR
-        if takes_weight and edge_dim == 1:
-            return EdgeInput.EDGE_WEIGHT
+        if takes_weight:
+            raise ValueError(
+                f"{type(module).__name__}.{method} takes edge_weight and the graph has "
+                f"{edge_dim} edge feature(s): say whether the model was trained with them, "
+                "--edge-input edge_weight (a graph with exactly one edge feature column) or "
+                "--edge-input none"
+            )
         return EdgeInput.NONE
     chosen = EdgeInput(asked)
     takes = takes_attr if chosen is EdgeInput.EDGE_ATTR else takes_weight

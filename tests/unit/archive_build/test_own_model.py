@@ -50,6 +50,8 @@ def package_and_verify(
     ]  # fmt: skip
     if "." not in model_class:
         argv += ["--model-file", str(MODEL_FILE)]
+    if model_class.endswith(".GCN"):  # trained without the graph's edge features as weights
+        argv += ["--edge-input", "none"]
     assert own_model.main(argv) == 0
     config = json.loads((tmp_path / "model" / "model_config.json").read_text())
     settings = ServingSettings(fanouts=(5,) * config["num_layers"])
@@ -188,6 +190,21 @@ def test_custom_modules_from_a_model_file_are_served_exactly(
     expected_hops = {"Sgc": 2, "Appnp": 3}.get(name, 2 if name != "EdgeMix" else 3)
     assert config["num_layers"] == expected_hops
     assert (tmp_path / "model" / "user_model" / MODEL_FILE.name).is_file()
+
+
+def test_edge_weight_is_never_guessed(store: GraphStore, tmp_path: Path) -> None:
+    """GCN takes edge_weight: whether it was trained with the graph's edge features as weights
+    is the user's to say; auto refuses, naming both choices."""
+    from model.served import choose_edge_input
+
+    module = pyg.GCN(F, H, 2, C)
+    with pytest.raises(ValueError, match=r"--edge-input edge_weight .* or --edge-input none"):
+        choose_edge_input(module, EDGE_DIM, "auto")
+    assert choose_edge_input(module, EDGE_DIM, "none").value == "none"
+    assert choose_edge_input(module, 0, "auto").value == "none"
+    with pytest.raises(ValueError, match="exactly one edge feature"):
+        choose_edge_input(module, EDGE_DIM, "edge_weight")
+    assert choose_edge_input(module, 1, "edge_weight").value == "edge_weight"
 
 
 def test_a_model_that_is_not_local_is_refused(store: GraphStore, tmp_path: Path) -> None:

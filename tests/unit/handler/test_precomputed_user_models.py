@@ -103,6 +103,8 @@ def user_model(name: str, store: GraphStore, directory: Path) -> torch.nn.Module
     ]  # fmt: skip
     if not model_class.startswith(BASIC):
         argv += ["--model-file", user_models.__file__]
+    if model_class == BASIC + "GCN":  # trained without the graph's edge features as weights
+        argv += ["--edge-input", "none"]
     assert own_model.main(argv) == 0
     model, _ = load_model(directory / "model")
     return model
