@@ -78,8 +78,9 @@ Your own model (docs/models.md; every task)
   --num-hops K            the model's receptive field = hops sampled (default: inferred from
                           one forward, or link: one encode: the message-passing steps it
                           makes, printed); node and link
-  --edge-input KIND       auto (default: edge_attr when forward takes it, else edge_weight for
-                          one edge feature), edge_attr, edge_weight or none
+  --edge-input KIND       auto (default: edge_attr when forward takes it; a forward that takes
+                          only edge_weight is refused on a graph with edge features: say which),
+                          edge_attr, edge_weight (one edge feature) or none
   --embedding-method NAME a method of your class, called with the forward's arguments,
                           returning embeddings for return_embedding (default: node: the input
                           of the last message-passing layer the forward calls; graph: the
@@ -266,7 +267,8 @@ if [ "$task" = graph ]; then
       "${synth_args[@]}"
   else
     step "1/5 reading the graph dataset in $graph"
-    "$PYTHON" -m graph_assets graphs --dataset "$graph" --out "$graph_meta" "${undirected[@]}"
+    "$PYTHON" -m graph_assets graphs --dataset "$graph" --out "$graph_meta" "${undirected[@]}" \
+      "${graph_args[@]}"
   fi
 elif [ -n "$store" ] || [ -n "$referenced" ]; then
   if [ -n "$store" ]; then cp -R "$store" "$graph_store"; fi

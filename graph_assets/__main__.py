@@ -3,7 +3,8 @@
     python -m graph_assets build --graph DIR --out STORE [--undirected] [--drop-self-loops]
         [--drop-duplicate-edges]
     python -m graph_assets synthetic NODES EDGES (--out STORE | --csv DIR) [options]
-    python -m graph_assets graphs --dataset DIR --out DSET [--undirected]
+    python -m graph_assets graphs --dataset DIR --out DSET [--undirected] [--drop-self-loops]
+        [--drop-duplicate-edges]
     python -m graph_assets synthetic-graphs COUNT (--out DSET | --csv DIR) [options]
 
 ``graphs`` and ``synthetic-graphs`` are datasets of small graphs for graph classification
@@ -17,8 +18,9 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from graph_assets.errors import GraphInputError, StoreError
 from graph_assets.graph_dataset import (
@@ -169,7 +171,23 @@ def _add_dataset_commands(commands: argparse._SubParsersAction) -> None:
         help="directory holding graphs.csv, nodes.csv and edges.csv (or .parquet)",
     )
     graphs.add_argument("--out", type=Path, required=True, metavar="DSET", help="store to write")
-    graphs.add_argument("--undirected", action="store_true", help="add the reverse of every edge")
+    graphs.add_argument(
+        "--undirected",
+        action="store_true",
+        help="add the reverse of every edge, with its edge features (a self-loop is its own "
+        "reverse and is not doubled)",
+    )
+    graphs.add_argument(
+        "--drop-self-loops",
+        action="store_true",
+        help="drop edges whose src is their dst (default: keep them, as given)",
+    )
+    graphs.add_argument(
+        "--drop-duplicate-edges",
+        action="store_true",
+        help="keep only the first edge of each (graph_id, src, dst) in input order (default: "
+        "keep parallel edges, each with its own edge features)",
+    )
     synthetic = commands.add_parser(
         "synthetic-graphs", help="generate small graphs labelled by their structure"
     )
@@ -198,7 +216,12 @@ def _add_dataset_commands(commands: argparse._SubParsersAction) -> None:
 
 def _dataset(args: argparse.Namespace) -> str:
     if args.command == "graphs":
-        dataset = read_graph_dataset(args.dataset, undirected=args.undirected)
+        dataset = read_graph_dataset(
+            args.dataset,
+            undirected=args.undirected,
+            drop_self_loops=args.drop_self_loops,
+            drop_duplicate_edges=args.drop_duplicate_edges,
+        )
     else:
         try:
             dataset = generate_graph_dataset(
@@ -217,11 +240,18 @@ def _dataset(args: argparse.Namespace) -> str:
             )
     meta = write_graph_dataset(dataset, args.out)
     stats = meta["stats"]
-    return (
+    report = (
         f"wrote dataset {args.out}: {meta['num_graphs']} graphs, {meta['num_nodes']} nodes, "
-        f"{meta['num_edges']} edges (dropped {stats.get('self_loops_dropped', 0)} self-loops and "
-        f"{stats.get('duplicate_edges_dropped', 0)} duplicates), features {meta['feature_dim']}, "
-        f"classes {meta['num_classes']} {meta['class_names'] or ''}\n  checksum {meta['checksum']}"
+        f"{meta['num_edges']} edges, features {meta['feature_dim']}, edge features "
+        f"{meta['edge_feature_dim']}, classes {meta['num_classes']} "
+        f"{meta['class_names'] or ''}\n  checksum {meta['checksum']}\n"
+    )
+    if args.command == "graphs":
+        drops = (args.drop_self_loops, args.drop_duplicate_edges)
+        return report + _kept_or_dropped(stats, *drops)
+    return report + (
+        f"  dropped {stats['self_loops_dropped']} self-loops and "
+        f"{stats['duplicate_edges_dropped']} duplicate edges drawn by chance"
     )
 
 
@@ -235,9 +265,11 @@ def _summary(meta: StoreMeta) -> str:
     )
 
 
-def _kept_or_dropped(meta: StoreMeta, drop_self_loops: bool, drop_duplicate_edges: bool) -> str:
-    """One line: what became of self-loops and duplicate edges, and the flags that change it."""
-    stats = meta["stats"]
+def _kept_or_dropped(
+    stats: Mapping[str, Any], drop_self_loops: bool, drop_duplicate_edges: bool
+) -> str:
+    """One line: what became of self-loops and duplicate edges, and the flags that change it
+    (``stats``: a store's or a dataset's ``meta.json`` stats)."""
     loops_kept = f"{stats.get('self_loops_kept', 0)} self-loops"
     repeats_kept = f"{stats.get('duplicate_edges_kept', 0)} parallel edges"
     kinds = (
@@ -265,7 +297,7 @@ def _build(args: argparse.Namespace) -> str:
         drop_self_loops=args.drop_self_loops,
         drop_duplicate_edges=args.drop_duplicate_edges,
     )
-    kept = _kept_or_dropped(meta, args.drop_self_loops, args.drop_duplicate_edges)
+    kept = _kept_or_dropped(meta["stats"], args.drop_self_loops, args.drop_duplicate_edges)
     return f"built store {args.out} from {args.graph}\n{_summary(meta)}\n{kept}"
 
 

@@ -7,17 +7,21 @@ naming its graph by ``graph_id``:
 |---|---|
 | ``graphs.csv`` | ``graph_id``, ``label`` (class index or name; empty = unlabelled) |
 | ``nodes.csv`` | ``graph_id``, ``node_id``, then one numeric column per feature |
-| ``edges.csv`` | ``graph_id``, ``src``, ``dst`` (``node_id`` s of that graph) |
+| ``edges.csv`` | ``graph_id``, ``src``, ``dst`` (``node_id`` s of that graph), then one numeric
+column per edge feature |
 
 IDs are compared as text and are local to their graph (node ``0`` of two graphs are two
 nodes). A graph's nodes are numbered in file order; that order is the row order of ``x`` a
-client sends. Self-loops and duplicate edges are dropped, as for node graphs.
+client sends. The graph is kept as given, self-loops and parallel edges included (each with its
+own edge features), unless the build is asked to drop them, as for node graphs.
 
 The store (``python -m graph_assets graphs --dataset DIR --out DSET``) is one directory of
 ``.npy`` arrays, no pickle: ``x`` ``[total_nodes, F]`` float32, ``node_ptr`` ``[G+1]`` (graph
 ``g`` owns rows ``node_ptr[g]:node_ptr[g+1]``), ``edge_index`` ``[2, total_edges]`` of
-graph-local node numbers, ``edge_ptr`` ``[G+1]``, ``labels`` ``[G]`` int64 (-1 unlabelled), and
-``meta.json``.
+graph-local node numbers, ``edge_ptr`` ``[G+1]``, ``edge_attr`` ``[total_edges, D]`` float32
+(``D`` = 0 without edge features), ``labels`` ``[G]`` int64 (-1 unlabelled), and ``meta.json``
+(``edge_feature_dim``, ``edge_feature_names``). A store written before edge features (no
+``edge_attr.npy``) opens with ``D`` = 0.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +39,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from graph_assets.errors import GraphInputError, StoreError
-from graph_assets.reader import _features, _find, _labels, _read_table, _require_columns
+from graph_assets.reader import (
+    _features,
+    _find,
+    _labels,
+    _numbers,
+    _read_table,
+    _require_columns,
+)
 from graph_assets.store import file_digests, open_recorded_array
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 ARRAY_FILES = ("edge_index.npy", "edge_ptr.npy", "labels.npy", "node_ptr.npy", "x.npy")
+EDGE_ATTR_FILE = "edge_attr.npy"  # not in ARRAY_FILES: older stores have none
 _GRAPHS_EXPECTED = "a header `graph_id,label` and one row per graph"
 _NODES_EXPECTED = "a header `graph_id,node_id,<numeric feature columns>` and one row per node"
-_EDGES_EXPECTED = "a header `graph_id,src,dst` and one row per directed edge"
+_EDGES_EXPECTED = (
+    "a header `graph_id,src,dst[,<numeric edge feature columns>]` and one row per directed edge"
+)
 
 # Synthetic graph families, in class order; each is drawn at a random size.
 MOTIFS = ("cycle", "star", "wheel", "ladder", "tree", "dense")
@@ -53,7 +67,11 @@ DEFAULT_SYNTHETIC_FEATURES = 8
 
 @dataclass(frozen=True, eq=False)
 class GraphDataset:
-    """Small graphs packed into flat arrays (see the module docstring for the layout)."""
+    """Small graphs packed into flat arrays (see the module docstring for the layout).
+
+    ``edge_attr`` is ``[total_edges, D]`` float32, row ``k`` the features of edge ``k``;
+    ``edge_feature_names`` its ``D`` column names (both empty without edge features).
+    """
 
     x: np.ndarray
     node_ptr: np.ndarray
@@ -62,6 +80,30 @@ class GraphDataset:
     labels: np.ndarray
     class_names: list[str] | None
     stats: dict[str, int] | None = None
+    edge_attr: np.ndarray | None = None  # None: no edge features, [total_edges, 0]
+    edge_feature_names: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.edge_attr is None:
+            empty = np.zeros((self.edge_index.shape[1], 0), dtype=np.float32)
+            object.__setattr__(self, "edge_attr", empty)
+        shape = (self.edge_index.shape[1], len(self.edge_feature_names))
+        if self.edge_features.dtype != np.float32 or self.edge_features.shape != shape:
+            raise ValueError(
+                f"edge_attr must be float32 {list(shape)} (one row per edge, one column per "
+                f"edge_feature_names entry), got {self.edge_features.dtype} "
+                f"{list(self.edge_features.shape)}"
+            )
+
+    @property
+    def edge_features(self) -> np.ndarray:
+        """``edge_attr``, never None (``[total_edges, 0]`` without edge features)."""
+        assert self.edge_attr is not None  # set by __post_init__
+        return self.edge_attr
+
+    @property
+    def edge_feature_dim(self) -> int:
+        return len(self.edge_feature_names)
 
     @property
     def num_graphs(self) -> int:
@@ -83,6 +125,10 @@ class GraphDataset:
         edges = slice(int(self.edge_ptr[g]), int(self.edge_ptr[g + 1]))
         return np.asarray(self.x[nodes]), np.asarray(self.edge_index[:, edges])
 
+    def graph_edge_attr(self, g: int) -> np.ndarray:
+        """``[e, D]`` edge features of graph ``g``, in the order of its ``edge_index``."""
+        return np.asarray(self.edge_features[int(self.edge_ptr[g]) : int(self.edge_ptr[g + 1])])
+
     def graphs(self) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
         """Every graph as ``(x, edge_index, label)``."""
         for g in range(self.num_graphs):
@@ -99,8 +145,19 @@ def _text_column(table: pa.Table, name: str, file: str) -> np.ndarray:
     return values
 
 
-def read_graph_dataset(path: Path, undirected: bool = False) -> GraphDataset:
-    """Reads and validates a dataset directory; raises `GraphInputError` naming file and row."""
+def read_graph_dataset(
+    path: Path,
+    undirected: bool = False,
+    *,
+    drop_self_loops: bool = False,
+    drop_duplicate_edges: bool = False,
+) -> GraphDataset:
+    """Reads and validates a dataset directory; raises `GraphInputError` naming file and row.
+
+    Every edges column after ``graph_id``, ``src`` and ``dst`` is an edge feature. The graphs
+    are kept as given unless ``drop_self_loops`` / ``drop_duplicate_edges`` (both default
+    False) drop self-loops / every repeat of a (graph, src, dst) but its first.
+    """
     path = Path(path)
     if not path.is_dir():
         raise GraphInputError(
@@ -188,49 +245,80 @@ def read_graph_dataset(path: Path, undirected: bool = False) -> GraphDataset:
         global_row = row_of_input[key_first[pos]]
         endpoints.append(global_row - node_ptr[edge_graph])
     src, dst = endpoints
-    if undirected:
+    edge_feature_names = [c for c in edges.column_names if c not in ("graph_id", "src", "dst")]
+    edge_attr = _numbers(edges, edge_feature_names, edges_file.name, "edge feature")
+    if undirected:  # a self-loop is its own reverse, as for node graphs
+        reverse = np.flatnonzero(src != dst)
         src, dst, edge_graph = (
-            np.concatenate([src, dst]),
-            np.concatenate([dst, src]),
-            np.concatenate([edge_graph, edge_graph]),
+            np.concatenate([src, dst[reverse]]),
+            np.concatenate([dst, src[reverse]]),
+            np.concatenate([edge_graph, edge_graph[reverse]]),
         )
-    return _pack(features[order], node_ptr, edge_graph, src, dst, labels, class_names)
+        edge_attr = np.concatenate([edge_attr, edge_attr[reverse]])
+    return _pack(
+        features[order],
+        node_ptr,
+        _Edges(edge_graph, src, dst, edge_attr, edge_feature_names),
+        labels,
+        class_names,
+        drop_self_loops=drop_self_loops,
+        drop_duplicate_edges=drop_duplicate_edges,
+    )
+
+
+@dataclass(frozen=True)
+class _Edges:
+    """Edges of every graph in input order: graph, graph-local src and dst, features."""
+
+    graph: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    attr: np.ndarray  # [E, D] float32
+    names: list[str]
 
 
 def _pack(
     x: np.ndarray,
     node_ptr: np.ndarray,
-    edge_graph: np.ndarray,
-    src: np.ndarray,
-    dst: np.ndarray,
+    edges: _Edges,
     labels: np.ndarray,
     class_names: list[str] | None,
+    *,
+    drop_self_loops: bool,
+    drop_duplicate_edges: bool,
 ) -> GraphDataset:
-    """Drops self-loops and duplicate edges, sorts edges by (graph, dst, src)."""
+    """Sorts edges by (graph, dst, src), parallel edges in input order (their features follow
+    them), dropping self-loops and repeats if asked."""
     num_graphs = labels.size
-    given = src.size
-    loops = src == dst
-    src, dst, edge_graph = src[~loops], dst[~loops], edge_graph[~loops]
+    given = edges.src.size
     largest = int(np.diff(node_ptr).max())
-    key = (edge_graph.astype(np.int64) * largest + dst) * largest + src
-    unique_key = np.unique(key)
-    src = unique_key % largest
-    dst = (unique_key // largest) % largest
-    edge_graph = unique_key // (largest * largest)
+    key = (edges.graph.astype(np.int64) * largest + edges.dst) * largest + edges.src
+    loops = edges.src == edges.dst
+    kept = np.flatnonzero(~loops) if drop_self_loops else np.arange(given)
+    kept = kept[np.argsort(key[kept], kind="stable")]
+    repeat = np.zeros(kept.size, dtype=bool)
+    np.equal(key[kept][1:], key[kept][:-1], out=repeat[1:])
+    if drop_duplicate_edges:
+        kept = kept[~repeat]
     edge_ptr = np.zeros(num_graphs + 1, dtype=np.int64)
-    np.cumsum(np.bincount(edge_graph, minlength=num_graphs), out=edge_ptr[1:])
+    np.cumsum(np.bincount(edges.graph[kept], minlength=num_graphs), out=edge_ptr[1:])
+    loop_count, repeat_count = int(loops.sum()), int(repeat.sum())
     return GraphDataset(
         x=np.ascontiguousarray(x, dtype=np.float32),
         node_ptr=node_ptr.astype(np.int64),
-        edge_index=np.stack([src, dst]).astype(np.int64),
+        edge_index=np.stack([edges.src[kept], edges.dst[kept]]).astype(np.int64),
         edge_ptr=edge_ptr,
         labels=labels.astype(np.int64),
         class_names=class_names,
         stats={
             "input_edges": int(given),
-            "self_loops_dropped": int(loops.sum()),
-            "duplicate_edges_dropped": int((~loops).sum() - unique_key.size),
+            "self_loops_dropped": loop_count if drop_self_loops else 0,
+            "duplicate_edges_dropped": repeat_count if drop_duplicate_edges else 0,
+            "self_loops_kept": 0 if drop_self_loops else loop_count,
+            "duplicate_edges_kept": 0 if drop_duplicate_edges else repeat_count,
         },
+        edge_attr=np.ascontiguousarray(edges.attr[kept], dtype=np.float32),
+        edge_feature_names=list(edges.names),
     )
 
 
@@ -247,13 +335,12 @@ def write_graph_dataset(dataset: GraphDataset, out_dir: Path) -> dict[str, Any]:
     }
     files: dict[str, dict[str, Any]] = {}
     for name in ARRAY_FILES:
-        np.save(out / name, arrays[name], allow_pickle=False)
-        files[name] = {
-            "dtype": arrays[name].dtype.str,
-            "shape": list(arrays[name].shape),
-            **file_digests(out / name),
-        }
-    checksum = hashlib.sha256("".join(files[n]["sha256"] for n in ARRAY_FILES).encode()).hexdigest()
+        files[name] = _save(out / name, arrays[name])
+    files[EDGE_ATTR_FILE] = _save(out / EDGE_ATTR_FILE, dataset.edge_features)
+    # Edge features join the checksum only where there are some, so a dataset without them
+    # keeps the checksum it had before they were stored.
+    named = [*ARRAY_FILES, EDGE_ATTR_FILE] if dataset.edge_feature_dim else list(ARRAY_FILES)
+    checksum = hashlib.sha256("".join(files[n]["sha256"] for n in named).encode()).hexdigest()
     meta = {
         "format_version": FORMAT_VERSION,
         "kind": "graph_dataset",
@@ -261,6 +348,8 @@ def write_graph_dataset(dataset: GraphDataset, out_dir: Path) -> dict[str, Any]:
         "num_nodes": int(dataset.x.shape[0]),
         "num_edges": int(dataset.edge_index.shape[1]),
         "feature_dim": dataset.feature_dim,
+        "edge_feature_dim": dataset.edge_feature_dim,
+        "edge_feature_names": dataset.edge_feature_names,
         "num_classes": dataset.num_classes,
         "class_names": dataset.class_names,
         "checksum": checksum,
@@ -269,6 +358,12 @@ def write_graph_dataset(dataset: GraphDataset, out_dir: Path) -> dict[str, Any]:
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def _save(path: Path, array: np.ndarray) -> dict[str, Any]:
+    """Writes one ``.npy`` (no pickle); returns its record for ``meta.json``."""
+    np.save(path, array, allow_pickle=False)
+    return {"dtype": array.dtype.str, "shape": list(array.shape), **file_digests(path)}
 
 
 def open_graph_dataset(path: Path) -> GraphDataset:
@@ -287,6 +382,9 @@ def open_graph_dataset(path: Path) -> GraphDataset:
     arrays = {
         name: open_recorded_array(path / name, meta["files"][name], rebuild) for name in ARRAY_FILES
     }
+    edge_attr = None  # a store from before edge features: none
+    if (recorded := meta["files"].get(EDGE_ATTR_FILE)) is not None:
+        edge_attr = open_recorded_array(path / EDGE_ATTR_FILE, recorded, rebuild)
     return GraphDataset(
         x=arrays["x.npy"],
         node_ptr=arrays["node_ptr.npy"],
@@ -295,6 +393,8 @@ def open_graph_dataset(path: Path) -> GraphDataset:
         labels=arrays["labels.npy"],
         class_names=meta["class_names"],
         stats=meta.get("stats"),
+        edge_attr=edge_attr,
+        edge_feature_names=list(meta.get("edge_feature_names", [])),
     )
 
 
@@ -364,14 +464,22 @@ def generate_graph_dataset(
         sizes.append(n)
     node_ptr = np.zeros(num_graphs + 1, dtype=np.int64)
     np.cumsum(sizes, out=node_ptr[1:])
+    src = np.concatenate(sources)
+    # The noise edges' chance self-loops and repeats are no part of a family's structure.
     return _pack(
         np.concatenate(xs),
         node_ptr,
-        np.concatenate(edge_graphs),
-        np.concatenate(sources),
-        np.concatenate(destinations),
+        _Edges(
+            np.concatenate(edge_graphs),
+            src,
+            np.concatenate(destinations),
+            np.zeros((src.size, 0), dtype=np.float32),
+            [],
+        ),
         labels.astype(np.int64),
         list(MOTIFS[:num_classes]),
+        drop_self_loops=True,
+        drop_duplicate_edges=True,
     )
 
 
@@ -402,4 +510,6 @@ def write_graph_dataset_csv(dataset: GraphDataset, out_dir: Path) -> None:
             "dst": dataset.edge_index[1],
         }
     )
+    for j, name in enumerate(dataset.edge_feature_names):
+        edges[name] = dataset.edge_features[:, j]
     edges.to_csv(out / "edges.csv", index=False)
