@@ -12,7 +12,7 @@ refusal is one line.
 - ``node``: ``forward(x, edge_index[, edge_attr | edge_weight])`` -> one row per node.
 - ``link``: PyG's GAE convention, ``encode(x, edge_index[, edge_attr | edge_weight])`` -> one
   embedding per node and ``decode(z, edge_label_index)`` -> one score per pair.
-- ``graph``: ``forward(x, edge_index, batch)`` -> one row per graph.
+- ``graph``: ``forward(x, edge_index, batch[, edge_attr | edge_weight])`` -> one row per graph.
 """
 
 from __future__ import annotations
@@ -154,15 +154,12 @@ def package_graph(args: argparse.Namespace, dataset: GraphDataset) -> UserModelC
             "--num-hops goes with node and link archives: a graph archive answers each inline "
             "graph whole"
         )
-    if args.edge_input not in ("auto", "none"):
-        raise ValueError(
-            f"--edge-input {args.edge_input}: inline graphs carry no edge features, so a graph "
-            "archive's model gets none"
-        )
     loaded = load(args)
     module, name = loaded.module, loaded.name
     embedding_source(args, module, name, "")  # a named method must exist before the probe
-    seen = probe_graph(module, dataset.feature_dim, args.embedding_method)
+    edge_dim = dataset.edge_feature_dim
+    edge_input = choose_edge_input(module, edge_dim, args.edge_input)
+    seen = probe_graph(module, dataset.feature_dim, args.embedding_method, edge_dim, edge_input)
     output = checked_output(args, name, seen.out_dim, dataset.num_classes, "graph", "the dataset")
     embedding = embedding_source(args, module, name, seen.last_linear)
     config = _config(
@@ -171,6 +168,8 @@ def package_graph(args: argparse.Namespace, dataset: GraphDataset) -> UserModelC
         in_dim=dataset.feature_dim,
         out_dim=seen.out_dim,
         num_layers=seen.steps,
+        edge_input=edge_input,
+        edge_dim=0 if edge_input is EdgeInput.NONE else edge_dim,
         embedding=embedding,
     )
     out = Path(args.out)
@@ -181,8 +180,11 @@ def package_graph(args: argparse.Namespace, dataset: GraphDataset) -> UserModelC
     (out / CLASSES_FILE).write_text(json.dumps({"class_names": dataset.class_names}) + "\n")
     plural = "" if seen.steps == 1 else "s"
     print(f"  model {name}: {seen.steps} message-passing step{plural} in one forward")
+    edges = "none" if not config.edge_dim else f"{edge_input.value} ({config.edge_dim} wide)"
+    if edge_dim and not config.edge_dim:
+        edges += f" (the dataset's {edge_dim} go unread: {name}.forward takes none)"
     print(
-        f"  output {output.value}, {seen.out_dim} per graph; embedding: "
+        f"  output {output.value}, {seen.out_dim} per graph; edge features: {edges}; embedding: "
         + (
             f"{args.embedding_method}(x, edge_index, batch)"
             if args.embedding_method
@@ -201,11 +203,12 @@ def labelled_accuracy(model: UserGraphModel, dataset: GraphDataset) -> float:
     alone: the build's figure, not a test score)."""
     correct = labelled = 0
     with torch.no_grad():
-        for x, edge_index, label in dataset.graphs():
+        for g, (x, edge_index, label) in enumerate(dataset.graphs()):
             if label < 0:
                 continue
-            graph = as_data(x, edge_index)
-            rows = model(graph.x, graph.edge_index)
+            edge_attr = dataset.graph_edge_attr(g) if model.edge_dim else None
+            graph = as_data(x, edge_index, edge_attr=edge_attr)
+            rows = model(graph.x, graph.edge_index, None, graph.edge_attr)
             correct += int(int(rows[0].argmax()) == label)
             labelled += 1
     return correct / max(1, labelled)

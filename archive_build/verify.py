@@ -39,7 +39,6 @@ from graph_assets.store import GraphStore
 from handler.core.ego import EgoGraphs
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
-from handler.tasks.graph.requests import clean_edges
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.config import Task
@@ -618,15 +617,22 @@ def verify_graphs(
     model, _ = load_model(model_dir)
     assert isinstance(model, GraphModel)
     chosen = verification_graphs(dataset)
-    graphs = [dataset.graph(int(g)) for g in chosen]
+    graphs = [
+        (*dataset.graph(int(g)), dataset.graph_edge_attr(int(g)) if model.edge_dim else None)
+        for g in chosen
+    ]
     requests = [
         {
             "body": {
-                "graph": {"x": x.tolist(), "edge_index": edge_index.tolist()},
+                "graph": {
+                    "x": x.tolist(),
+                    "edge_index": edge_index.tolist(),
+                    **({} if edge_attr is None else {"edge_attr": edge_attr.tolist()}),
+                },
                 "return_embedding": model.embeds,
             }
         }
-        for x, edge_index in graphs
+        for x, edge_index, edge_attr in graphs
     ]
     engine = GraphEngine(model, None, settings, torch.device("cpu"), "verify")
     field = "output" if serving_needs(model).output is Output.RAW else "probabilities"
@@ -634,7 +640,7 @@ def verify_graphs(
         (np.array(body[field]), np.array(body.get("embedding", [])))
         for body in _answered(engine, requests)
     ]
-    alone = [graph_alone(model, x, edge_index) for x, edge_index in graphs]
+    alone = [graph_alone(model, *graph) for graph in graphs]
     diff = [graph_difference(got, expected) for got, expected in zip(batched, alone, strict=True)]
     worst = int(np.argmax(diff))
     cause = ""
@@ -664,17 +670,24 @@ def verify_graphs(
 Answer = tuple[np.ndarray, np.ndarray]  # a graph's answer row and its embedding (or empty)
 
 
-def graph_alone(model: torch.nn.Module, x: np.ndarray, edge_index: np.ndarray) -> Answer:
+def graph_alone(
+    model: torch.nn.Module,
+    x: np.ndarray,
+    edge_index: np.ndarray,
+    edge_attr: np.ndarray | None = None,
+) -> Answer:
     """One graph's answer row alone, as served, and its embedding (empty when the model has
-    none): the model's own forward (the user's module itself) on the graph as a request
-    gives it."""
+    none): the model's own forward (the user's module itself, with ``edge_attr`` as its
+    forward takes it) on the graph as a request gives it."""
     assert isinstance(model, GraphModel)
-    graph = as_data(x, clean_edges(np.asarray(edge_index, dtype=np.int64), len(x)))
+    graph = as_data(x, np.asarray(edge_index, dtype=np.int64), edge_attr=edge_attr)
     batch = torch.zeros(graph.num_nodes, dtype=torch.long)
+    edge_attr_t = graph.edge_attr if edge_attr is not None else None
+    kwargs = edge_kwargs(serving_needs(model).edge_input, edge_attr_t)
     with torch.inference_mode():
-        rows = _own_forward(model)(graph.x, graph.edge_index, batch)
+        rows = _own_forward(model)(graph.x, graph.edge_index, batch, **kwargs)
         answer = answer_rows(rows, serving_needs(model).output)[0].double().numpy()
-        _, embedding = model.forward_with_embedding(graph.x, graph.edge_index, batch)
+        _, embedding = model.forward_with_embedding(graph.x, graph.edge_index, batch, edge_attr_t)
     return answer, np.zeros(0) if embedding is None else embedding[0].double().numpy()
 
 

@@ -2,10 +2,12 @@
 global pooling and an MLP head.
 
 The protocol (:class:`GraphModel`) is what the graph engine and its explanations ask of a
-graph-level model, whoever wrote it: ``forward(x, edge_index, batch=None)`` gives one row per
-graph (``batch`` maps each node row to its graph, PyG's ``Batch.batch``; None meaning one
-graph), ``forward_with_embedding`` the rows and the graph embeddings of one pass (None when
-the model names no embedding: ``embeds`` is False), ``in_dim`` the node feature width. What
+graph-level model, whoever wrote it: ``forward(x, edge_index, batch=None, edge_attr=None)``
+gives one row per graph (``batch`` maps each node row to its graph, PyG's ``Batch.batch``; None
+meaning one graph; ``edge_attr`` one row per edge, given exactly when ``edge_dim`` > 0),
+``forward_with_embedding`` the rows and the graph embeddings of one pass (None when the model
+names no embedding: ``embeds`` is False), ``in_dim`` the node feature width, ``edge_dim`` the
+edge feature width it reads (0: none; the presets read none). What
 the rows are follows ``serving_needs(model).output`` (``model.served``). The user's class gets
 the protocol from ``model.served_graph.UserGraphModel``.
 
@@ -52,14 +54,29 @@ class GraphModel(Protocol):
         ...
 
     @property
+    def edge_dim(self) -> int:
+        """Edge feature width the model reads (0: none, and no ``edge_attr`` is passed)."""
+        ...
+
+    @property
     def embeds(self) -> bool:
         """``forward_with_embedding`` gives graph embeddings (``return_embedding`` works)."""
         ...
 
-    def __call__(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor: ...
+    def __call__(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        batch: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor: ...
 
     def forward_with_embedding(
-        self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        batch: Tensor | None = None,
+        edge_attr: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]: ...
 
 
@@ -85,17 +102,32 @@ class GraphClassifier(torch.nn.Module):
         return int(self.encoder.gnn.in_channels)
 
     @property
+    def edge_dim(self) -> int:
+        return 0
+
+    @property
     def embeds(self) -> bool:
         return True
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        batch: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
         """Logits ``[num_graphs, out_dim]``."""
         return self.forward_with_embedding(x, edge_index, batch)[0]
 
     def forward_with_embedding(
-        self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        batch: Tensor | None = None,
+        edge_attr: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``(logits, graph embeddings [num_graphs, hidden_dim])`` of one pass."""
+        """``(logits, graph embeddings [num_graphs, hidden_dim])`` of one pass; ``edge_attr``
+        is never given (``edge_dim`` is 0): the protocol's parameter, unread."""
         if batch is None:
             batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         nodes = F.relu(self.encoder(x, edge_index))
@@ -104,13 +136,19 @@ class GraphClassifier(torch.nn.Module):
 
 
 def as_data(
-    x: np.ndarray | Tensor, edge_index: np.ndarray | Tensor, label: int | None = None
+    x: np.ndarray | Tensor,
+    edge_index: np.ndarray | Tensor,
+    label: int | None = None,
+    edge_attr: np.ndarray | Tensor | None = None,
 ) -> Data:
-    """One graph as PyG ``Data`` (float32 features, int64 edges)."""
+    """One graph as PyG ``Data`` (float32 features, int64 edges, float32 ``edge_attr`` where
+    given: ``Batch`` concatenates it in the order of the edges)."""
     data = Data(
         x=torch.tensor(np.asarray(x), dtype=torch.float32),
         edge_index=torch.tensor(np.asarray(edge_index), dtype=torch.long),
     )
+    if edge_attr is not None:
+        data.edge_attr = torch.tensor(np.asarray(edge_attr), dtype=torch.float32)
     if label is not None:
         data.y = torch.tensor([label])
     return data

@@ -1,13 +1,15 @@
 """The user's graph-level model behind the served graph-model protocol
 (``model.graph_level.GraphModel``).
 
-A graph model of your own has PyG's graph-level forward, ``forward(x, edge_index, batch)``
-returning one row per graph (``batch`` as ``torch_geometric.data.Batch.batch``). Inline graphs
-carry no edge features, so an ``edge_attr`` parameter must have a default. The graph embedding
-(``return_embedding``) is what the method named by ``--embedding-method`` returns (called with
-the forward's arguments), else the input of the last Linear layer the forward calls when that
-input has one row per graph (the build's probe checks it: the vector a classifier head reads),
-else there is none and ``return_embedding`` is refused.
+A graph model of your own has PyG's graph-level forward, ``forward(x, edge_index, batch[,
+edge_attr | edge_weight])`` returning one row per graph (``batch`` as
+``torch_geometric.data.Batch.batch``). Where the dataset has edge features and the forward takes
+them (the rule of node archives, ``model.served.choose_edge_input``), each inline graph's
+``edge_attr`` is passed on; otherwise an ``edge_attr`` parameter must have a default. The graph
+embedding (``return_embedding``) is what the method named by ``--embedding-method`` returns
+(called with the forward's arguments), else the input of the last Linear layer the forward
+calls when that input has one row per graph (the build's probe checks it: the vector a
+classifier head reads), else there is none and ``return_embedding`` is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
 
 from model.embedding import with_input_of
-from model.served import ServingNeeds
-from model.user_model import UserModelConfig
+from model.served import ServingNeeds, edge_kwargs
+from model.user_model import EdgeInput, UserModelConfig
 
 _LINEAR = (torch.nn.Linear, PygLinear)
 _METHOD = "method:"
@@ -37,21 +39,32 @@ class UserGraphModel(torch.nn.Module):
         super().__init__()
         self.module = module
         self.config = config
-        self.serving_needs = ServingNeeds(output=config.output)
+        self.serving_needs = ServingNeeds(output=config.output, edge_input=config.edge_input)
 
     @property
     def in_dim(self) -> int:
         return self.config.in_dim
 
     @property
+    def edge_dim(self) -> int:
+        return 0 if self.config.edge_input is EdgeInput.NONE else self.config.edge_dim
+
+    @property
     def embeds(self) -> bool:
         return bool(self.config.embedding)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None) -> Tensor:
-        """The module's rows, one per graph of ``batch`` (None: one graph)."""
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        batch: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
+        """The module's rows, one per graph of ``batch`` (None: one graph); ``edge_attr`` goes
+        to the module as its forward takes it (``edge_attr`` or ``edge_weight``)."""
         if batch is None:
             batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
-        rows = self.module(x, edge_index, batch)
+        rows = self.module(x, edge_index, batch, **edge_kwargs(self.config.edge_input, edge_attr))
         graphs = int(batch.max()) + 1 if batch.numel() else 0
         if not isinstance(rows, Tensor) or rows.dim() != 2 or rows.size(0) != graphs:
             raise ValueError(
@@ -61,20 +74,25 @@ class UserGraphModel(torch.nn.Module):
         return rows
 
     def forward_with_embedding(
-        self, x: Tensor, edge_index: Tensor, batch: Tensor | None = None
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        batch: Tensor | None = None,
+        edge_attr: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """The rows and the graph embeddings of one pass (a named method is a second call);
-        None when the model names no embedding."""
+        """The rows and the graph embeddings of one pass (a named method is a second call,
+        with the forward's arguments); None when the model names no embedding."""
         name = self.config.embedding
         if not name:
-            return self(x, edge_index, batch), None
+            return self(x, edge_index, batch, edge_attr), None
         if batch is None:
             batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
         if name.startswith(_METHOD):
             method = getattr(self.module, name.removeprefix(_METHOD))
-            return self(x, edge_index, batch), method(x, edge_index, batch)
+            kwargs = edge_kwargs(self.config.edge_input, edge_attr)
+            return self(x, edge_index, batch, edge_attr), method(x, edge_index, batch, **kwargs)
         layer = self.module.get_submodule(name)
-        return with_input_of(layer, lambda: self(x, edge_index, batch))
+        return with_input_of(layer, lambda: self(x, edge_index, batch, edge_attr))
 
 
 @dataclass(frozen=True)
@@ -86,8 +104,9 @@ class GraphProbe:
     last_linear: str  # the last Linear layer called, when its input is one row per graph
 
 
-def check_graph_forward(module: torch.nn.Module) -> None:
-    """Refuses, in one line, a forward that cannot take ``(x, edge_index, batch)`` alone."""
+def check_graph_forward(module: torch.nn.Module, edge_input: EdgeInput = EdgeInput.NONE) -> None:
+    """Refuses, in one line, a forward that cannot take ``(x, edge_index, batch)`` plus the
+    edge keyword ``edge_input`` names (none by default)."""
     name = type(module).__name__
     parameters = list(inspect.signature(module.forward).parameters.values())
     positional = [
@@ -104,20 +123,30 @@ def check_graph_forward(module: torch.nn.Module) -> None:
     required = [
         p.name
         for p in positional[3:]
-        if p.default is inspect.Parameter.empty and p.kind is not inspect.Parameter.VAR_KEYWORD
+        if p.default is inspect.Parameter.empty
+        and p.kind is not inspect.Parameter.VAR_KEYWORD
+        and p.name != edge_input.value
     ]
     if required:
+        given = "x, edge_index and edge_attr (where the dataset has edge features)"
         raise ValueError(
-            f"{name}.forward requires {', '.join(required)}: inline graphs carry only x and "
-            f"edge_index, so give {required[0]} a default (e.g. {required[0]}=None)"
+            f"{name}.forward requires {', '.join(required)}: inline graphs carry {given}, so "
+            f"give {required[0]} a default (e.g. {required[0]}=None)"
         )
 
 
-def probe_graph(module: torch.nn.Module, in_dim: int, embedding_method: str | None) -> GraphProbe:
-    """Runs the module once on two small graphs batched together (5 and 7 nodes), counting
-    message-passing steps, checking one row per graph, and noting the last Linear layer called
-    with one row per graph (``embedding_method``, if named, must return one row per graph)."""
-    check_graph_forward(module)
+def probe_graph(
+    module: torch.nn.Module,
+    in_dim: int,
+    embedding_method: str | None,
+    edge_dim: int = 0,
+    edge_input: EdgeInput = EdgeInput.NONE,
+) -> GraphProbe:
+    """Runs the module once on two small graphs batched together (5 and 7 nodes, ``edge_dim``
+    random edge features passed as ``edge_input`` says), counting message-passing steps,
+    checking one row per graph, and noting the last Linear layer called with one row per graph
+    (``embedding_method``, if named, must return one row per graph)."""
+    check_graph_forward(module, edge_input)
     name = type(module).__name__
     steps: list[str] = []
     linear_inputs: list[tuple[str, int]] = []
@@ -139,8 +168,11 @@ def probe_graph(module: torch.nn.Module, in_dim: int, embedding_method: str | No
 
             handles.append(sub.register_forward_pre_hook(keep))
     x, edge_index, batch = _two_graphs(in_dim)
+    generator = torch.Generator().manual_seed(1)
+    edge_attr = torch.rand(edge_index.size(1), edge_dim, generator=generator)
+    kwargs = edge_kwargs(edge_input, edge_attr if edge_dim else None)
     try:
-        rows = _call(module, "forward", x, edge_index, batch)
+        rows = _call(module, "forward", x, edge_index, batch, kwargs)
     finally:
         for handle in handles:
             handle.remove()
@@ -150,7 +182,7 @@ def probe_graph(module: torch.nn.Module, in_dim: int, embedding_method: str | No
             f"returned {shape_of(rows)}"
         )
     if embedding_method:
-        embedding = _call(module, embedding_method, x, edge_index, batch)
+        embedding = _call(module, embedding_method, x, edge_index, batch, kwargs)
         if not isinstance(embedding, Tensor) or embedding.dim() != 2 or embedding.size(0) != 2:
             raise ValueError(
                 f"--embedding-method {embedding_method}: {name}.{embedding_method} must return "
@@ -164,17 +196,24 @@ def probe_graph(module: torch.nn.Module, in_dim: int, embedding_method: str | No
 
 
 def _call(
-    module: torch.nn.Module, method: str, x: Tensor, edge_index: Tensor, batch: Tensor
+    module: torch.nn.Module,
+    method: str,
+    x: Tensor,
+    edge_index: Tensor,
+    batch: Tensor,
+    kwargs: dict[str, Any],
 ) -> Any:
-    """``module.<method>(x, edge_index, batch)`` on the probe's graphs; a failure in one line."""
+    """``module.<method>(x, edge_index, batch, **kwargs)`` on the probe's graphs; a failure in
+    one line."""
     try:
         with torch.no_grad():
             call = module if method == "forward" else getattr(module, method)
-            return call(x, edge_index, batch)
+            return call(x, edge_index, batch, **kwargs)
     except Exception as error:
+        edges = "".join(f", {name}" for name in kwargs)
         raise ValueError(
-            f"{type(module).__name__}.{method}(x, edge_index, batch) failed on two small graphs "
-            f"with {x.size(1)} node features: {type(error).__name__}: "
+            f"{type(module).__name__}.{method}(x, edge_index, batch{edges}) failed on two small "
+            f"graphs with {x.size(1)} node features: {type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}"
         ) from None
 

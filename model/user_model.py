@@ -70,6 +70,9 @@ class UserModelConfig:
         output: see :class:`Output` (link: what ``decode`` returns; ``logits`` are served as
             their sigmoid).
         edge_input: see :class:`EdgeInput`.
+        edge_dim: graph: the edge feature width the forward reads (each inline graph's
+            ``edge_attr`` has that many columns); 0 when it reads none. Node and link archives
+            take it from their graph store.
         boundary_degrees: the ego-graph carries the deepest hop's full in-degrees (models that
             normalise by the degree of a message's source, such as GCNConv).
         trim: PyG ``BasicGNN`` trim-to-layer with the sampler's per-hop counts.
@@ -88,6 +91,7 @@ class UserModelConfig:
     num_layers: int
     output: Output = Output.LOGITS
     edge_input: EdgeInput = EdgeInput.NONE
+    edge_dim: int = 0
     boundary_degrees: bool = False
     trim: bool = False
     embedding: str = ""

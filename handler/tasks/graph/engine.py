@@ -27,7 +27,7 @@ from model.served import answer_rows, serving_needs
 
 
 class GraphEngine(BatchEngine[GraphRequest]):
-    """Answers ``{"graph": {"x": ..., "edge_index": ...}}`` requests."""
+    """Answers ``{"graph": {"x": ..., "edge_index": ...[, "edge_attr": ...]}}`` requests."""
 
     store = None  # graph archives carry no stored graph
 
@@ -48,6 +48,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
         self.model = to_serving_device(model, device)
         self.classifier = model
         self.in_dim = model.in_dim
+        self.edge_dim = model.edge_dim
         self.output = serving_needs(model).output
         self.class_names = class_names
         self.settings = settings
@@ -58,7 +59,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
     def parse(self, item: Any) -> GraphRequest:
         settings = self.settings
         request = parse_graph_request(
-            item, self.in_dim, settings.max_graph_nodes, settings.max_graph_edges
+            item, self.in_dim, settings.max_graph_nodes, settings.max_graph_edges, self.edge_dim
         )
         if request.return_embedding and not self.classifier.embeds:
             raise BadRequest(
@@ -69,7 +70,8 @@ class GraphEngine(BatchEngine[GraphRequest]):
         return request
 
     def make_group(self, positions: list[int], outcomes: list[Any]) -> Any:
-        return batch_of([as_data(outcomes[p].x, outcomes[p].edge_index) for p in positions])
+        requests = [outcomes[p] for p in positions]
+        return batch_of([as_data(r.x, r.edge_index, edge_attr=r.edge_attr) for r in requests])
 
     def run_group(self, group: Group, batch: Batch[GraphRequest]) -> None:
         graphs = group.payload
@@ -79,10 +81,13 @@ class GraphEngine(BatchEngine[GraphRequest]):
         stop = timed(batch.times, "gather")
         x, edge_index = graphs.x.to(self.device), graphs.edge_index.to(self.device)
         assignment = graphs.batch.to(self.device)
+        edge_attr = graphs.edge_attr.to(self.device) if self.edge_dim else None
         stop()
         stop = timed(batch.times, "forward")
         with torch.inference_mode():
-            rows, embedding = self.classifier.forward_with_embedding(x, edge_index, assignment)
+            rows, embedding = self.classifier.forward_with_embedding(
+                x, edge_index, assignment, edge_attr
+            )
             answers = answer_rows(rows, self.output).cpu()
             embeddings = None if embedding is None else embedding.float().cpu()
         stop()
@@ -109,6 +114,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
         """The graph part of the management API's description."""
         return {
             "feature_dim": self.in_dim,
+            "edge_feature_dim": self.edge_dim,
             "class_names": self.class_names,
             "max_graph_nodes": self.settings.max_graph_nodes,
             "max_graph_edges": self.settings.max_graph_edges,

@@ -1,5 +1,7 @@
 """Graph explanations: ``{"graph": ...}``, the predicted class's logit of the inline graph
-(a raw output's value) explained on the graph itself (node keys are its local node numbers)."""
+(a raw output's value) explained on the graph itself (node keys are its local node numbers).
+A model that reads edge features gets the request's ``edge_attr`` as its fourth argument, after
+``batch`` (Captum hands the extra arguments on by position); attributions are the nodes'."""
 
 from __future__ import annotations
 
@@ -44,9 +46,12 @@ class GraphExplanation:
         x = torch.from_numpy(target.x).to(device)
         edge_index = torch.from_numpy(target.edge_index).to(device)
         assignment = torch.zeros(x.shape[0], dtype=torch.long, device=device)
+        extra: dict[str, torch.Tensor] = {"batch": assignment}
+        if target.edge_attr is not None:
+            extra["edge_attr"] = torch.from_numpy(target.edge_attr).to(device)
         output = self.graphs.output
         with torch.no_grad():
-            row = answer_rows(model(x, edge_index, assignment)[0], output)
+            row = answer_rows(model(x, edge_index, **extra)[0], output)
         answer = node_answer(row.cpu().tolist(), output, self.graphs.class_names)
         attribution = integrated_gradients(
             model,
@@ -56,7 +61,7 @@ class GraphExplanation:
             level="graph",
             steps=settings.explain_steps,
             budget_s=settings.explain_time_budget_ms / 1000,
-            batch=assignment,
+            **extra,
         )
         keys = np.arange(x.shape[0])
         answer["explanation"] = summarize(

@@ -1,5 +1,9 @@
 """Graph archive requests: one inline graph per request (JSON, or KServe v2 tensors ``x`` and
-``edge_index``), checked against the model's feature width and the archive's size limits."""
+``edge_index``), checked against the model's feature widths and the archive's size limits.
+
+The graph is served as sent: self-loops and parallel edges are kept, in the client's order, so
+``edge_attr`` row ``k`` stays the features of edge ``k``. Edge features are JSON-only.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +31,10 @@ V2_GRAPH_EXAMPLE = (
     '0.1]}, {"name": "edge_index", "shape": [2, 2], "datatype": "INT64", "data": [0, 1, 1, 0]}]}'
 )
 _JSON_NAMES = ("graph.x", "graph.edge_index")
+_EDGE_ATTR_EXAMPLE = (
+    '{"graph": {"x": [[1.0, 0.5], [0.2, 0.1]], "edge_index": [[0, 1], [1, 0]], '
+    '"edge_attr": [[0.3], [0.3]]}}'
+)
 _V2_NAMES = ("the x tensor", "the edge_index tensor")
 
 
@@ -36,7 +44,10 @@ class GraphRequest:
 
     Attributes:
         x: ``[n, F]`` float32, finite.
-        edge_index: ``[2, e]`` int64 in ``[0, n)``, self-loops and duplicates removed.
+        edge_index: ``[2, e]`` int64 in ``[0, n)``, as sent (self-loops and parallel edges
+            kept).
+        edge_attr: ``[e, D]`` float32, finite, row ``k`` for edge ``k``; None when the model
+            reads no edge features (``D`` = 0).
         return_embedding: also return the pooled graph embedding.
         protocol: ``json``, or ``v2`` (tensors ``x`` and ``edge_index``; answered in kind).
         request_id: the v2 request's ``id``, echoed in its response.
@@ -45,6 +56,7 @@ class GraphRequest:
     x: np.ndarray
     edge_index: np.ndarray
     return_embedding: bool
+    edge_attr: np.ndarray | None = None
     protocol: Literal["json", "v2"] = "json"
     request_id: str | None = None
 
@@ -52,6 +64,7 @@ class GraphRequest:
 class _Graph(Strict):
     x: list[list[Number]]
     edge_index: Annotated[list[list[StrictInt]], Field(min_length=2, max_length=2)]
+    edge_attr: list[list[Number]] | None = None
 
 
 class _GraphBody(Strict):
@@ -60,11 +73,18 @@ class _GraphBody(Strict):
 
 
 def parse_graph_request(
-    item: Any, feature_dim: int, max_nodes: int, max_edges: int
+    item: Any, feature_dim: int, max_nodes: int, max_edges: int, edge_dim: int = 0
 ) -> GraphRequest:
-    """An inline graph, checked against the model's feature width and the archive's limits."""
+    """An inline graph, checked against the model's feature widths (``edge_dim``: the edge
+    feature width it reads, 0 for none) and the archive's limits."""
     body = as_request(item).json_object(GRAPH_EXAMPLE)
     if is_v2_body(body):
+        if edge_dim:
+            raise BadRequest(
+                f"this archive's model reads {edge_dim} edge features per edge, which a KServe "
+                f"v2 request cannot carry; send JSON with graph.edge_attr, e.g. "
+                f"{_EDGE_ATTR_EXAMPLE}"
+            )
         return parse_v2_graph(body, feature_dim, max_nodes, max_edges)
     graph = body.get("graph")
     if isinstance(graph, dict):
@@ -86,11 +106,41 @@ def parse_graph_request(
             f"graph.edge_index must be two lists of equal length [[src...], [dst...]]; got "
             f"{len(src)} and {len(dst)}"
         )
-    n = x.shape[0]
-    edge_index = _edge_index(src, dst, n, _JSON_NAMES)
+    edge_index = _edge_index(src, dst, x.shape[0], _JSON_NAMES)
     return GraphRequest(
-        x=x, edge_index=clean_edges(edge_index, n), return_embedding=parsed.return_embedding
+        x=x,
+        edge_index=edge_index,
+        return_embedding=parsed.return_embedding,
+        edge_attr=_edge_attr(parsed.graph.edge_attr, len(src), edge_dim),
     )
+
+
+def _edge_attr(rows: list[list[float]] | None, edges: int, edge_dim: int) -> np.ndarray | None:
+    """``graph.edge_attr`` as ``[edges, edge_dim]`` float32: required where the model reads
+    edge features, refused where it reads none."""
+    if not edge_dim:
+        if rows is not None:
+            raise BadRequest(
+                "graph.edge_attr: this archive's model reads no edge features; leave "
+                f"graph.edge_attr out, e.g. {GRAPH_EXAMPLE}"
+            )
+        return None
+    shape = f"[{edges}, {edge_dim}] (one row of {edge_dim} edge features per edge of edge_index)"
+    if rows is None:
+        raise BadRequest(
+            f"graph.edge_attr is required: this archive's model reads edge features; send "
+            f"{shape}, e.g. {_EDGE_ATTR_EXAMPLE}"
+        )
+    if len(rows) != edges:
+        raise BadRequest(f"graph.edge_attr must have shape {shape}; got {len(rows)} rows")
+    wrong = next((k for k, row in enumerate(rows) if len(row) != edge_dim), None)
+    if wrong is not None:
+        raise BadRequest(
+            f"graph.edge_attr must have shape {shape}; row {wrong} holds {len(rows[wrong])} values"
+        )
+    if not rows:
+        return np.zeros((0, edge_dim), dtype=np.float32)
+    return float32_features(rows, edge_dim, "graph.edge_attr")
 
 
 def parse_v2_graph(
@@ -122,7 +172,7 @@ def parse_v2_graph(
     edge_index = _edge_index(edges.values[:count], edges.values[count:], nodes, _V2_NAMES)
     return GraphRequest(
         x=x,
-        edge_index=clean_edges(edge_index, nodes),
+        edge_index=edge_index,
         return_embedding=False,
         protocol="v2",
         request_id=request_id,
@@ -147,11 +197,3 @@ def _edge_index(
             f"{names[0]}): min {show(min(numbers))}, max {show(max(numbers))}"
         )
     return edge_index
-
-
-def clean_edges(edge_index: np.ndarray, num_nodes: int) -> np.ndarray:
-    """Without self-loops and duplicates, sorted by (dst, src), as the dataset builder does."""
-    src, dst = edge_index
-    keep = src != dst
-    keys = np.unique(dst[keep] * num_nodes + src[keep])
-    return np.stack([keys % num_nodes, keys // num_nodes]).astype(np.int64)

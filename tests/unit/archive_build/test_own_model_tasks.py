@@ -5,6 +5,7 @@ alone; presets of both tasks through the same checks; refusals in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -28,9 +29,12 @@ from graph_assets.graph_dataset import (
     open_graph_dataset,
     write_graph_dataset,
 )
+from handler.core.explain import ExplainEngine
 from handler.settings import ServingSettings
+from handler.tasks.graph.engine import GraphEngine
+from handler.tasks.graph.explain import GraphExplanation
 from model import ModelConfig, build_model
-from model.export import write_model_files
+from model.export import load_model, write_model_files
 from model.graph_level import CLASSES_FILE
 from model.link_assets import LINK_DIR, open_link_assets, write_link_assets
 from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
@@ -56,6 +60,29 @@ def dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def dataset(dataset_path: Path) -> GraphDataset:
     return open_graph_dataset(dataset_path)
+
+
+GRAPH_EDGE_DIM = 3
+GINE_ARGS = {**GRAPH_ARGS, "edge_dim": GRAPH_EDGE_DIM}
+
+
+@pytest.fixture(scope="module")
+def edge_dataset_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic graphs with three random edge features per edge."""
+    plain = generate_graph_dataset(90, seed=3)
+    rng = np.random.default_rng(4)
+    edge_attr = rng.normal(size=(plain.edge_index.shape[1], GRAPH_EDGE_DIM)).astype(np.float32)
+    names = [f"e{i}" for i in range(GRAPH_EDGE_DIM)]
+    path = tmp_path_factory.mktemp("own_graph_edges") / "dataset"
+    write_graph_dataset(
+        dataclasses.replace(plain, edge_attr=edge_attr, edge_feature_names=names), path
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def edge_dataset(edge_dataset_path: Path) -> GraphDataset:
+    return open_graph_dataset(edge_dataset_path)
 
 
 def package(
@@ -193,6 +220,55 @@ def test_a_graph_model_answers_batched_graphs_as_alone(case, dataset, dataset_pa
     assert result.graphs == 64 and result.batch_size == 8
 
 
+def test_a_graph_model_reading_edge_attr_answers_batched_graphs_as_alone(
+    edge_dataset, edge_dataset_path, tmp_path
+):
+    torch.manual_seed(0)
+    module = user_models.GineGraph(**GINE_ARGS).eval()
+    assert package(tmp_path, "graph", edge_dataset_path, module, GINE_ARGS) == 0
+    model_dir = tmp_path / "model"
+    config = json.loads((model_dir / "model_config.json").read_text())
+    assert config["edge_input"] == "edge_attr" and config["edge_dim"] == GRAPH_EDGE_DIM
+    result = verify_graphs(model_dir, edge_dataset, ServingSettings(task="graph"), 1e-5)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+    # Served: eight graphs with their edge_attr in one batch, each against the module alone.
+    model, _ = load_model(model_dir)
+    engine = GraphEngine(model, None, ServingSettings(task="graph"), torch.device("cpu"), "1")
+    payloads = []
+    for g in range(8):
+        x, edge_index = edge_dataset.graph(g)
+        edge_attr = edge_dataset.graph_edge_attr(g)
+        graph = {"x": x.tolist(), "edge_index": edge_index.tolist()}
+        payloads.append({"body": {"graph": {**graph, "edge_attr": edge_attr.tolist()}}})
+    responses = engine.handle(payloads)
+    for g, response in enumerate(responses):
+        x, edge_index = edge_dataset.graph(g)
+        with torch.no_grad():
+            rows = module(
+                torch.tensor(x),
+                torch.tensor(edge_index),
+                torch.zeros(len(x), dtype=torch.long),
+                torch.tensor(edge_dataset.graph_edge_attr(g)),
+            )
+        assert response.status == 200
+        expected = torch.softmax(rows, -1)[0].numpy()
+        assert np.allclose(response.body["probabilities"], expected, atol=1e-6)
+    x, edge_index = edge_dataset.graph(0)
+    graph = {"x": x.tolist(), "edge_index": edge_index.tolist()}
+    narrow = [[1.0, 2.0]] * edge_index.shape[1]
+    refused = engine.handle(
+        [{"body": {"graph": graph}}, {"body": {"graph": {**graph, "edge_attr": narrow}}}]
+    )
+    assert [r.status for r in refused] == [400, 400]
+    assert "graph.edge_attr is required" in refused[0].body["error"]
+    assert f"[{edge_index.shape[1]}, {GRAPH_EDGE_DIM}]" in refused[1].body["error"]
+    # Explained with its edge_attr: Captum hands it to the forward after batch.
+    explainer = ExplainEngine(GraphExplanation(engine), "1")
+    [explained] = explainer.handle([payloads[0]])
+    assert explained.status == 200, explained.body
+    assert explained.body["predicted_class"] == responses[0].body["predicted_class"]
+
+
 @pytest.mark.parametrize(
     ("cls", "says"),
     [
@@ -223,7 +299,7 @@ def test_a_preset_graph_archive_is_verified_the_same_way(dataset, tmp_path):
     ("extra", "says"),
     [
         (("--num-hops", "2"), "--num-hops goes with node and link archives"),
-        (("--edge-input", "edge_attr"), "inline graphs carry no edge features"),
+        (("--edge-input", "edge_attr"), "--edge-input edge_attr: the graph has no edge features"),
         (("--embedding-method", "missing"), "GinGraph has no such method"),
         (("--model-args", json.dumps({**GRAPH_ARGS, "classes": 3})),
          "returns 3 values per graph but the dataset has 4 classes"),
@@ -239,6 +315,15 @@ def test_bad_graph_options_are_refused_in_one_line(
     assert package(tmp_path, "graph", dataset_path, module, args, *options) == 1
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and says in errors[0], errors
+
+
+def test_a_forward_requiring_edge_attr_is_refused_on_a_dataset_without_them(
+    dataset_path, tmp_path, capsys
+):
+    module = user_models.GineGraph(**GINE_ARGS)
+    assert package(tmp_path, "graph", dataset_path, module, GINE_ARGS) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and "GineGraph.forward requires edge_attr" in errors[0], errors
 
 
 def test_the_embedding_method_is_refused_for_link_archives(store, tmp_path, capsys):

@@ -181,6 +181,24 @@ class GinGraph(torch.nn.Module):
         return self.head2(self.head1(self.embed(x, edge_index, batch)).relu())
 
 
+class GineGraph(torch.nn.Module):
+    """Graph classification that reads edge features (molecules' bonds): GINEConv layers, sum
+    pooling, a Linear head."""
+
+    def __init__(self, in_channels: int, hidden: int, classes: int, edge_dim: int) -> None:
+        super().__init__()
+        first = torch.nn.Sequential(torch.nn.Linear(in_channels, hidden), torch.nn.ReLU())
+        second = torch.nn.Sequential(torch.nn.Linear(hidden, hidden), torch.nn.ReLU())
+        self.conv1 = GINEConv(first, edge_dim=edge_dim)
+        self.conv2 = GINEConv(second, edge_dim=edge_dim)
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor) -> Tensor:
+        h = self.conv1(x, edge_index, edge_attr).relu()
+        h = self.conv2(h, edge_index, edge_attr)
+        return self.head(global_add_pool(h, batch))
+
+
 class PooledConv(torch.nn.Module):
     """A SAGEConv to class scores, mean-pooled: no Linear layer sees one row per graph."""
 

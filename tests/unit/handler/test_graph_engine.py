@@ -43,20 +43,28 @@ def test_answers_equal_the_plain_pyg_forward():
     assert np.allclose(body["probabilities"], expected[0].numpy(), atol=1e-6)
 
 
-def test_self_loops_and_duplicate_edges_are_dropped():
+def test_self_loops_and_parallel_edges_are_served_as_sent():
+    engine = graph_engine()  # GIN sums its messages: a repeated edge counts twice
+    graph = graph_requests(1)[0]["graph"]
+    src, dst = graph["edge_index"]
+    noisy = {"graph": {"x": graph["x"], "edge_index": [[*src, 0, src[0]], [*dst, 0, dst[0]]]}}
+    x = torch.tensor(graph["x"])
+    edge_index = torch.tensor(noisy["graph"]["edge_index"])
+    with torch.no_grad():
+        expected = torch.softmax(
+            engine.model(x, edge_index, torch.zeros(len(x), dtype=torch.long)), -1
+        )
+    [(_, body)] = answers(engine, [noisy])
+    assert np.allclose(body["probabilities"], expected[0].numpy(), atol=1e-6)
+
+
+def test_a_preset_archive_refuses_edge_attr():
     engine = graph_engine()
     payload = graph_requests(1)[0]
-    graph = payload["graph"]
-    noisy = {
-        "graph": {
-            "x": graph["x"],
-            "edge_index": [
-                graph["edge_index"][0] + [0, graph["edge_index"][0][0]],
-                graph["edge_index"][1] + [0, graph["edge_index"][1][0]],
-            ],
-        }
-    }
-    assert answers(engine, [payload]) == answers(engine, [noisy])
+    edges = len(payload["graph"]["edge_index"][0])
+    payload["graph"]["edge_attr"] = [[1.0]] * edges
+    [(status, body)] = answers(engine, [payload])
+    assert status == 400 and "reads no edge features" in body["error"]
 
 
 @pytest.mark.parametrize(
@@ -87,10 +95,10 @@ def test_a_failing_graph_fails_alone(monkeypatch):
     engine = graph_engine()
     forward = engine.classifier.forward_with_embedding
 
-    def fails_on_marker(x, edge_index, batch=None):
+    def fails_on_marker(x, edge_index, batch=None, edge_attr=None):
         if bool((x[:, 1] == -999.0).any()):
             raise ValueError("injected")
-        return forward(x, edge_index, batch)
+        return forward(x, edge_index, batch, edge_attr)
 
     monkeypatch.setattr(engine.classifier, "forward_with_embedding", fails_on_marker)
     payloads = graph_requests(3)

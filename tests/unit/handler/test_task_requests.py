@@ -12,7 +12,7 @@ from handler.core.batch import BatchEngine
 from handler.protocol.errors import BadRequest, NotFound, TooLarge
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
-from handler.tasks.graph.requests import clean_edges, parse_graph_request
+from handler.tasks.graph.requests import parse_graph_request
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
 from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.node.requests import (
@@ -75,16 +75,45 @@ def test_cold_start_body_defaults_and_deduplication():
     assert single == EmbeddingRequest(("a",), True, True)
 
 
-def test_inline_graph_is_checked_and_cleaned():
+def test_inline_graph_is_checked_and_kept_as_sent():
     graph = {"x": [[1, 0], [0, 1], [1, 1]], "edge_index": [[0, 1, 1, 2, 2], [1, 0, 0, 2, 0]]}
     request = parse_graph_request(body({"graph": graph, "return_embedding": True}), 2, 5, 5)
     assert request.x.shape == (3, 2) and request.return_embedding
-    # The self-loop 2->2 and the second 1->0 are dropped; sorted by (dst, src).
-    assert request.edge_index.tolist() == [[1, 2, 0], [0, 0, 1]]
+    # The self-loop 2->2 and the parallel 1->0 stay, in the order sent.
+    assert request.edge_index.tolist() == graph["edge_index"]
+    assert request.edge_attr is None
 
 
-def test_clean_edges_of_an_empty_graph():
-    assert clean_edges(np.zeros((2, 0), dtype=np.int64), 4).shape == (2, 0)
+def test_edge_attr_rows_stay_with_their_edges():
+    graph = {
+        "x": [[1, 0], [0, 1]],
+        "edge_index": [[0, 1, 1], [1, 0, 0]],
+        "edge_attr": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+    }
+    request = parse_graph_request(body({"graph": graph}), 2, 5, 5, edge_dim=3)
+    assert request.edge_attr is not None and request.edge_attr.dtype == np.float32
+    assert request.edge_attr.tolist() == graph["edge_attr"]
+    empty = {"x": [[1, 0]], "edge_index": [[], []], "edge_attr": []}
+    assert parse_graph_request(body({"graph": empty}), 2, 5, 5, 3).edge_attr.shape == (0, 3)
+
+
+@pytest.mark.parametrize(
+    ("edge_attr", "edge_dim", "words"),
+    [
+        ([[1.0, 2.0]], 2, r"shape \[2, 2\] \(one row of 2 edge features per edge.*got 1 rows"),
+        ([[1.0, 2.0], [3.0]], 2, r"shape \[2, 2\].*row 1 holds 1 values"),
+        ([[1.0], [2.0]], 2, r"shape \[2, 2\].*row 0 holds 1 values"),
+        (None, 2, r"graph.edge_attr is required.*\[2, 2\]"),
+        ([[1.0], [2.0]], 0, "reads no edge features; leave graph.edge_attr out"),
+        ([[float("inf"), 1.0], [1.0, 1.0]], 2, "graph.edge_attr holds"),
+    ],
+)
+def test_wrong_edge_attr_is_refused_naming_the_expected_shape(edge_attr, edge_dim, words):
+    graph: dict = {"x": [[1, 0], [0, 1]], "edge_index": [[0, 1], [1, 0]]}
+    if edge_attr is not None:
+        graph["edge_attr"] = edge_attr
+    with pytest.raises(BadRequest, match=words):
+        parse_graph_request(body({"graph": graph}), 2, 5, 5, edge_dim)
 
 
 HUGE = 10**400  # a valid JSON integer, beyond float64 and int64

@@ -94,7 +94,7 @@ class NodeRows(NoBatch):
     ("module", "says"),
     [
         (NoBatch(), "NoBatch.forward takes 2 argument(s); a graph model's forward is forward("),
-        (NeedsEdgeAttr(), "requires edge_attr: inline graphs carry only x and edge_index"),
+        (NeedsEdgeAttr(), "requires edge_attr: inline graphs carry x, edge_index and edge_attr"),
         (NodeRows(), "one row per graph ([num_graphs, C]); on two graphs it returned a tensor of "
                      "shape [12, 4]"),
     ],
