@@ -22,7 +22,6 @@ import torch
 from bench.harness.torchserve import Serve, TorchServe, largest_batches
 from graph_assets import open_store
 from graph_assets.graph_dataset import generate_graph_dataset
-from handler.tasks.graph.requests import clean_edges
 from tests.edge_graph import EDGE_DIM, FEATURES, write_edge_feature_csv
 from tests.unit.archive_build import user_models
 
@@ -167,7 +166,7 @@ def test_batched_inline_graphs_equal_each_alone_and_the_modules_forward(server, 
         assert response.status_code == 200, response.text
         answer = response.json()
         x_t = torch.from_numpy(np.array(x))
-        e_t = torch.from_numpy(clean_edges(edge_index.astype(np.int64), len(x)))
+        e_t = torch.from_numpy(edge_index.astype(np.int64))  # served as sent
         one = torch.zeros(len(x), dtype=torch.long)
         with torch.no_grad():
             probabilities = torch.softmax(module(x_t, e_t, one), dim=-1)[0]
