@@ -44,6 +44,7 @@ from handler.tasks.node.engine import NodeClassificationEngine
 from model.config import Task
 from model.export import CONFIG_FILE, WEIGHTS_FILE, load_model
 from model.graph_level import GraphModel, as_data
+from model.in_closure import in_closure, store_in_edges
 from model.link import LinkModel, answer_scores
 from model.link_assets import LINK_DIR, LinkAssets, open_link_assets
 from model.precompute import Precomputed, open_precomputed, weights_digest
@@ -52,7 +53,7 @@ from model.served_graph import UserGraphModel
 from model.served_link import UserLinkModel, decoded_scores, method_of
 from model.user_model import EdgeInput, Output
 
-# Larger graphs are checked on the induced subgraph of the nodes' in-neighbourhoods: the whole
+# Larger graphs are checked on the nodes' whole in-neighbourhoods (model.in_closure): the whole
 # graph's activations would need about E x width x 4 bytes (5 GB at 10M edges and 128 wide).
 WHOLE_GRAPH_EDGES = 4_000_000
 RANDOM_NODES = 256
@@ -203,15 +204,17 @@ def reference_outputs(
 ) -> tuple[torch.Tensor, np.ndarray]:
     """``(outputs, rows)``: the model's own full-graph forward (the user's module itself, its
     ``encode`` for a link model), one output row per node of ``rows`` (sorted): the whole
-    graph, or for a graph over ``WHOLE_GRAPH_EDGES`` the subgraph the ``nodes``' ``hops +
-    1``-hop in-neighbourhood induces (every node within ``hops`` has all its in-edges there, so
-    a local model's answer and its sources' degrees are the whole graph's)."""
+    graph, or for a graph over ``WHOLE_GRAPH_EDGES`` every in-edge of every node within
+    ``hops`` of the ``nodes`` (``model.in_closure``, the rule precomputed rows use too: a local
+    model's answer and its sources' degrees are the whole graph's)."""
+    order = None
     if store.num_edges <= WHOLE_GRAPH_EDGES:
         rows = np.arange(store.num_nodes)
         edge_index, edge_ids = store.edge_index(), np.arange(store.num_edges)
     else:
-        rows = in_closure(store, nodes, hops + 1)
-        edge_index, edge_ids = induced_in_edges(store, rows)
+        closure = in_closure(store_in_edges(store), np.unique(nodes), hops + 1)
+        rows, edge_index, edge_ids = closure.nodes, closure.edge_index.numpy(), closure.edge_ids
+        order = np.argsort(rows)
     x = torch.from_numpy(np.array(np.take(store.features, rows, axis=0), dtype=np.float32))
     needs = serving_needs(model)
     edge_attr = None
@@ -221,6 +224,8 @@ def reference_outputs(
         out = _own_forward(model)(
             x, torch.from_numpy(edge_index), **edge_kwargs(needs.edge_input, edge_attr)
         )
+    if order is not None:  # the closure's rows come seeds first: sort them as promised
+        return out[torch.from_numpy(order)], rows[order]
     return out, rows
 
 
@@ -259,41 +264,6 @@ def reference_scores(
             assert isinstance(model, LinkModel)
             scores = model.score(z[index[0]], z[index[1]])
     return answer_scores(scores, serving_needs(model).output)
-
-
-def in_closure(store: GraphStore, nodes: np.ndarray, hops: int) -> np.ndarray:
-    """Sorted nodes within ``hops`` in-edges of ``nodes`` (``nodes`` included)."""
-    reached = np.unique(nodes)
-    frontier = reached
-    for _ in range(hops):
-        sources = np.unique(np.asarray(store.indices)[_in_edge_positions(store, frontier)])
-        frontier = np.setdiff1d(sources, reached, assume_unique=True)
-        if frontier.size == 0:
-            break
-        reached = np.union1d(reached, frontier)
-    return reached
-
-
-def induced_in_edges(store: GraphStore, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(edge_index over positions in rows, edge IDs)`` of the edges between ``rows``."""
-    positions = _in_edge_positions(store, rows)
-    counts = np.diff(np.asarray(store.indptr))[rows]
-    dst = np.repeat(np.arange(len(rows)), counts)
-    src_nodes = np.asarray(store.indices)[positions].astype(np.int64)
-    local = np.searchsorted(rows, src_nodes)
-    inside = (local < len(rows)) & (rows[np.minimum(local, len(rows) - 1)] == src_nodes)
-    return np.stack([local[inside], dst[inside]]), positions[inside]
-
-
-def _in_edge_positions(store: GraphStore, nodes: np.ndarray) -> np.ndarray:
-    """CSC positions of every in-edge of ``nodes``, node by node."""
-    indptr = np.asarray(store.indptr)
-    starts = indptr[nodes].astype(np.int64)
-    counts = indptr[nodes + 1].astype(np.int64) - starts
-    ends = np.cumsum(counts)
-    return np.repeat(starts - (ends - counts), counts) + np.arange(
-        int(ends[-1]) if len(ends) else 0
-    )
 
 
 def served_rows(

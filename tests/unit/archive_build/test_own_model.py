@@ -289,7 +289,9 @@ def test_a_graph_too_large_is_checked_on_the_nodes_in_neighbourhoods(
     monkeypatch.setattr(verification, "WHOLE_GRAPH_EDGES", 0)
     closure = verification.reference_rows(model, store, nodes, 2)
     assert float((closure - whole).abs().max()) <= 1e-6
-    assert len(verification.in_closure(store, nodes[:1], 1)) < store.num_nodes
+    from model.in_closure import in_closure, store_in_edges
+
+    assert len(in_closure(store_in_edges(store), nodes[:1], 1).nodes) < store.num_nodes
 
 
 def test_a_precomputed_archive_is_verified_from_its_stored_rows(
