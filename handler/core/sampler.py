@@ -348,6 +348,8 @@ def self_loops_in_place(
     destination's own hop (the same state one level deeper would hold), so that layers which
     drop or replace self-loops (GATConv, GCNConv) recognise it as in the full graph."""
     loops = neighbours == frontier[rows]
+    if not bool(loops.any()):  # most hops of most graphs: no copy of the sources
+        return sources
     return ops.where(loops, offset + rows, sources)
 
 
