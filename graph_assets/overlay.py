@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_assets.store import GraphStore, node_key
+from graph_assets.store import GraphStore, check_edge_ids, node_key
 
 # Each operation type and the fields it may carry: anything else is refused, not stored in the
 # log unread.
@@ -280,16 +280,7 @@ class GraphOverlay:
             not self.changed_edge_rows and edge_ids.ndim == 1 and int(edge_ids.max()) < stored
         ):
             return self.base.edge_feature_rows(edge_ids)  # it checks what it is given
-        if edge_ids.ndim != 1 or edge_ids.dtype.kind not in "iu":
-            raise ValueError(
-                f"edge_ids must be a 1-D integer array, got dtype {edge_ids.dtype} shape "
-                f"{edge_ids.shape}"
-            )
-        if edge_ids.min() < 0 or edge_ids.max() >= self.num_edge_ids:
-            raise ValueError(
-                f"edge IDs must be in [0, {self.num_edge_ids}), got values from "
-                f"{edge_ids.min()} to {edge_ids.max()}"
-            )
+        check_edge_ids(edge_ids, self.num_edge_ids, "stored or added edges")
         edge_ids = edge_ids.astype(np.int64, copy=False)
         added = edge_ids >= stored
         rows = np.empty((len(edge_ids), self.edge_feature_dim), dtype=np.float32)

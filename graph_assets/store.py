@@ -339,16 +339,7 @@ class GraphStore:
         edge_ids = np.asarray(edge_ids)
         if edge_ids.size == 0:
             return np.empty((0, self.edge_feature_dim), dtype=np.float32)
-        if edge_ids.ndim != 1 or edge_ids.dtype.kind not in "iu":
-            raise ValueError(
-                f"edge_ids must be a 1-D integer array, got dtype {edge_ids.dtype} shape "
-                f"{edge_ids.shape}"
-            )
-        if edge_ids.min() < 0 or edge_ids.max() >= self.num_edges:
-            raise ValueError(
-                f"edge IDs must be CSC positions in [0, {self.num_edges}), got values from "
-                f"{edge_ids.min()} to {edge_ids.max()}"
-            )
+        check_edge_ids(edge_ids, self.num_edges, "CSC positions")
         return np.take(self.edge_features, edge_ids, axis=0).astype(np.float32, copy=False)
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
@@ -734,6 +725,20 @@ def _check_removed_ids(path: Path, ids: np.ndarray, removed: np.ndarray) -> None
                 f"{file}: {len(both)} removed IDs are also nodes of the store (first: "
                 f"{both[0]!r}); {hint}"
             )
+
+
+def check_edge_ids(edge_ids: np.ndarray, count: int, what: str) -> None:
+    """Edge IDs must be a 1-D integer array of values in ``[0, count)`` (``what`` they are)."""
+    if edge_ids.ndim != 1 or edge_ids.dtype.kind not in "iu":
+        raise ValueError(
+            f"edge_ids must be a 1-D integer array, got dtype {edge_ids.dtype} shape "
+            f"{edge_ids.shape}"
+        )
+    if edge_ids.min() < 0 or edge_ids.max() >= count:
+        raise ValueError(
+            f"edge IDs must be {what} in [0, {count}), got values from {edge_ids.min()} to "
+            f"{edge_ids.max()}"
+        )
 
 
 def node_key(id_kind: IdKind, x: object) -> int | bytes | None:
