@@ -222,7 +222,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(summary)
+    if store.edge_feature_dim:
+        print(unread_edge_features(store))
     return 0
+
+
+def unread_edge_features(store: GraphStore) -> str:
+    """Says that a preset reads none of the graph's edge features (they stay in the store)."""
+    names = ", ".join(store.edge_feature_names)
+    return (
+        f"note: the presets read no edge features; the graph's {store.edge_feature_dim} "
+        f"({names}) are stored but not used by this model (--model-class serves a model that "
+        "reads them)"
+    )
 
 
 if __name__ == "__main__":

@@ -143,3 +143,15 @@ def test_the_config_round_trips_for_every_task_and_refuses_an_unknown_one() -> N
         assert UserModelConfig.from_dict(config.to_dict()) == config
     with pytest.raises(ValueError, match="task must be one of"):
         UserModelConfig(model_class="a.B", in_dim=4, out_dim=3, num_layers=2, task="edge")
+
+
+def test_a_preset_says_it_reads_no_edge_features(tmp_path: Path, capsys) -> None:
+    """A graph's edge feature columns are never dropped silently: a preset says it reads none."""
+    from model.__main__ import main
+    from tests.edge_graph import edge_feature_store
+
+    store = edge_feature_store(tmp_path)
+    argv = ["train", "--store", str(store.path), "--out", str(tmp_path / "m"), "--epochs", "1"]
+    assert main([*argv, "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "read no edge features" in out and "amount, timestamp" in out
