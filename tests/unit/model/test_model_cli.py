@@ -22,6 +22,7 @@ def fake_store(graph, num_classes=None):
         edge_index=lambda: graph.edge_index.numpy(),
         num_classes=graph.num_classes if num_classes is None else num_classes,
         feature_dim=features.shape[1],
+        edge_feature_dim=0,
     )
 
 
