@@ -218,7 +218,6 @@ if [ -z "$arch" ]; then if [ "$task" = graph ]; then arch=gin; else arch=sage; f
 [ -n "$weights" ] && { [ -f "$weights" ] || die "--weights $weights: no such file"; }
 if [ -n "$model_class" ]; then
   [ -n "$weights" ] || die "--model-class needs --weights: the state_dict you trained (torch.save(model.state_dict(), F))"
-  [ -z "$precompute" ] || [ "$task" = node ] || die "--precompute with --model-class takes --task node (your $task class is served from ego-graphs); leave --precompute out"
   [ ${#model_args[@]} -eq 0 ] || die "--hidden-dim/--num-layers/--heads size a preset; give your class's arguments with --model-args"
   [ ${#task_args[@]} -eq 0 ] || die "${task_args[0]} configures a preset; your class decodes (link) or pools (graph) itself"
 elif [ ${#own_args[@]} -gt 0 ]; then
@@ -326,7 +325,7 @@ if [ -n "$verify" ]; then
   else
     step "4/5 verifying the serving path against the model's full-graph forward"
     checked=(--store "$graph_store")
-    if [ -n "$precompute" ] && [ "$task" = node ]; then checked+=(--precomputed "$stage/precomputed"); fi
+    if [ -n "$precompute" ]; then checked+=(--precomputed "$stage/precomputed"); fi
   fi
   "$PYTHON" -m archive_build.verify "${checked[@]}" --model-dir "$work/model" \
     --model-config-yaml "$work/model-config.yaml" --tolerance "$verify_tolerance" \

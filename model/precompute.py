@@ -16,9 +16,10 @@
   one layer below, here and when a live update refreshes the rows it reaches
   (``handler.core.precomputed``): one rule, so a refreshed row equals a rebuilt one.
 - **Every node's output** (``output`` mode), for any other model (custom modules, jumping
-  knowledge, degree-normalising layers, PNA, ...): ``output.npy``, float32 ``[N, C]``, the
-  model's own forward on the whole graph when it is small, else on each chunk's whole
-  in-neighbourhood (``model.in_closure``), the rule live updates recompute outputs with.
+  knowledge, degree-normalising layers, PNA, a user's link model's ``encode``): ``output.npy``,
+  float32 ``[N, C]``, the model's own forward on the whole graph when it is small, else on each
+  chunk's whole in-neighbourhood (``model.in_closure``), the rule live updates recompute
+  outputs with.
 
 Beside them: ``out_indptr.npy`` / ``out_indices.npy``, the graph's edges grouped by source
 (CSR), which an update follows to find the rows it reaches; ``meta.json``: format version,
@@ -50,6 +51,7 @@ from model.in_closure import closure_chunks, closure_forward, in_closure, store_
 from model.link import LinkPredictor
 from model.link_assets import out_csr
 from model.served import UserNodeModel, serving_needs
+from model.served_link import UserLinkModel
 from model.trimmed import trims_by_rows
 from model.user_model import EdgeInput
 
@@ -107,7 +109,8 @@ class Plan:
 
 def plan_for(model: torch.nn.Module) -> Plan:
     """Per-layer rows for a stack of by-rows layers (the presets, a link preset's encoder, a
-    user's qualifying ``BasicGNN``), every node's output for any other node model."""
+    user's qualifying ``BasicGNN``), every node's output for any other node model and every
+    node's embedding (``encode``) for a user's link model."""
     if isinstance(model, LinkPredictor):
         model = model.encoder
     if isinstance(model, NodeClassifier):
@@ -120,11 +123,14 @@ def plan_for(model: torch.nn.Module) -> Plan:
             degree=isinstance(model, GCN),
             stored_embedding=True,
         )
-    if not isinstance(model, UserNodeModel):
+    if not isinstance(model, UserNodeModel | UserLinkModel):
         raise TypeError(f"{type(model).__name__} has no node-level rows to precompute")
     module, config = model.module, model.config
     name = type(module).__name__
-    why_not = _not_by_layers(module, config.edge_input, config.boundary_degrees)
+    if isinstance(model, UserLinkModel):
+        why_not: str | None = "is a link model (its encode's embeddings are the rows)"
+    else:
+        why_not = _not_by_layers(module, config.edge_input, config.boundary_degrees)
     if why_not is None:
         assert isinstance(module, BasicGNN)
         layers = module.num_layers

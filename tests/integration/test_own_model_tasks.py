@@ -1,11 +1,13 @@
 """A user's own link and graph models through build_mar.sh and TorchServe: a GAE-style link model
 that reads edge features answers pair scores and top-k equal to decode(encode(whole graph)),
-and explains pairs; a graph model answers inline graphs batched together as it answers each
-alone, equal to the module's own forward, with its embedding."""
+and explains pairs; built with --precompute, it stays exact through live updates on two
+workers; a graph model answers inline graphs batched together as it answers each alone, equal
+to the module's own forward, with its embedding."""
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import time
@@ -22,7 +24,9 @@ import torch
 from bench.harness.torchserve import Serve, TorchServe, largest_batches
 from graph_assets import open_store
 from graph_assets.graph_dataset import generate_graph_dataset
+from handler.live.live_graph import LiveGraph, UpdateRequest
 from tests.edge_graph import EDGE_DIM, FEATURES, write_edge_feature_csv
+from tests.live_reference import materialized_graph, random_update
 from tests.unit.archive_build import user_models
 
 from .archives import ROOT
@@ -30,6 +34,7 @@ from .archives import ROOT
 pytestmark = pytest.mark.integration
 LINK_ARGS = {"in_channels": FEATURES, "hidden": 16, "edge_dim": EDGE_DIM}
 GRAPH_ARGS = {"in_channels": 8, "hidden": 16, "classes": 4}
+SECRET = "own-link-update-secret-42"
 
 
 def build(*options: str) -> None:
@@ -47,17 +52,23 @@ def build(*options: str) -> None:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """pairs.mar (EdgeGatLink: 3 hops, edge features, full fanouts) and shapes.mar (GinGraph
-    on synthetic graphs, batches of 8), both from the user's model file."""
+    """pairs.mar (EdgeGatLink: 3 hops, edge features, full fanouts), live_pairs.mar (the same
+    with --precompute, sampled fanouts, live updates and two workers) and shapes.mar (GinGraph
+    on synthetic graphs, batches of 8), all from the user's model file."""
     root = tmp_path_factory.mktemp("own_tasks")
     torch.manual_seed(0)
     torch.save(user_models.EdgeGatLink(**LINK_ARGS).state_dict(), root / "pairs.pt")
     torch.save(user_models.GinGraph(**GRAPH_ARGS).state_dict(), root / "shapes.pt")
     common = ("--model-file", user_models.__file__, "--export-path", str(root / "store"))
+    link = (
+        "--task", "link", "--graph", str(write_edge_feature_csv(root / "graph")),
+        "--model-class", "EdgeGatLink", "--model-args", json.dumps(LINK_ARGS),
+        "--weights", str(root / "pairs.pt"), *common,
+    )  # fmt: skip
+    build(*link, "--name", "pairs", "--fanouts", "-1,-1,-1")
     build(
-        "--task", "link", "--graph", str(write_edge_feature_csv(root / "graph")), "--name",
-        "pairs", "--model-class", "EdgeGatLink", "--model-args", json.dumps(LINK_ARGS),
-        "--weights", str(root / "pairs.pt"), "--fanouts", "-1,-1,-1", *common,
+        *link, "--name", "live_pairs", "--fanouts", "2,2,2", "--precompute", "--enable-updates",
+        "--update-state-dir", str(root / "state"), "--min-workers", "2", "--max-workers", "2",
     )  # fmt: skip
     build(
         "--task", "graph", "--synthetic-graphs", "80", "--name", "shapes",
@@ -70,7 +81,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    with serve(built / "store", "pairs=pairs.mar,shapes=shapes.mar", name="own_tasks") as started:
+    models = "pairs=pairs.mar,live_pairs=live_pairs.mar,shapes=shapes.mar"
+    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
+    with serve(built / "store", models, name="own_tasks", env=env) as started:
         yield started
 
 
@@ -133,6 +146,50 @@ def test_top_k_equals_the_best_decode_scores_over_every_node(server, whole_graph
     assert [r["dst"] for r in found] == [ids[i] for i in best.indices.tolist()]
     got = torch.tensor([r["score"] for r in found])
     assert float((got - best.values).abs().max()) <= 1e-5
+
+
+def test_a_precomputed_link_model_is_exact_after_live_updates(server, built, tmp_path):
+    """Updates with edge features through the server and into a reference graph; then pair
+    scores and top-k equal decode(encode(updated graph)), on either worker."""
+    work, module = unpacked(built, "live_pairs")
+    live = LiveGraph(open_store(work / "graph"), tmp_path / "reference.log")
+    headers = {**server.auth("inference"), "X-Gnnserve-Update-Key": SECRET}
+    rng, counter = random.Random(11), [0]
+    try:
+        for _ in range(30):
+            operations = random_update(rng, live, counter)
+            answer = requests.post(
+                f"{server.inference_url}/predictions/live_pairs",
+                json={"op": "update", "operations": operations},
+                headers=headers,
+                timeout=60,
+            )
+            assert answer.status_code == 200, answer.text
+            live.update(UpdateRequest(operations))
+        ids, x, edge_index, edge_attr = materialized_graph(live)
+    finally:
+        live.close()
+    with torch.no_grad():
+        z = module.encode(x, edge_index, edge_attr)
+        pairs = torch.tensor([[i, (5 * i + 2) % len(ids)] for i in range(30)]).T
+        expected = torch.sigmoid(module.decode(z, pairs))
+        every = torch.stack([torch.full((len(ids),), 3), torch.arange(len(ids))])
+        scores = torch.sigmoid(module.decode(z, every))
+    scores[3] = -1  # never recommended to itself
+    best = torch.topk(scores, 5)
+    body = {"pairs": [[ids[a], ids[b]] for a, b in pairs.T.tolist()]}
+    for _ in range(4):  # batches land on either worker
+        response = post(server, "predictions/live_pairs", body)
+        assert response.status_code == 200, response.text
+        assert response.json()["graph_version"].endswith("+30")
+        got = torch.tensor([p["score"] for p in response.json()["predictions"]])
+        assert float((got - expected).abs().max()) <= 1e-5
+        top = post(
+            server,
+            "predictions/live_pairs",
+            {"src": ids[3], "top_k": 5, "exclude_neighbors": False},
+        ).json()["recommendations"]
+        assert [r["dst"] for r in top] == [ids[i] for i in best.indices.tolist()]
 
 
 def test_pairs_are_explained_and_describe_shows_the_decoder_and_its_verification(server):

@@ -34,7 +34,7 @@ from graph_assets.errors import SubgraphTooLarge
 from handler.core.arrays import TorchOps
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.sampler import NeighbourSampler, self_loops_in_place
+from handler.core.sampler import ALL_NEIGHBOURS, NeighbourSampler, self_loops_in_place
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import api_error
 from handler.protocol.errors import ApiError, BadRequest
@@ -43,6 +43,8 @@ from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_
 from model.embedding import forward_with_embedding
 from model.served import answer_rows, serving_needs
 from model.user_model import EdgeInput
+
+BOUNDARY = -2  # the zero-feature row a boundary hop's edges come from (``gather`` zeros it)
 
 
 @dataclass(frozen=True)
@@ -58,8 +60,8 @@ class ColdStartSubgraph:
     """The ego-graph of a new node on the augmented graph.
 
     Attributes:
-        node: global index of each row, ``NEW_NODE`` for the new node's rows; row 0 is the
-            new node as the seed.
+        node: global index of each row, ``NEW_NODE`` for the new node's rows, ``BOUNDARY``
+            for a boundary row; row 0 is the new node as the seed.
         edge_index: ``[2, E]`` local rows, message direction.
         senders: existing nodes with an edge to the new node (its in-degree is their number).
         receivers: existing nodes with an edge from the new node (their in-degree grows by 1).
@@ -86,8 +88,12 @@ class ColdStartSubgraph:
 
 
 def one_hop_samplers(ego: EgoGraphs) -> list[NeighbourSampler]:
-    """One single-hop sampler per configured fanout, on the node engine's arrays."""
-    return [ego.sampler.with_fanouts([fanout]) for fanout in ego.settings.fanouts]
+    """One single-hop sampler per configured fanout, on the node engine's arrays, then one
+    taking every in-edge when the model needs the deepest hop's degrees (its boundary)."""
+    fanouts = list(ego.settings.fanouts)
+    if serving_needs(ego.model).boundary_degrees:
+        fanouts.append(ALL_NEIGHBOURS)
+    return [ego.sampler.with_fanouts([fanout]) for fanout in fanouts]
 
 
 def sample_with_new_node(
@@ -96,44 +102,34 @@ def sample_with_new_node(
     receivers: torch.Tensor,
     max_nodes: int,
     max_edges: int,
+    boundary: bool = False,
 ) -> ColdStartSubgraph:
     """Samples the new node's ego-graph (module docstring); ``senders`` send to it,
-    ``receivers`` receive from it (global indices, unique, ascending)."""
+    ``receivers`` receive from it (global indices, unique, ascending). With ``boundary`` the
+    last sampler's hop (every in-edge) comes from one zero-feature row, ``BOUNDARY``, as the
+    node sampler's boundary does: the deepest hop's rows get their augmented in-degrees."""
     device = samplers[0].indptr.device
     senders, receivers = senders.to(device), receivers.to(device)
     levels = [torch.tensor([NEW_NODE], device=device)]
     src_parts, dst_parts, edge_parts, new_edge_parts = [], [], [], []
     offset, total_nodes, total_edges = 0, 1, 0
-    for sampler in samplers:
+    for hop, sampler in enumerate(samplers):
         frontier = levels[-1]
-        is_new = frontier == NEW_NODE
-        existing = torch.nonzero(~is_new).flatten()
-        empty = torch.empty(0, dtype=torch.int64, device=device)
-        rows, neighbours, edges, new_edges = [empty], [empty], [empty], [empty]
-        if existing.numel():
-            sub = sampler.sample(frontier[existing])
-            rows.append(existing[sub.edge_index[1]])
-            neighbours.append(sub.node[sub.edge_index[0]])
-            edges.append(sub.edge.to(device))
-            new_edges.append(torch.full_like(rows[-1], -1))
-            receiving = existing[torch.isin(frontier[existing], receivers)]
-            rows.append(receiving)
-            neighbours.append(torch.full_like(receiving, NEW_NODE))
-            edges.append(torch.full_like(receiving, -1))
-            new_edges.append(torch.searchsorted(receivers, frontier[receiving]))
-        for row in torch.nonzero(is_new).flatten().tolist():
-            rows.append(torch.full_like(senders, row))
-            neighbours.append(senders)
-            edges.append(torch.full_like(senders, -1))
-            new_edges.append(torch.arange(senders.numel(), device=device))
-        hop_rows, hop_neighbours = torch.cat(rows), torch.cat(neighbours)
-        edge_parts.append(torch.cat(edges))
-        new_edge_parts.append(torch.cat(new_edges))
-        next_level, inverse = torch.unique(hop_neighbours, return_inverse=True)
+        hop_rows, hop_neighbours, edges, new_edges = _hop_with_new_node(
+            sampler, frontier, senders, receivers
+        )
+        edge_parts.append(edges)
+        new_edge_parts.append(new_edges)
         next_offset = offset + int(frontier.numel())
+        if boundary and hop == len(samplers) - 1:
+            next_level = torch.tensor([BOUNDARY], device=device)
+            sources = torch.full_like(hop_rows, next_offset)
+        else:
+            next_level, inverse = torch.unique(hop_neighbours, return_inverse=True)
+            sources = next_offset + inverse
         src_parts.append(
             self_loops_in_place(
-                frontier, hop_rows, hop_neighbours, offset, next_offset + inverse, TorchOps(device)
+                frontier, hop_rows, hop_neighbours, offset, sources, TorchOps(device)
             )
         )
         dst_parts.append(offset + hop_rows)
@@ -151,6 +147,39 @@ def sample_with_new_node(
         edge=torch.cat(edge_parts),
         new_edge=torch.cat(new_edge_parts),
     )
+
+
+def _hop_with_new_node(
+    sampler: NeighbourSampler,
+    frontier: torch.Tensor,
+    senders: torch.Tensor,
+    receivers: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One hop on the augmented graph: for each in-edge of ``frontier``, its frontier row, its
+    source node, its stored edge ID (``-1`` for the new node's) and its position in ``senders``
+    or ``receivers`` (``-1`` for a stored edge)."""
+    device = frontier.device
+    is_new = frontier == NEW_NODE
+    existing = torch.nonzero(~is_new).flatten()
+    empty = torch.empty(0, dtype=torch.int64, device=device)
+    rows, neighbours, edges, new_edges = [empty], [empty], [empty], [empty]
+    if existing.numel():
+        sub = sampler.sample(frontier[existing])
+        rows.append(existing[sub.edge_index[1]])
+        neighbours.append(sub.node[sub.edge_index[0]])
+        edges.append(sub.edge.to(device))
+        new_edges.append(torch.full_like(rows[-1], -1))
+        receiving = existing[torch.isin(frontier[existing], receivers)]
+        rows.append(receiving)
+        neighbours.append(torch.full_like(receiving, NEW_NODE))
+        edges.append(torch.full_like(receiving, -1))
+        new_edges.append(torch.searchsorted(receivers, frontier[receiving]))
+    for row in torch.nonzero(is_new).flatten().tolist():
+        rows.append(torch.full_like(senders, row))
+        neighbours.append(senders)
+        edges.append(torch.full_like(senders, -1))
+        new_edges.append(torch.arange(senders.numel(), device=device))
+    return torch.cat(rows), torch.cat(neighbours), torch.cat(edges), torch.cat(new_edges)
 
 
 @dataclass(frozen=True)
@@ -207,13 +236,6 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
         if self.ego.precomputed is not None:  # exact for every model (new_node_rows)
             return StoredRows(neighbours.numpy())
-        if serving_needs(self.ego.model).boundary_degrees:
-            raise BadRequest(
-                "new_node is not available for this archive's model: it reads the degrees of "
-                "its neighbours' neighbours (a degree-normalising layer), which a new node's "
-                "sampled ego-graph does not carry; an archive built with --precompute answers "
-                "it exactly"
-            )
         none = neighbours[:0]
         settings = self.ego.settings
         return sample_with_new_node(
@@ -222,6 +244,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             receivers=neighbours if request.direction in ("out", "both") else none,
             max_nodes=settings.max_subgraph_nodes,
             max_edges=settings.max_subgraph_edges,
+            boundary=serving_needs(self.ego.model).boundary_degrees,
         )
 
     def run_group(self, group: Group, batch: Batch[Resolved]) -> None:

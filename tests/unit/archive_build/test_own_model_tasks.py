@@ -34,6 +34,7 @@ from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.graph.explain import GraphExplanation
 from model import ModelConfig, build_model
+from model import __main__ as model_cli
 from model.export import load_model, write_model_files
 from model.graph_level import CLASSES_FILE
 from model.link_assets import LINK_DIR, open_link_assets, write_link_assets
@@ -146,6 +147,22 @@ def test_a_link_model_is_served_exactly(name, store, tmp_path, capsys):
         )
     assert np.array_equal(np.asarray(stored), z.numpy())
     assert "embeddings of 90 nodes" in capsys.readouterr().out
+
+
+def test_a_precomputed_link_model_is_verified_from_its_stored_rows(store, tmp_path, capsys):
+    """--precompute on a link class: encode's embeddings are stored (every node's output)
+    and the verification reads pair scores and top-k from them, as the archive answers."""
+    cls, args, hops = LINK_MODELS["EdgeGatLink"]
+    torch.manual_seed(0)
+    assert package(tmp_path, "link", store.path, cls(**args).eval(), args) == 0
+    model_dir, rows = tmp_path / "model", tmp_path / "precomputed"
+    argv = ["precompute", "--store", str(store.path), "--model-dir", str(model_dir)]
+    assert model_cli.main([*argv, "--out", str(rows), "--quiet"]) == 0
+    assert "every node's output: EdgeGatLink is a link model" in capsys.readouterr().out
+    settings = ServingSettings(task="link", fanouts=(5,) * hops)
+    result = verify(model_dir, store, settings, 1e-5, precomputed_dir=rows)
+    assert isinstance(result, LinkVerification)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
 
 
 def test_pygs_gae_is_served_with_output_probabilities_and_a_note_otherwise(store, tmp_path, capsys):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from handler.tasks.node.extras import NodeExtrasEngine
+from handler.tasks.node.extras import BOUNDARY, NodeExtrasEngine, sample_with_new_node
+from handler.tasks.node.new_node_rows import NEW_NODE
 from handler.tasks.node.task import node_router
 from model.embedding import forward_with_embedding
 
@@ -174,3 +175,27 @@ def test_embeddings_and_cold_start_see_the_live_updates(int_store, tmp_path):
     assert cold.body["graph_version"] == version
     (single,) = router.handle([{"body": {"node_id": 3, "return_embedding": True}}])
     assert single.body["graph_version"] == version
+
+
+@pytest.mark.parametrize("direction", ["in", "out", "both"])
+def test_a_boundary_hop_gives_the_deepest_rows_their_augmented_in_degrees(int_store, direction):
+    """With a boundary, the last hop's edges come from one BOUNDARY row (a self-loop from its
+    own row), and each deepest row has as many in-edges as its in-degree on the graph with the
+    new node added."""
+    engine = extras(int_store, "sage", fanouts=[2])
+    samplers = [engine.ego.sampler.with_fanouts([2]), engine.ego.sampler.with_fanouts([-1])]
+    neighbours = torch.tensor([0, 3, 6, 9])
+    none = neighbours[:0]
+    senders = neighbours if direction in ("in", "both") else none
+    receivers = neighbours if direction in ("out", "both") else none
+    sub = sample_with_new_node(samplers, senders, receivers, 10_000, 10_000, boundary=True)
+    assert int(sub.node[-1]) == BOUNDARY and int((sub.node == BOUNDARY).sum()) == 1
+    boundary_row = sub.num_nodes - 1
+    rows = sub.edge_index[1, sub.edge_index[0] == boundary_row]
+    _, edge_index = augmented(int_store, [0.0] * int_store.feature_dim, [0, 3, 6, 9], direction)
+    n = int_store.num_nodes
+    for row in torch.unique(rows).tolist():
+        node = int(sub.node[row])
+        global_index = n if node == NEW_NODE else node
+        in_degree = int((edge_index[1] == global_index).sum())
+        assert int((sub.edge_index[1] == row).sum()) == in_degree

@@ -2,7 +2,8 @@
 per-layer rows for a torch_geometric.nn.models stack of by-rows layers, every node's output for
 any other model; both equal the model's full-graph forward on the graph version they report,
 through seeded random streams of live updates (edge features included) taken by two workers on
-one log, for predictions, embeddings and cold-start nodes."""
+one log, for predictions, embeddings and cold-start nodes (cold start on sampled archives of the
+same classes too)."""
 
 from __future__ import annotations
 
@@ -240,16 +241,34 @@ def live_ids_sample(live: LiveGraph, rng: random.Random) -> list:
     return rng.sample(ids, min(10, len(ids)))
 
 
+def sampled_worker(
+    store: GraphStore, model: torch.nn.Module, log: Path
+) -> tuple[NodeClassificationEngine, LiveGraph]:
+    """A worker of an archive without precomputed rows, with full neighbourhoods."""
+    live = LiveGraph(store, log)
+    settings = ServingSettings.from_yaml_section({"fanouts": [-1] * plan_for(model).hops})
+    engine = NodeClassificationEngine.create(
+        store, model, settings, torch.device("cpu"), "1.0", live
+    )
+    return engine, live
+
+
 @pytest.mark.parametrize("direction", ["in", "out", "both"])
-@pytest.mark.parametrize("name", ["gat-edge-dim", "gcn", "skip-sage", "edge-mix"])
+@pytest.mark.parametrize("name", ["gat-edge-dim", "gcn", "skip-sage", "appnp", "edge-mix"])
+@pytest.mark.parametrize("archive", ["precomputed", "sampled"])
 def test_a_new_node_is_exact_on_the_updated_graph(
-    name: str, direction: str, store: GraphStore, tmp_path: Path
+    archive: str, name: str, direction: str, store: GraphStore, tmp_path: Path
 ) -> None:
     """Cold start after updates: per-layer rows from the stored rows of its upstream cone,
-    outputs from its in-neighbourhood (degree-normalising models included, which a sampled
-    archive refuses); its edges carry the request's edge_attr rows."""
+    outputs from its in-neighbourhood; a sampled archive with full neighbourhoods from its
+    ego-graph, whose boundary hop gives degree-normalising models (gcn, appnp) their degrees.
+    Its edges carry the request's edge_attr rows."""
     model = user_model(name, store, tmp_path)
-    engine, live = precomputed_worker(store, model, tmp_path, tmp_path / "updates.log")
+    log = tmp_path / "updates.log"
+    if archive == "precomputed":
+        engine, live = precomputed_worker(store, model, tmp_path, log)
+    else:
+        engine, live = sampled_worker(store, model, log)
     assert live is not None
     rng, counter = random.Random(3), [0]
     for _ in range(30):

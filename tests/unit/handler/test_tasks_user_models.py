@@ -1,9 +1,11 @@
 """The link and graph engines and their explanations on the user's own classes: scores as the
-model's output says, edge features and boundary degrees in pair explanations, graph answers of
-raw rows, and return_embedding refused with a 400 when the model names no embedding."""
+model's output says, edge features and boundary degrees in pair explanations, a precomputed link
+class exact through live updates, graph answers of raw rows, and return_embedding refused with
+a 400 when the model names no embedding."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -13,16 +15,19 @@ import torch
 
 from handler.core.ego import EgoGraphs
 from handler.core.explain import ExplainEngine
+from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.graph.explain import GraphExplanation
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.link.explain import PairExplanation
 from model.link_assets import open_link_assets, write_link_assets
+from model.precompute import Mode, open_precomputed, plan_for, precompute
 from model.served_graph import UserGraphModel
 from model.served_link import UserLinkModel
 from model.user_model import UserModelConfig
 from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
+from tests.live_reference import materialized_graph, random_update
 from tests.unit.archive_build import user_models
 
 from .conftest import NAMES, graph_requests
@@ -32,9 +37,8 @@ def answers(engine: Any, payloads: list[dict]) -> list[tuple[int, dict]]:
     return [(r.status, r.body) for r in engine.handle([{"body": p} for p in payloads])]
 
 
-def link_engine(tmp_path: Path, output: str) -> tuple[LinkEngine, torch.nn.Module]:
-    """EdgeGatLink (edge features, a GCNConv: boundary degrees) with full fanouts."""
-    store = edge_feature_store(tmp_path)
+def edge_gat_link(output: str) -> UserLinkModel:
+    """EdgeGatLink (edge features, a GCNConv: boundary degrees), seeded."""
     torch.manual_seed(0)
     module = user_models.EdgeGatLink(FEATURES, 16, EDGE_DIM).eval()
     config = UserModelConfig(
@@ -47,7 +51,14 @@ def link_engine(tmp_path: Path, output: str) -> tuple[LinkEngine, torch.nn.Modul
         edge_input="edge_attr",
         boundary_degrees=True,
     )
-    model = UserLinkModel(module, config).eval()
+    return UserLinkModel(module, config).eval()
+
+
+def link_engine(tmp_path: Path, output: str) -> tuple[LinkEngine, torch.nn.Module]:
+    """EdgeGatLink with full fanouts."""
+    store = edge_feature_store(tmp_path)
+    model = edge_gat_link(output)
+    module = model.module
     write_link_assets(model, store, tmp_path / "link")
     settings = ServingSettings(task="link", fanouts=(-1, -1, -1), explain_time_budget_ms=60_000)
     ego = EgoGraphs.create(store, model, settings, torch.device("cpu"))
@@ -154,3 +165,50 @@ def test_raw_node_outputs_are_explained_when_they_are_one_value(tmp_path, width)
         assert status == 200 and len(body["output"]) == 1 and body["explanation"]["nodes"]
     else:
         assert status == 400 and "--output" in body["message"]
+
+
+def test_a_precomputed_user_link_archive_scores_and_ranks_the_updated_graph(tmp_path):
+    """--precompute on a user's link class stores encode's embeddings (every node's output);
+    two workers on one log answer pair scores and top-k equal to decode(encode(...)) on the
+    updated graph, edge features and boundary degrees included."""
+    store = edge_feature_store(tmp_path)
+    model = edge_gat_link("logits")
+    module = model.module
+    plan = plan_for(model)
+    assert plan.mode is Mode.OUTPUT and "link model" in plan.reason and plan.degree
+    write_link_assets(model, store, tmp_path / "link")
+    precompute(model, store, tmp_path / "p", "weights", chunk_edges=64, progress=False)
+    settings = ServingSettings(task="link", fanouts=(2, 2, 2))
+    log, engines, lives = tmp_path / "updates.log", [], []
+    for _ in range(2):
+        live = LiveGraph(store, log)
+        rows = open_precomputed(tmp_path / "p", store, "weights")
+        ego = EgoGraphs.create(store, model, settings, torch.device("cpu"), live, rows)
+        engines.append(LinkEngine(ego, open_link_assets(tmp_path / "link", store), "1.0"))
+        lives.append(live)
+    rng, counter = random.Random(5), [0]
+    for step in range(60):
+        taker = lives[step % 2]
+        taker.update(UpdateRequest(random_update(rng, taker, counter)))
+    lives[0].sync()
+    ids, x, edge_index, edge_attr = materialized_graph(lives[0])
+    with torch.no_grad():
+        z = module.encode(x, edge_index, edge_attr)
+        rows = torch.tensor([[i, (7 * i + 3) % len(ids)] for i in range(40)]).T
+        expected = torch.sigmoid(module.decode(z, rows))
+        src = 5
+        every = torch.stack([torch.full((len(ids),), src), torch.arange(len(ids))])
+        logits = module.decode(z, every)
+    pairs = [[ids[a], ids[b]] for a, b in rows.T.tolist()]
+    edges = edge_index.T.tolist()
+    neighbours = {a for a, b in edges if b == src} | {b for a, b in edges if a == src} | {src}
+    ranked = [i for i in torch.argsort(logits, descending=True).tolist() if i not in neighbours]
+    for engine in engines:
+        [(status, body)] = answers(engine, [{"pairs": pairs}])
+        assert status == 200 and body["graph_version"].endswith("+60"), body
+        got = torch.tensor([p["score"] for p in body["predictions"]])
+        assert float((got - expected).abs().max()) <= 1e-5
+        [(status, top)] = answers(engine, [{"src": ids[src], "top_k": 5}])
+        assert [r["dst"] for r in top["recommendations"]] == [ids[i] for i in ranked[:5]]
+        scores = torch.tensor([r["score"] for r in top["recommendations"]])
+        assert float((scores - torch.sigmoid(logits[ranked[:5]])).abs().max()) <= 1e-5
