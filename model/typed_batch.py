@@ -1,0 +1,242 @@
+"""A sampled ego-graph of a heterogeneous graph in PyG's per-type form, and back.
+
+The sampler works in one global index space: each row has a node type and each edge a relation
+index. PyG's heterogeneous layers read per-type dicts instead (``x_dict``, ``edge_index_dict``
+in positions within each type). :class:`TypedLayout` is that mapping, computed once per
+ego-graph, so features, node indices and edge features are split by the same rule. A
+homogeneous graph is the one-type case: every split is the tensor itself, no copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch_geometric.data import HeteroData
+from torch_geometric.typing import EdgeType
+
+
+@dataclass(frozen=True)
+class HeteroInput:
+    """One forward's input, in PyG's names.
+
+    Attributes:
+        x_dict: ``[n_t, d_t]`` features of each node type's rows (``d_t`` may be 0).
+        edge_index_dict: ``[2, E_r]`` each relation's edges in per-type positions.
+        n_id_dict: ``[n_t]`` each row's node index within its type (PyG's ``n_id``), for
+            learned embeddings of featureless types. A boundary row holds 0: no answer a seed
+            reads depends on its values, only on the edges it adds.
+        edge_attr_dict: ``[E_r, D_r]`` edge features of the relations that have them.
+    """
+
+    x_dict: dict[str, Tensor]
+    edge_index_dict: dict[EdgeType, Tensor]
+    n_id_dict: dict[str, Tensor]
+    edge_attr_dict: dict[EdgeType, Tensor]
+
+
+@dataclass(frozen=True)
+class TypedLayout:
+    """Where each row and edge of an ego-graph goes in PyG's per-type dicts.
+
+    Attributes:
+        node_types, edge_types: the graph's metadata; row type ``i`` is ``node_types[i]``,
+            relation ``r`` is ``edge_types[r]``.
+        rows: each node type's rows, ascending (so the seeds, rows ``0..s-1`` of the target
+            type, are its first positions).
+        position: ``[n]`` each row's position within its type.
+        edge_index_dict: each relation's ``edge_index`` in per-type positions.
+        edges: each relation's edge positions in ``E``, ascending (to split any per-edge
+            tensor, such as edge IDs, by relation).
+        homogeneous: one node type and one relation: every split is the tensor itself.
+    """
+
+    node_types: tuple[str, ...]
+    edge_types: tuple[EdgeType, ...]
+    rows: dict[str, Tensor]
+    position: Tensor
+    edge_index_dict: dict[EdgeType, Tensor]
+    edges: dict[EdgeType, Tensor]
+    homogeneous: bool
+
+    @classmethod
+    def build(
+        cls,
+        row_type: Tensor,
+        edge_index: Tensor,
+        edge_type: Tensor,
+        node_types: Sequence[str],
+        edge_types: Sequence[EdgeType],
+    ) -> TypedLayout:
+        """The layout of rows typed ``row_type`` ``[n]`` and edges ``edge_index`` ``[2, E]``
+        (rows, message direction) of relations ``edge_type`` ``[E]``. Raises ValueError when an
+        index is out of range or an edge joins rows of other types than its relation's."""
+        node_types, edge_types = tuple(node_types), tuple(edge_types)
+        _check_metadata(node_types, edge_types)
+        n, num_edges = row_type.numel(), edge_index.size(1)
+        if edge_index.dim() != 2 or edge_index.size(0) != 2 or edge_type.shape != (num_edges,):
+            raise ValueError(
+                f"edge_index must be [2, E] and edge_type [E]; got {list(edge_index.shape)} "
+                f"and {list(edge_type.shape)}"
+            )
+        if len(node_types) == 1 and len(edge_types) == 1:
+            _check_range("edge_index", edge_index, n)
+            positions = torch.arange(n, device=row_type.device)
+            everything = torch.arange(num_edges, device=edge_index.device)
+            return cls(
+                node_types=node_types,
+                edge_types=edge_types,
+                rows={node_types[0]: positions},
+                position=positions,
+                edge_index_dict={edge_types[0]: edge_index},
+                edges={edge_types[0]: everything},
+                homogeneous=True,
+            )
+        _check_range("row_type", row_type, len(node_types))
+        _check_range("edge_type", edge_type, len(edge_types))
+        _check_range("edge_index", edge_index, n)
+        _check_edge_ends(row_type, edge_index, edge_type, node_types, edge_types)
+        rows, position = _split_positions(row_type, len(node_types))
+        edges, _ = _split_positions(edge_type, len(edge_types))
+        return cls(
+            node_types=node_types,
+            edge_types=edge_types,
+            rows=dict(zip(node_types, rows, strict=True)),
+            position=position,
+            edge_index_dict={
+                key: position[edge_index[:, part]]
+                for key, part in zip(edge_types, edges, strict=True)
+            },
+            edges=dict(zip(edge_types, edges, strict=True)),
+            homogeneous=False,
+        )
+
+    def split_rows(self, values: Tensor) -> dict[str, Tensor]:
+        """A per-row tensor (e.g. each row's index within its type) split by node type."""
+        if self.homogeneous:
+            return {self.node_types[0]: values}
+        return {key: values[rows] for key, rows in self.rows.items()}
+
+    def split_edges(self, values: Tensor) -> dict[EdgeType, Tensor]:
+        """A per-edge tensor (e.g. edge IDs) split by relation."""
+        if self.homogeneous:
+            return {self.edge_types[0]: values}
+        return {key: values[edges] for key, edges in self.edges.items()}
+
+    def inputs(
+        self,
+        features: Mapping[str, Tensor],
+        n_id: Mapping[str, Tensor],
+        edge_features: Mapping[EdgeType, Tensor],
+    ) -> HeteroInput:
+        """The model's input from each type's feature rows and node indices (in the order of
+        :attr:`rows`) and each featured relation's edge-feature rows (in the order of
+        :attr:`edges`); shapes are checked here, not mid-forward."""
+        for key in self.node_types:
+            count = self.rows[key].numel()
+            for name, given in (("features", features), ("n_id", n_id)):
+                if key not in given or given[key].size(0) != count:
+                    got = list(given[key].shape) if key in given else "nothing"
+                    raise ValueError(f"{name}[{key!r}] must have {count} rows; got {got}")
+        unknown = sorted(str(key) for key in edge_features if key not in self.edges)
+        if unknown:
+            raise ValueError(f"edge features of unknown relation(s) {unknown}")
+        for key, attr in edge_features.items():
+            if attr.size(0) != self.edges[key].numel():
+                raise ValueError(
+                    f"edge_features[{key}] must have {self.edges[key].numel()} rows; got "
+                    f"{list(attr.shape)}"
+                )
+        return HeteroInput(
+            x_dict={key: features[key] for key in self.node_types},
+            edge_index_dict=dict(self.edge_index_dict),
+            n_id_dict={key: _real_node(n_id[key]) for key in self.node_types},
+            edge_attr_dict=dict(edge_features),
+        )
+
+
+def take_rows(table: Tensor, index: Tensor) -> Tensor:
+    """``table[index]`` with a zero row where ``index`` is negative (a boundary row's
+    features): the one gather for node features per type and edge features per relation."""
+    missing = index < 0
+    if not bool(missing.any()):
+        return table[index]
+    rows = table[index.clamp(min=0)]
+    return rows.masked_fill(missing.unsqueeze(-1), 0) if rows.dim() > 1 else rows
+
+
+def inputs_from_hetero_data(data: HeteroData) -> HeteroInput:
+    """A whole ``HeteroData`` as one input (a type without ``x`` is featureless: ``[n, 0]``),
+    for full-graph forwards such as training and verification."""
+    x_dict: dict[str, Tensor] = {}
+    for key in data.node_types:
+        store = data[key]
+        x = store.get("x")
+        x_dict[key] = x if isinstance(x, Tensor) else torch.empty(store.num_nodes, 0)
+    return HeteroInput(
+        x_dict=x_dict,
+        edge_index_dict={key: data[key].edge_index for key in data.edge_types},
+        n_id_dict={key: torch.arange(data[key].num_nodes) for key in data.node_types},
+        edge_attr_dict={
+            key: data[key].edge_attr for key in data.edge_types if "edge_attr" in data[key]
+        },
+    )
+
+
+def _real_node(n_id: Tensor) -> Tensor:
+    return n_id.clamp(min=0) if bool((n_id < 0).any()) else n_id
+
+
+def _check_metadata(node_types: tuple[str, ...], edge_types: tuple[EdgeType, ...]) -> None:
+    if not node_types or not edge_types:
+        raise ValueError("a graph needs at least one node type and one edge type")
+    for src, rel, dst in edge_types:
+        if src not in node_types or dst not in node_types:
+            raise ValueError(
+                f"edge type ({src!r}, {rel!r}, {dst!r}) names a node type not in {list(node_types)}"
+            )
+
+
+def _check_range(name: str, index: Tensor, size: int) -> None:
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= size):
+        raise ValueError(
+            f"{name} must hold values in [0, {size}); got [{int(index.min())}, {int(index.max())}]"
+        )
+
+
+def _check_edge_ends(
+    row_type: Tensor,
+    edge_index: Tensor,
+    edge_type: Tensor,
+    node_types: tuple[str, ...],
+    edge_types: tuple[EdgeType, ...],
+) -> None:
+    """Each edge runs from a row of its relation's source type to one of its destination type
+    (a boundary row too: one per source type, since a row has one type)."""
+    index = {key: i for i, key in enumerate(node_types)}
+    device = row_type.device
+    ends = torch.tensor([[index[src], index[dst]] for src, _, dst in edge_types], device=device)
+    for side, name in ((0, "source"), (1, "destination")):
+        wrong = row_type[edge_index[side]] != ends[edge_type, side]
+        if bool(wrong.any()):
+            first = int(torch.nonzero(wrong)[0])
+            relation = edge_types[int(edge_type[first])]
+            raise ValueError(
+                f"edge {first} of relation {relation} has a {name} row of type "
+                f"{node_types[int(row_type[edge_index[side, first]])]!r}"
+            )
+
+
+def _split_positions(kind: Tensor, count: int) -> tuple[list[Tensor], Tensor]:
+    """For each kind the ascending indices of its entries, and each entry's position among
+    those of its kind."""
+    order = torch.argsort(kind, stable=True)
+    sizes = torch.bincount(kind, minlength=count)
+    starts = torch.cumsum(sizes, 0) - sizes
+    position = torch.empty_like(order)
+    position[order] = torch.arange(kind.numel(), device=kind.device) - starts.repeat_interleave(
+        sizes
+    )
+    return list(torch.split(order, sizes.tolist())), position
