@@ -1,0 +1,348 @@
+"""The built-in node classifiers on a heterogeneous graph: ``sage``, ``gat``, ``gcn``, ``gin``
+(one layer per relation, summed per destination type), ``rgcn`` and ``hgt``.
+
+Each type's input is projected to ``hidden_dim`` first: a Linear for a type with features, a
+learned embedding per node (indexed by ``n_id``) for a featureless one, so every layer after it
+reads one width. The per-relation stacks are what ``to_hetero`` of a small homogeneous model
+builds, written with PyG's ``HeteroConv`` because ``to_hetero`` refuses two things these graphs
+have: a node type no relation points to (its second layer has no input for it) and ``GCNConv``
+on a relation between two types (GCNConv takes no ``(source, destination)`` pair). Each layer
+also maps every type's own rows (a root Linear), which keeps those types' rows alive.
+
+Exactness on a sampled ego-graph: every layer here aggregates per destination (mean, sum,
+softmax over a destination's in-edges, per relation or over all), which the full in-edge lists
+of the rows a seed reads give exactly, except ``gcn``, which also weighs a message by its
+source's in-degree: it needs the boundary hop (``ServingNeeds.boundary_degrees``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric.nn import (
+    GATConv,
+    GINConv,
+    GINEConv,
+    HeteroConv,
+    HGTConv,
+    MessagePassing,
+    RGCNConv,
+    SAGEConv,
+)
+from torch_geometric.nn.dense import Linear
+from torch_geometric.nn.models import MLP
+from torch_geometric.typing import EdgeType
+
+from model.served import ServingNeeds
+from model.served_hetero import HeteroNodeModel
+from model.typed_batch import HeteroInput
+from model.user_model import EdgeInput
+
+
+class HeteroArch(str, Enum):
+    """The message-passing recipe on a heterogeneous graph."""
+
+    SAGE = "sage"
+    GAT = "gat"
+    GCN = "gcn"
+    GIN = "gin"
+    RGCN = "rgcn"
+    HGT = "hgt"
+
+    @classmethod
+    def parse(cls, value: str | HeteroArch) -> HeteroArch:
+        """Converts a string such as ``"hgt"`` (any case); the error lists the accepted values."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(repr(member.value) for member in cls)
+            raise ValueError(f"arch must be one of {allowed}, got {value!r}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeteroSpec:
+    """A heterogeneous graph's shape and a recipe's sizes.
+
+    Attributes:
+        node_types, edge_types: the graph's metadata (PyG's ``HeteroData.metadata()``).
+        in_dims: feature width of each node type; 0 for a featureless type.
+        num_nodes: node count of each featureless type (its embedding table's rows).
+        edge_dims: edge feature width of each relation that has edge features (``gat`` and
+            ``gin`` read them; the others read none).
+        target: the node type answered for.
+        num_classes: output width.
+        hidden_dim: width of every hidden layer (64); ``heads`` attention heads (2) for
+            ``gat`` and ``hgt`` share it.
+        num_layers: message-passing layers = hops of the ego-graph (2).
+        dropout: between layers, in training only (0.0).
+    """
+
+    node_types: tuple[str, ...]
+    edge_types: tuple[EdgeType, ...]
+    in_dims: Mapping[str, int]
+    num_nodes: Mapping[str, int] = field(default_factory=dict)
+    edge_dims: Mapping[EdgeType, int] = field(default_factory=dict)
+    target: str
+    num_classes: int
+    hidden_dim: int = 64
+    num_layers: int = 2
+    heads: int = 2
+    dropout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.target not in self.node_types:
+            raise ValueError(f"target {self.target!r} is not a node type of {self.node_types}")
+        if not any(dst == self.target for _, _, dst in self.edge_types):
+            raise ValueError(f"no relation points to the target type {self.target!r}")
+        for key in self.node_types:
+            if self.in_dims.get(key, 0) == 0 and self.num_nodes.get(key, 0) <= 0:
+                raise ValueError(
+                    f"node type {key!r} has no features: give its node count in num_nodes "
+                    "(each node gets a learned embedding)"
+                )
+        unknown = sorted(str(key) for key in self.edge_dims if key not in self.edge_types)
+        if unknown:
+            raise ValueError(f"edge_dims names relation(s) not in edge_types: {unknown}")
+        if self.num_layers < 1 or self.hidden_dim % self.heads:
+            raise ValueError(
+                f"num_layers must be >= 1 and hidden_dim a multiple of heads; got "
+                f"num_layers={self.num_layers}, hidden_dim={self.hidden_dim}, heads={self.heads}"
+            )
+
+
+def build_hetero_model(arch: str | HeteroArch, spec: HeteroSpec) -> HeteroNodeModel:
+    """The untrained recipe ``arch`` for the graph and sizes of ``spec``."""
+    arch = HeteroArch.parse(arch)
+    if arch is HeteroArch.RGCN:
+        return HeteroRGCN(spec)
+    if arch is HeteroArch.HGT:
+        return HeteroHGT(spec)
+    return RelationStack(arch, spec)
+
+
+class TypeEncoder(torch.nn.Module):
+    """Each type's rows at ``hidden_dim``: a Linear of its features, or a featureless type's
+    learned embedding of its ``n_id``."""
+
+    def __init__(self, spec: HeteroSpec) -> None:
+        super().__init__()
+        self.lins = torch.nn.ModuleDict()
+        self.embeddings = torch.nn.ModuleDict()
+        for key in spec.node_types:
+            width = spec.in_dims.get(key, 0)
+            if width:
+                self.lins[key] = Linear(width, spec.hidden_dim)
+            else:
+                self.embeddings[key] = torch.nn.Embedding(spec.num_nodes[key], spec.hidden_dim)
+
+    def forward(self, inputs: HeteroInput) -> dict[str, Tensor]:
+        out = {key: lin(inputs.x_dict[key]) for key, lin in self.lins.items()}
+        out.update({key: emb(inputs.n_id_dict[key]) for key, emb in self.embeddings.items()})
+        return out
+
+
+class DegreeGCNConv(MessagePassing):
+    """``GCNConv(add_self_loops=False)`` that also runs on a relation between two types:
+    edge ``j -> i`` weighs ``deg(j)^-1/2 deg(i)^-1/2``, ``deg`` a node's in-degree over all
+    relations (on a one-type graph exactly GCNConv's). The weights come in as
+    ``inv_sqrt_degree`` per side, computed once per forward."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__(aggr="add")
+        self.lin = Linear(in_channels, out_channels, bias=False, weight_initializer="glorot")
+        self.bias = torch.nn.Parameter(torch.zeros(out_channels))
+
+    def forward(
+        self,
+        x: Tensor | tuple[Tensor, Tensor],
+        edge_index: Tensor,
+        inv_sqrt_degree: Tensor | tuple[Tensor, Tensor],
+    ) -> Tensor:
+        x_src, x_dst = x if isinstance(x, tuple) else (x, x)
+        norm_src, norm_dst = (
+            inv_sqrt_degree if isinstance(inv_sqrt_degree, tuple) else (inv_sqrt_degree,) * 2
+        )
+        weight = norm_src[edge_index[0]] * norm_dst[edge_index[1]]
+        out = self.propagate(
+            edge_index,
+            x=self.lin(x_src),
+            weight=weight,
+            size=(x_src.size(0), x_dst.size(0)),
+        )
+        return out + self.bias
+
+    def message(self, x_j: Tensor, weight: Tensor) -> Tensor:
+        return weight.unsqueeze(-1) * x_j
+
+
+def inv_sqrt_in_degree(inputs: HeteroInput) -> dict[str, Tensor]:
+    """``deg^-1/2`` of each row's in-degree over all relations (0 where it has none, as
+    PyG's ``gcn_norm``)."""
+    degree = {
+        key: torch.zeros(n_id.numel(), device=n_id.device) for key, n_id in inputs.n_id_dict.items()
+    }
+    for (_, _, dst), edge_index in inputs.edge_index_dict.items():
+        degree[dst] += torch.bincount(edge_index[1], minlength=degree[dst].numel())
+    return {key: deg.rsqrt().masked_fill_(deg == 0, 0.0) for key, deg in degree.items()}
+
+
+class RelationStack(HeteroNodeModel):
+    """``num_layers`` layers of one conv per relation (``sage``, ``gat``, ``gcn``, ``gin``),
+    summed per destination type, plus a root Linear per type; ReLU and dropout between layers.
+    The last layer computes the target type only. Embedding: the target's input of the last
+    layer."""
+
+    def __init__(self, arch: HeteroArch, spec: HeteroSpec) -> None:
+        super().__init__()
+        self.arch, self.target, self.dropout = arch, spec.target, spec.dropout
+        reads_edges = arch in (HeteroArch.GAT, HeteroArch.GIN) and any(spec.edge_dims.values())
+        self.serving_needs = ServingNeeds(
+            edge_input=EdgeInput.EDGE_ATTR if reads_edges else EdgeInput.NONE,
+            boundary_degrees=arch is HeteroArch.GCN,
+        )
+        self.encoder = TypeEncoder(spec)
+        self.convs = torch.nn.ModuleList()
+        self.roots = torch.nn.ModuleList()
+        hidden = spec.hidden_dim
+        for layer in range(spec.num_layers):
+            last = layer == spec.num_layers - 1
+            out = spec.num_classes if last else hidden
+            types = (spec.target,) if last else spec.node_types
+            relations = [key for key in spec.edge_types if key[2] in types]
+            convs = {
+                key: _relation_conv(arch, spec, hidden, out, last, spec.edge_dims.get(key))
+                for key in relations
+            }
+            with warnings.catch_warnings():  # of types no relation updates: the roots do
+                warnings.filterwarnings("ignore", "There exist node types")
+                self.convs.append(HeteroConv(convs, aggr="sum"))
+            self.roots.append(torch.nn.ModuleDict({key: Linear(hidden, out) for key in types}))
+
+    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+        x = self.encoder(inputs)
+        extra: dict[str, Any] = {}
+        if self.arch is HeteroArch.GCN:
+            extra["inv_sqrt_degree_dict"] = inv_sqrt_in_degree(inputs)
+        elif self.serving_needs.edge_input is EdgeInput.EDGE_ATTR:
+            extra["edge_attr_dict"] = inputs.edge_attr_dict
+        for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
+            embedding = x[self.target]
+            messages = conv(x, inputs.edge_index_dict, **extra)
+            assert isinstance(roots, torch.nn.ModuleDict)
+            x = {
+                key: roots[key](x[key]) + messages[key] if key in messages else roots[key](x[key])
+                for key in roots
+            }
+            if layer < len(self.convs) - 1:
+                x = {
+                    key: F.dropout(value.relu(), self.dropout, self.training)
+                    for key, value in x.items()
+                }
+        return x[self.target], embedding
+
+
+def _relation_conv(
+    arch: HeteroArch, spec: HeteroSpec, hidden: int, out: int, last: bool, edge_dim: int | None
+) -> MessagePassing:
+    """One relation's conv from ``hidden``-wide rows to ``out`` (``edge_dim``: its edge
+    features, read by ``gat`` and ``gin``)."""
+    if arch is HeteroArch.SAGE:
+        return SAGEConv((hidden, hidden), out)
+    if arch is HeteroArch.GCN:
+        return DegreeGCNConv(hidden, out)
+    if arch is HeteroArch.GAT:
+        heads = spec.heads
+        return GATConv(
+            (hidden, hidden),
+            out if last else out // heads,
+            heads=heads,
+            concat=not last,
+            add_self_loops=False,
+            edge_dim=edge_dim or None,
+        )
+    mlp = MLP([hidden, hidden, out], norm=None)
+    return GINEConv(mlp, edge_dim=edge_dim) if edge_dim else GINConv(mlp)
+
+
+class HeteroRGCN(HeteroNodeModel):
+    """R-GCN (``RGCNConv``, mean per relation, root weight) on the graph's homogeneous form,
+    rows of each type in ``node_types`` order; ReLU and dropout between layers. Embedding: the
+    target's input of the last layer."""
+
+    def __init__(self, spec: HeteroSpec) -> None:
+        super().__init__()
+        self.target, self.dropout = spec.target, spec.dropout
+        self.node_types, self.edge_types = spec.node_types, spec.edge_types
+        self.serving_needs = ServingNeeds()
+        self.encoder = TypeEncoder(spec)
+        sizes = [spec.hidden_dim] * spec.num_layers + [spec.num_classes]
+        self.convs = torch.nn.ModuleList(
+            RGCNConv(sizes[i], sizes[i + 1], len(spec.edge_types), aggr="mean")
+            for i in range(spec.num_layers)
+        )
+
+    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+        x_dict = self.encoder(inputs)
+        counts = [x_dict[key].size(0) for key in self.node_types]
+        starts = dict(zip(self.node_types, itertools.accumulate([0, *counts[:-1]]), strict=True))
+        x = torch.cat([x_dict[key] for key in self.node_types])
+        edge_index = torch.cat(
+            [
+                inputs.edge_index_dict[key]
+                + torch.tensor([[starts[key[0]]], [starts[key[2]]]], device=x.device)
+                for key in self.edge_types
+            ],
+            dim=1,
+        )
+        edge_type = torch.cat(
+            [
+                torch.full((inputs.edge_index_dict[key].size(1),), i, device=x.device)
+                for i, key in enumerate(self.edge_types)
+            ]
+        )
+        for conv in self.convs[:-1]:
+            x = F.dropout(conv(x, edge_index, edge_type).relu(), self.dropout, self.training)
+        out = self.convs[-1](x, edge_index, edge_type)
+        first = starts[self.target]
+        rows = slice(first, first + x_dict[self.target].size(0))
+        return out[rows], x[rows]
+
+
+class HeteroHGT(HeteroNodeModel):
+    """HGT (``HGTConv``) layers, then a Linear to classes on the target's rows. A type no
+    relation points to keeps its rows between layers (HGTConv returns none for it).
+    Embedding: the target's last hidden rows (the Linear's input)."""
+
+    def __init__(self, spec: HeteroSpec) -> None:
+        super().__init__()
+        self.target, self.dropout = spec.target, spec.dropout
+        self.serving_needs = ServingNeeds()
+        self.encoder = TypeEncoder(spec)
+        metadata = (list(spec.node_types), list(spec.edge_types))
+        self.convs = torch.nn.ModuleList(
+            HGTConv(spec.hidden_dim, spec.hidden_dim, metadata, heads=spec.heads)
+            for _ in range(spec.num_layers)
+        )
+        self.head = Linear(spec.hidden_dim, spec.num_classes)
+
+    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+        x = self.encoder(inputs)
+        for conv in self.convs:
+            out = conv(x, inputs.edge_index_dict)
+            x = {
+                key: F.dropout(out[key], self.dropout, self.training)
+                if out.get(key) is not None
+                else value
+                for key, value in x.items()
+            }
+        return self.head(x[self.target]), x[self.target]

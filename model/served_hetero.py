@@ -1,0 +1,159 @@
+"""The served-model protocol on heterogeneous graphs: ``forward(HeteroInput) -> rows`` of one
+target node type, whoever wrote the model.
+
+The recipes (``model.hetero_recipes``) implement it themselves; the user's module gets it from
+:class:`UserHeteroModel`, which calls PyG's own signature, ``forward(x_dict, edge_index_dict)``
+plus ``edge_attr_dict`` and ``n_id_dict`` where the module takes them, as
+:class:`model.served.UserNodeModel` does on homogeneous graphs. :func:`answer_seeds` runs either
+on a sampled ego-graph.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric.typing import EdgeType
+
+from model.served import _SOURCE_DEGREE_LAYERS, ServingNeeds
+from model.typed_batch import HeteroInput, TypedLayout
+from model.user_model import EdgeInput, Output
+
+
+class HeteroNodeModel(torch.nn.Module):
+    """A model whose rows are those of :attr:`target`, the node type it answers for."""
+
+    target: str
+    serving_needs: ServingNeeds
+
+    def forward(self, inputs: HeteroInput) -> Tensor:
+        """``[rows of the target type, C]``."""
+        return self.forward_with_embedding(inputs)[0]
+
+    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+        """``(output, embedding)`` of the target type's rows from one forward pass."""
+        raise NotImplementedError(f"{type(self).__name__} defines no node embedding")
+
+
+def answer_seeds(
+    model: HeteroNodeModel,
+    layout: TypedLayout,
+    features: Mapping[str, Tensor],
+    n_id: Mapping[str, Tensor],
+    edge_features: Mapping[EdgeType, Tensor],
+    num_seeds: int,
+    embedding: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """The seeds' output rows (and embeddings with ``embedding``) on a sampled ego-graph.
+
+    The seeds are its first ``num_seeds`` rows and all of ``model.target``: the target's rows
+    are ascending, so they are its first positions. ``features``, ``n_id`` and
+    ``edge_features`` as :meth:`TypedLayout.inputs` takes them."""
+    target_rows = layout.rows[model.target]
+    if target_rows.numel() < num_seeds or (
+        num_seeds and int(target_rows[num_seeds - 1]) != num_seeds - 1
+    ):
+        raise ValueError(
+            f"the first {num_seeds} rows must be seeds of the model's target type "
+            f"{model.target!r}; the ego-graph has {target_rows.numel()} rows of that type"
+        )
+    inputs = layout.inputs(features, n_id, edge_features)
+    if not embedding:
+        return model(inputs)[:num_seeds], None
+    out, emb = model.forward_with_embedding(inputs)
+    return out[:num_seeds], emb[:num_seeds]
+
+
+class UserHeteroModel(HeteroNodeModel):
+    """The user's heterogeneous module (its weights under ``module.``): PyG's
+    ``forward(x_dict, edge_index_dict[, edge_attr_dict][, n_id_dict])`` returning a dict of
+    per-type rows (``to_hetero(...)``, a ``HeteroConv`` stack) or the target's rows.
+
+    Args:
+        module: the user's module.
+        target: the node type answered for.
+        output: what its rows are (``model.user_model.Output``).
+        boundary_degrees: the ego-graph must carry the deepest hop's in-degrees; None: True
+            when the module holds a layer that normalises by its sources' degrees (GCNConv).
+        embedding: name of a submodule whose first input holds the embedding (an ``x_dict``,
+            or the target's rows), or ``""`` for none.
+    """
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        target: str,
+        output: Output = Output.LOGITS,
+        boundary_degrees: bool | None = None,
+        embedding: str = "",
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self.target = target
+        parameters = inspect.signature(module.forward).parameters
+        self._takes_edge_attr = "edge_attr_dict" in parameters
+        self._takes_n_id = "n_id_dict" in parameters
+        if boundary_degrees is None:
+            boundary_degrees = normalises_by_source_degree(module)
+        self.serving_needs = ServingNeeds(
+            output=output,
+            edge_input=EdgeInput.EDGE_ATTR if self._takes_edge_attr else EdgeInput.NONE,
+            boundary_degrees=boundary_degrees,
+        )
+        self._embedding = module.get_submodule(embedding) if embedding else None
+
+    def forward(self, inputs: HeteroInput) -> Tensor:
+        """The target type's rows of the module's output."""
+        kwargs: dict[str, Any] = {}
+        if self._takes_edge_attr:
+            kwargs["edge_attr_dict"] = inputs.edge_attr_dict
+        if self._takes_n_id:
+            kwargs["n_id_dict"] = inputs.n_id_dict
+        out = self.module(inputs.x_dict, inputs.edge_index_dict, **kwargs)
+        rows = out.get(self.target) if isinstance(out, Mapping) else out
+        count = inputs.n_id_dict[self.target].numel()
+        if not isinstance(rows, Tensor) or rows.dim() != 2 or rows.size(0) != count:
+            got = f"shape {list(rows.shape)}" if isinstance(rows, Tensor) else type(rows).__name__
+            raise ValueError(
+                f"{type(self.module).__name__}.forward must return a dict with a "
+                f"[{count}, C] tensor for {self.target!r} (or that tensor); got {got}"
+            )
+        return rows
+
+    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+        """The output and the target's rows of the embedding submodule's input, captured in
+        the same forward pass so that an embedding belongs to the answer it comes with."""
+        if self._embedding is None:
+            raise ValueError(f"no embedding submodule was named for {type(self.module).__name__}")
+        captured: list[Any] = []
+
+        def keep(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            captured.append(args[0] if args else next(iter(kwargs.values())))
+
+        handle = self._embedding.register_forward_pre_hook(keep, with_kwargs=True)
+        try:
+            out = self(inputs)
+        finally:
+            handle.remove()
+        value = captured[-1]
+        emb = value.get(self.target) if isinstance(value, Mapping) else value
+        if not isinstance(emb, Tensor) or emb.size(0) != out.size(0):
+            raise ValueError(
+                f"the input of the embedding submodule holds no rows of {self.target!r}"
+            )
+        return out, emb
+
+
+def normalises_by_source_degree(module: torch.nn.Module) -> bool:
+    """A layer in ``module`` weighs a message by its source's degree (GCNConv and the like,
+    ``model.served``'s list), which an ego-graph's deepest hop truncates without a boundary."""
+    for sub in module.modules():
+        name = type(sub).__name__
+        if name in _SOURCE_DEGREE_LAYERS and not (
+            name == "GCNConv" and not getattr(sub, "normalize", True)
+        ):
+            return True
+    return False
