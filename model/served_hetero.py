@@ -79,7 +79,8 @@ class UserHeteroModel(HeteroNodeModel):
         boundary_degrees: the ego-graph must carry the deepest hop's in-degrees; None: True
             when the module holds a layer that normalises by its sources' degrees (GCNConv).
         embedding: name of a submodule whose first input holds the embedding (an ``x_dict``,
-            or the target's rows), or ``""`` for none.
+            the target's rows, or a relation into the target's ``(source, target)`` pair), or
+            ``""`` for none.
     """
 
     def __init__(
@@ -139,6 +140,8 @@ class UserHeteroModel(HeteroNodeModel):
         finally:
             handle.remove()
         value = captured[-1]
+        if isinstance(value, tuple):  # a relation's (source, destination) rows
+            value = value[1]
         emb = value.get(self.target) if isinstance(value, Mapping) else value
         if not isinstance(emb, Tensor) or emb.size(0) != out.size(0):
             raise ValueError(

@@ -174,9 +174,10 @@ def test_user_to_hetero_model_is_exact():
     data = random_hetero_graph(seed=2)
     torch.manual_seed(0)
     module = _initialised(_ToHeteroUserModel(data.metadata()), data)
-    model = UserHeteroModel(module, TARGET, embedding="gnn.conv2.user__follows__user")
-    assert not model.serving_needs.boundary_degrees
-    assert difference(model, data, hops=2, boundary=False) <= TOLERANCE
+    for relation in ("user__follows__user", "merchant__sells_to__user"):
+        model = UserHeteroModel(module, TARGET, embedding=f"gnn.conv2.{relation}")
+        assert not model.serving_needs.boundary_degrees
+        assert difference(model, data, hops=2, boundary=False, embedding=True) <= TOLERANCE
 
 
 def test_user_hetero_conv_model_reads_edge_features_exactly():
