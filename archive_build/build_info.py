@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from graph_assets.store import schema_of
+
 
 def build_info(
     name: str,
@@ -22,7 +24,8 @@ def build_info(
     model_config: dict[str, Any],
     verification: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The archive's identity card (all JSON-serializable)."""
+    """The archive's identity card (all JSON-serializable); ``graph_meta`` is a store's or a
+    graph dataset's meta.json."""
     return {
         "name": name,
         "version": version,
@@ -31,12 +34,27 @@ def build_info(
             "checksum": graph_meta["checksum"],
             "nodes": graph_meta["num_nodes"],
             "edges": graph_meta["num_edges"],
-            "feature_dim": graph_meta["feature_dim"],
+            **_types(graph_meta),
         },
         "model": model_config,
         "metrics": metrics,
         "verification": verification,
     }
+
+
+def _types(graph_meta: dict[str, Any]) -> dict[str, Any]:
+    """The served type's feature width; a graph of several types names them all."""
+    if "feature_dim" in graph_meta:  # a graph dataset, or a one-type store of version 1 or 2
+        return {"feature_dim": graph_meta["feature_dim"]}
+    schema = schema_of(graph_meta)
+    described: dict[str, Any] = {"feature_dim": schema.target_type.feature_dim}
+    if not schema.is_homogeneous:
+        described.update(
+            target_node_type=schema.target,
+            node_types=schema.node_type_names,
+            edge_types=schema.edge_type_names,
+        )
+    return described
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,7 @@ from graph_assets.graph_dataset import (
     write_graph_dataset_csv,
 )
 from graph_assets.reader import read_graph_dir
-from graph_assets.store import StoreMeta
+from graph_assets.store import StoreMeta, schema_of
 from graph_assets.synthetic import (
     DEFAULT_FEATURE_DIM,
     DEFAULT_NUM_CLASSES,
@@ -256,13 +256,29 @@ def _dataset(args: argparse.Namespace) -> str:
 
 
 def _summary(meta: StoreMeta) -> str:
-    stats = meta["stats"]
-    return (
-        f"  nodes {meta['num_nodes']} ({meta['id_kind']} ids), edges {meta['num_edges']} "
-        f"(of {stats['input_edges']}), features {meta['feature_dim']}, edge features "
-        f"{meta.get('edge_feature_dim', 0)}, classes {meta['num_classes']}\n"
-        f"  checksum {meta['checksum']}"
-    )
+    stats, schema = meta["stats"], schema_of(meta)
+    if schema.is_homogeneous:
+        node, edge_width = schema.target_type, schema.relations[0].edge_feature_dim
+        counts = (
+            f"  nodes {meta['num_nodes']} ({node.id_kind} ids), edges {meta['num_edges']} "
+            f"(of {stats['input_edges']}), features {node.feature_dim}, edge features "
+            f"{edge_width}, classes {meta['num_classes']}"
+        )
+    else:
+        types = "; ".join(
+            f"{t.name} {t.num_nodes} ({t.id_kind} ids, {t.feature_dim} features)"
+            for t in schema.node_types
+        )
+        relations = "; ".join(
+            f"{r.name} {r.num_edges} ({r.edge_feature_dim} edge features)"
+            for r in schema.relations
+        )
+        counts = (
+            f"  nodes {meta['num_nodes']}: {types}\n  edges {meta['num_edges']} (of "
+            f"{stats['input_edges']}): {relations}\n  target {schema.target}, classes "
+            f"{meta['num_classes']}"
+        )
+    return f"{counts}\n  checksum {meta['checksum']}"
 
 
 def _kept_or_dropped(

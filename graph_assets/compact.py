@@ -31,7 +31,13 @@ from graph_assets.overlay import GraphOverlay
 from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log, shown_url
 from graph_assets.store import StoreMeta, open_store
 from graph_assets.update_log import UpdateLog, check_next
-from graph_assets.writer import LogContinuation, StoreBuilder, feature_block_rows
+from graph_assets.writer import (
+    LogContinuation,
+    NodeTypeInput,
+    RelationInput,
+    StoreBuilder,
+    feature_block_rows,
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,10 @@ def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
     """Writes the graph ``replayed`` describes as a store at ``out_dir`` that continues the
     same update log after the records folded into it."""
     overlay, base = replayed.overlay, replayed.overlay.base
+    if not base.schema.is_homogeneous:
+        raise StoreError(
+            "compaction of a store with several node types or relations is not available yet"
+        )
     live = np.array(
         [n for n in range(overlay.num_nodes) if n not in overlay.removed], dtype=np.int64
     )
@@ -83,22 +93,28 @@ def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
         ],
         dtype=np.int64,
     )
-    with StoreBuilder(out_dir, keys[order], base.feature_dim) as builder:
+    node = NodeTypeInput(base.schema.target, keys[order], base.feature_dim)
+    with StoreBuilder(out_dir, [node]) as builder:
         step = feature_block_rows(base.feature_dim)
         for start in range(0, len(nodes), step):
             builder.add_features(overlay.feature_rows(nodes[start : start + step]))
-        return builder.commit(
+        relation = base.schema.relations[0]
+        edges = RelationInput(
+            relation.edge_type,
             position[src],
             position[dst],
+            edge_features,
+            relation.edge_feature_names,
+        )
+        return builder.commit(
+            [edges],
             labels,
             num_classes=base.num_classes,
             class_names=base.class_names,
             undirected=bool(base.meta["stats"].get("undirected", False)),
-            edge_features=edge_features,
-            edge_feature_names=base.edge_feature_names,
             continues=LogContinuation(
                 update_log={"base": base.log_base, "seq": overlay.seq, "offset": replayed.log_end},
-                removed_ids=_removed_ids(overlay),
+                removed_ids=(_removed_ids(overlay),),
             ),
         )
 

@@ -21,14 +21,16 @@ import blake3
 import numpy as np
 
 from graph_assets.errors import StoreError
+from graph_assets.schema import GraphSchema
 
-FORMAT_VERSION = 2
-# Versions open_store reads: 1 is 2 without edge features (no edge_features.npy, no meta keys).
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+# Versions open_store reads: 1 and 2 are one-type stores (1 without edge features), whose
+# files open as node type 0's and relation 0's.
+READABLE_VERSIONS = (1, 2, 3)
 META_FILE = "meta.json"
+# Version 1 and 2 file names of what version 3 keeps per node type or relation.
 EDGE_FEATURES_FILE = "edge_features.npy"
-# Sorted by name: the combined checksum hashes the files' digests in this order.
-ARRAY_FILES = (
+_V2_ARRAY_FILES = (
     EDGE_FEATURES_FILE,
     "features.npy",
     "ids.npy",
@@ -38,13 +40,40 @@ ARRAY_FILES = (
     "labels.npy",
     "out_degree.npy",
 )
-_V1_ARRAY_FILES = tuple(name for name in ARRAY_FILES if name != EDGE_FEATURES_FILE)
+_V1_ARRAY_FILES = tuple(name for name in _V2_ARRAY_FILES if name != EDGE_FEATURES_FILE)
 # Only in a compacted store (one whose meta.json has "update_log"): the IDs updates removed.
 REMOVED_IDS_FILE = "removed_ids.npy"
+# Version 3: the global arrays, then one file per node type and per relation (by position).
+GLOBAL_FILES = ("in_degree.npy", "indices.npy", "indptr.npy", "labels.npy", "out_degree.npy")
+EDGE_TYPE_FILE = "edge_type.npy"  # more than one relation: each edge's relation
+EDGE_ROWS_FILE = "edge_rows.npy"  # and its row in its relation's edge_features.<r>.npy
 REBUILD_HINT = (
     "rebuild the store with `python -m graph_assets build --graph DIR --out STORE` "
     "(or `python -m graph_assets synthetic ...`)"
 )
+
+
+def ids_file(node_type: int) -> str:
+    return f"ids.{node_type}.npy"
+
+
+def features_file(node_type: int) -> str:
+    return f"features.{node_type}.npy"
+
+
+def removed_ids_file(node_type: int) -> str:
+    return f"removed_ids.{node_type}.npy"
+
+
+def relation_bounds_file(node_type: int) -> str:
+    """``[n_t, R_t + 1]``: where each relation's segment of a node's in-list starts (a type
+    with more than one relation into it)."""
+    return f"relation_bounds.{node_type}.npy"
+
+
+def edge_features_file(relation: int) -> str:
+    return f"edge_features.{relation}.npy"
+
 
 _HASH_BLOCK_BYTES = 8 << 20
 _SCAN_BLOCK = 1 << 22  # elements per pass over a memory-mapped array: bounded temporaries
@@ -93,22 +122,40 @@ class UpdateLogMeta(TypedDict):
 
 
 class StoreMeta(TypedDict):
-    """The content of meta.json (format version 2); ``update_log`` only in a compacted store,
-    the edge feature keys not in a version 1 store."""
+    """The content of meta.json. Version 3 records the schema (``node_types``, ``edge_types``,
+    ``target_node_type``: see graph_assets.schema); versions 1 and 2 described their one type
+    with ``feature_dim``, ``id_kind`` and (version 2) the edge feature keys. ``update_log`` only
+    in a compacted store."""
 
     format_version: int
     num_nodes: int
     num_edges: int
-    feature_dim: int
+    node_types: NotRequired[list[dict[str, Any]]]
+    edge_types: NotRequired[list[dict[str, Any]]]
+    target_node_type: NotRequired[str]
+    feature_dim: NotRequired[int]
     edge_feature_dim: NotRequired[int]
     edge_feature_names: NotRequired[list[str]]
+    id_kind: NotRequired[IdKind]
     num_classes: int
     class_names: list[str] | None
-    id_kind: IdKind
     files: dict[str, FileMeta]
     checksum: str
     stats: StoreStats
     update_log: NotRequired[UpdateLogMeta]
+
+
+def schema_of(meta: Mapping[str, Any]) -> GraphSchema:
+    """The graph's schema: version 3 records it, a version 1 or 2 store is one type."""
+    if meta["format_version"] >= 3:
+        return GraphSchema.from_meta(dict(meta))
+    return GraphSchema.homogeneous(
+        meta["num_nodes"],
+        meta["num_edges"],
+        meta["feature_dim"],
+        meta.get("edge_feature_names", []),
+        meta["id_kind"],
+    )
 
 
 def index_dtype(count: int) -> np.dtype[Any]:
@@ -167,13 +214,54 @@ def combined_checksum(
 
 def store_files(meta: Mapping[str, Any]) -> tuple[str, ...]:
     """The array files a store with this meta.json has, in name order."""
-    arrays = _V1_ARRAY_FILES if meta.get("format_version") == 1 else ARRAY_FILES
-    if "update_log" not in meta:
-        return arrays
-    return tuple(sorted((*arrays, REMOVED_IDS_FILE)))
+    return tuple(sorted(_file_names(meta).values()))
+
+
+def _file_names(meta: Mapping[str, Any]) -> dict[str, str]:
+    """Each file's role (its version 3 name) -> its name in this store's version."""
+    version = meta.get("format_version")
+    compacted = "update_log" in meta
+    if version in (1, 2):
+        names = {name: name for name in (_V1_ARRAY_FILES if version == 1 else _V2_ARRAY_FILES)}
+        names[ids_file(0)] = names.pop("ids.npy")
+        names[features_file(0)] = names.pop("features.npy")
+        if version == 2:
+            names[edge_features_file(0)] = names.pop(EDGE_FEATURES_FILE)
+        if compacted:
+            names[removed_ids_file(0)] = REMOVED_IDS_FILE
+        return names
+    schema = schema_of(meta)
+    roles = list(GLOBAL_FILES)
+    for index, node_type in enumerate(schema.node_types):
+        roles += [ids_file(index), features_file(index)]
+        if compacted:
+            roles.append(removed_ids_file(index))
+        if len(schema.relations_into(node_type.name)) > 1:
+            roles.append(relation_bounds_file(index))
+    roles += [edge_features_file(r) for r in range(len(schema.relations))]
+    if len(schema.relations) > 1:
+        roles += [EDGE_TYPE_FILE, EDGE_ROWS_FILE]
+    return {role: role for role in roles}
 
 
 _SELF_LOOP_BLOCK = 1 << 16  # nodes per block when counting self-loops
+
+
+@dataclass(frozen=True, eq=False)
+class NodeTable:
+    """The stored arrays of one node type.
+
+    Attributes:
+        ids: ``[n_t]`` sorted external IDs, int64 or UTF-8 bytes (``S<k>``); node ``i`` of the
+            type is global index ``offset_t + i``.
+        features: ``[n_t, F_t]`` float32 (``F_t`` may be 0: a featureless type).
+        removed_ids: sorted IDs of the type that updates removed before the store was
+            compacted; empty unless it is. They are never reused.
+    """
+
+    ids: np.ndarray
+    features: np.ndarray
+    removed_ids: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,37 +269,48 @@ class GraphStore:
     """An opened store; use `open_store` to get one.
 
     The arrays are read-only memory maps, so every worker serving the graph shares one copy in
-    the page cache. Internal node ``i`` is the node whose external ID is ``ids[i]``.
+    the page cache. Nodes live in one global index space: node types hold contiguous ranges in
+    schema order, the target type first (``graph_assets.schema``); a homogeneous graph is the
+    one-type case. The one-type accessors (``ids``, ``features``, ``lookup`` without a type)
+    are the target type's, whose global indices are its local ones.
 
     Attributes:
         path: the store directory.
         meta: the content of meta.json.
+        schema: the node types and relations.
         indptr: ``[N+1]`` int32/int64; the in-edges of node ``v`` are
-            ``indices[indptr[v]:indptr[v+1]]`` (CSC).
-        indices: ``[E]`` int32/int64 source node of each in-edge, ascending within a node.
-        features: ``[N, F]`` float32 node features.
-        labels: ``[N]`` int64 class index, -1 for an unlabelled node.
+            ``indices[indptr[v]:indptr[v+1]]`` (CSC), grouped by relation in schema order.
+        indices: ``[E]`` int32/int64 global source node of each in-edge; within a node's
+            relation segment ascending, parallel edges in input order.
+        labels: ``[n_target]`` int64 class index of the target type's nodes, -1 unlabelled.
         in_degree: ``[N]`` int64 full-graph in-degree: every stored in-edge, self-loops and
             parallel edges included.
         out_degree: ``[N]`` int64 full-graph out-degree, counted the same way.
-        ids: ``[N]`` sorted external IDs, int64 or UTF-8 bytes (``S<k>``).
-        removed_ids: sorted external IDs that updates removed before the store was compacted,
-            of ``ids``' kind; empty unless the store is compacted. They are never reused.
-        edge_features: ``[E, D]`` float32; row ``p`` belongs to the in-edge at CSC position
-            ``p`` (``indices[p]``), which is the edge's ID. ``[E, 0]`` without edge features.
+        tables: each node type's IDs and features.
+        edge_features: per relation, ``[E_r, D_r]`` float32; row ``k`` belongs to the
+            relation's ``k``-th edge in CSC order. With one relation, row ``p`` is the edge at
+            CSC position ``p``, which is every edge's ID.
+        edge_type: ``[E]`` relation of each edge (None with one relation).
+        edge_rows: ``[E]`` each edge's row in its relation's ``edge_features`` (None with one
+            relation, where it is the edge's ID).
+        relation_bounds: node type index -> ``[n_t, R_t + 1]`` absolute CSC positions where
+            each of the ``R_t`` relations into the type starts (and the last ends), for types
+            with more than one.
     """
 
     path: Path
     meta: StoreMeta
+    schema: GraphSchema
     indptr: np.ndarray
     indices: np.ndarray
-    features: np.ndarray
     labels: np.ndarray
     in_degree: np.ndarray
     out_degree: np.ndarray
-    ids: np.ndarray
-    removed_ids: np.ndarray
-    edge_features: np.ndarray
+    tables: tuple[NodeTable, ...]
+    edge_features_by_relation: tuple[np.ndarray, ...]
+    edge_type: np.ndarray | None
+    edge_rows: np.ndarray | None
+    relation_bounds: dict[int, np.ndarray]
 
     @property
     def num_nodes(self) -> int:
@@ -222,18 +321,54 @@ class GraphStore:
         return self.meta["num_edges"]
 
     @property
+    def ids(self) -> np.ndarray:
+        """The target type's sorted external IDs (every node's, on a homogeneous graph)."""
+        return self.tables[0].ids
+
+    @property
+    def features(self) -> np.ndarray:
+        """The target type's ``[n_target, F]`` features (every node's, on a homogeneous graph)."""
+        return self.tables[0].features
+
+    @property
+    def removed_ids(self) -> np.ndarray:
+        return self.tables[0].removed_ids
+
+    @property
     def feature_dim(self) -> int:
-        return self.meta["feature_dim"]
+        """The target type's feature width."""
+        return self.schema.target_type.feature_dim
+
+    @property
+    def edge_features(self) -> np.ndarray:
+        """Every edge's features by edge ID: the one relation's table. A graph with several
+        relations has one table per relation (``edge_features_by_relation``)."""
+        self._one_relation("edge_features")
+        return self.edge_features_by_relation[0]
 
     @property
     def edge_feature_dim(self) -> int:
         """Features per edge (0 when the graph has none, as in every version 1 store)."""
-        return self.meta.get("edge_feature_dim", 0)
+        return len(self.edge_feature_names)
 
     @property
     def edge_feature_names(self) -> list[str]:
-        """The edge feature column names in input file order (empty without edge features)."""
-        return self.meta.get("edge_feature_names", [])
+        """The edge feature column names in input file order (empty without edge features);
+        on a graph with several relations, those all of them share (ValueError otherwise)."""
+        widths = {r.edge_feature_names for r in self.schema.relations}
+        if len(widths) > 1:
+            raise ValueError(
+                "the relations of this graph have different edge features; ask the schema "
+                "for each relation's"
+            )
+        return list(widths.pop()) if widths else []
+
+    def _one_relation(self, what: str) -> None:
+        if len(self.schema.relations) > 1:
+            raise ValueError(
+                f"{what} is a one-relation accessor; this graph has "
+                f"{len(self.schema.relations)} relations ({', '.join(self.schema.edge_type_names)})"
+            )
 
     @property
     def num_classes(self) -> int:
@@ -247,7 +382,8 @@ class GraphStore:
 
     @property
     def id_kind(self) -> IdKind:
-        return self.meta["id_kind"]
+        """The target type's ID kind."""
+        return cast(IdKind, self.schema.target_type.id_kind)
 
     @property
     def checksum(self) -> str:
@@ -272,50 +408,26 @@ class GraphStore:
         lineage = self.update_log
         return lineage["seq"] if lineage is not None else 0
 
-    def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
-        """Internal indices (int64) of external ``ids``; -1 marks an ID the graph does not have.
+    def lookup(self, ids: Sequence[int | str], node_type: str | None = None) -> np.ndarray:
+        """Global indices (int64) of external ``ids`` of ``node_type`` (default: the target
+        type); -1 marks an ID the type does not have.
 
-        On an int store a str in canonical decimal form (``"42"``, not ``"042"``) finds node 42;
-        on a str store an int finds the node whose ID is its decimal string. Anything else
+        On an int type a str in canonical decimal form (``"42"``, not ``"042"``) finds node
+        42; on a str type an int finds the node whose ID is its decimal string. Anything else
         (bools, floats, other strings) is reported missing rather than raising, since callers
         turn -1 into "node not found".
         """
-        return self._find(self.ids, ids)
+        index = 0 if node_type is None else self.schema.type_index(node_type)
+        found = _find(self.tables[index].ids, ids, self.schema.node_types[index].id_kind)
+        offset = self.schema.node_types[index].offset
+        return np.where(found >= 0, found + offset, -1) if offset else found
 
-    def was_removed(self, node_id: int | str) -> bool:
+    def was_removed(self, node_id: int | str, node_type: str | None = None) -> bool:
         """Whether an update removed ``node_id`` before this store was compacted: such an ID
         is refused by ``add_node``, as it was before compaction (IDs are not reused)."""
-        return bool(self._find(self.removed_ids, [node_id])[0] >= 0)
-
-    def _find(self, table: np.ndarray, ids: Sequence[int | str]) -> np.ndarray:
-        """Positions of ``ids`` in the sorted ID array ``table``, -1 where absent."""
-        if len(table) == 0:
-            return np.full(len(ids), -1, dtype=np.int64)
-        keys, usable = self._keys(ids, table.dtype)
-        pos = np.searchsorted(table, keys)
-        # Positions past the end and unusable keys both mean missing; clip only to compare safely.
-        clipped = np.minimum(pos, len(table) - 1)
-        found = usable & (pos < len(table)) & (table[clipped] == keys)
-        return np.where(found, pos, -1).astype(np.int64)
-
-    def _keys(
-        self, ids: Sequence[int | str], dtype: np.dtype[Any]
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """The query IDs as an array of ``dtype`` plus a mask of those that could match."""
-        if self.id_kind == "int":
-            ints = [_as_int_id(x) for x in ids]
-            usable = np.array([v is not None for v in ints], dtype=bool)
-            keys = np.array([0 if v is None else v for v in ints], dtype=np.int64)
-            return keys, usable
-        width = dtype.itemsize
-        raw = [_as_str_id(x) for x in ids]
-        # Longer keys would be truncated by the S<k> dtype and could falsely match a prefix.
-        usable = np.array([b is not None and len(b) <= width for b in raw], dtype=bool)
-        keys = np.array(
-            [b if ok and b is not None else b"" for b, ok in zip(raw, usable, strict=True)],
-            dtype=dtype,
-        )
-        return keys, usable
+        index = 0 if node_type is None else self.schema.type_index(node_type)
+        kind = self.schema.node_types[index].id_kind
+        return bool(_find(self.tables[index].removed_ids, [node_id], kind)[0] >= 0)
 
     def edge_index(self) -> np.ndarray:
         """All edges as int64 ``[2, E]`` (row 0 source, row 1 destination), in CSC order.
@@ -327,23 +439,46 @@ class GraphStore:
         return np.stack([np.asarray(self.indices, dtype=np.int64), dst])
 
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
-        """float32 feature rows of internal ``nodes`` (a copy). np.take, not fancy indexing or
-        torch's index_select: about half their time on a memory map."""
-        return np.take(self.features, nodes, axis=0).astype(np.float32, copy=False)
+        """float32 feature rows of global ``nodes``, all of one type (a copy). np.take, not
+        fancy indexing or torch's index_select: about half their time on a memory map."""
+        nodes = np.asarray(nodes)
+        index = self._one_type(nodes)
+        local = nodes - self.schema.node_types[index].offset if index else nodes
+        table = self.tables[index].features
+        return np.take(table, local, axis=0).astype(np.float32, copy=False)
+
+    def _one_type(self, nodes: np.ndarray) -> int:
+        """The node type of ``nodes`` (ValueError when they mix types)."""
+        if len(self.tables) == 1 or nodes.size == 0:
+            return 0
+        types = self.schema.types_of(nodes)
+        if (types != types[0]).any():
+            raise ValueError("feature rows of nodes of several types have several widths")
+        return int(types[0])
 
     def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
-        """float32 ``[len(edge_ids), D]`` features of edges by ID (a copy). An edge's ID is its
-        CSC position ``p``: the in-edge ``indices[p]`` of the node whose
-        ``indptr[v]:indptr[v+1]`` holds ``p``. Without edge features the rows have no
+        """float32 ``[len(edge_ids), D]`` features of edges by ID, all of one relation (a
+        copy). An edge's ID is its CSC position ``p``: the in-edge ``indices[p]`` of the node
+        whose ``indptr[v]:indptr[v+1]`` holds ``p``. Without edge features the rows have no
         columns."""
         edge_ids = np.asarray(edge_ids)
+        relation = 0
         if edge_ids.size == 0:
-            return np.empty((0, self.edge_feature_dim), dtype=np.float32)
-        check_edge_ids(edge_ids, self.num_edges, "CSC positions")
-        return np.take(self.edge_features, edge_ids, axis=0).astype(np.float32, copy=False)
+            edge_ids = edge_ids.astype(np.int64)
+        else:
+            check_edge_ids(edge_ids, self.num_edges, "CSC positions")
+            if self.edge_type is not None:
+                relations = np.take(self.edge_type, edge_ids)
+                relation = int(relations[0])
+                if (relations != relation).any():
+                    raise ValueError("edge features of several relations have several widths")
+                assert self.edge_rows is not None
+                edge_ids = np.take(self.edge_rows, edge_ids)
+        table = self.edge_features_by_relation[relation]
+        return np.take(table, edge_ids, axis=0).astype(np.float32, copy=False)
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
-        """int64 full-graph in-degrees of internal ``nodes``, self-loops not counted: what GCN
+        """int64 full-graph in-degrees of global ``nodes``, self-loops not counted: what GCN
         normalises by (PyG's ``add_remaining_self_loops`` replaces a node's self-loops by
         one of its own)."""
         degree = np.take(self.in_degree, nodes).astype(np.int64, copy=False)
@@ -370,17 +505,63 @@ class GraphStore:
         return counts if counts.any() else None
 
     def external_ids(self, index: np.ndarray) -> list[int | str]:
-        """External IDs of internal indices (Python ints or strs, as the input file had them)."""
+        """External IDs of global indices (Python ints or strs, as the input file had them);
+        each type's IDs are its own, so on a graph with several types say which with
+        ``schema.types_of``."""
         index = np.asarray(index)
         if index.size and (index.min() < 0 or index.max() >= self.num_nodes):
             raise ValueError(
                 f"internal indices must be in [0, {self.num_nodes}), got values from "
                 f"{index.min()} to {index.max()}; map external IDs with lookup() first"
             )
-        values: list[Any] = self.ids[index].tolist()
-        if self.id_kind == "int":
-            return values
-        return [v.decode("utf-8") for v in values]
+        types = (
+            np.zeros(index.shape, dtype=np.int64)
+            if len(self.tables) == 1
+            else self.schema.types_of(index)
+        )
+        values: list[Any] = [None] * index.size
+        flat, flat_types = index.reshape(-1), types.reshape(-1)
+        for t in np.unique(flat_types).tolist():
+            where = np.flatnonzero(flat_types == t)
+            node_type = self.schema.node_types[t]
+            found = self.tables[t].ids[flat[where] - node_type.offset].tolist()
+            if node_type.id_kind == "str":
+                found = [v.decode("utf-8") for v in found]
+            for position, value in zip(where.tolist(), found, strict=True):
+                values[position] = value
+        return values
+
+
+def _find(table: np.ndarray, ids: Sequence[int | str], id_kind: str) -> np.ndarray:
+    """Positions of ``ids`` in the sorted ID array ``table``, -1 where absent."""
+    if len(table) == 0:
+        return np.full(len(ids), -1, dtype=np.int64)
+    keys, usable = _keys(ids, table.dtype, id_kind)
+    pos = np.searchsorted(table, keys)
+    # Positions past the end and unusable keys both mean missing; clip only to compare safely.
+    clipped = np.minimum(pos, len(table) - 1)
+    found = usable & (pos < len(table)) & (table[clipped] == keys)
+    return np.where(found, pos, -1).astype(np.int64)
+
+
+def _keys(
+    ids: Sequence[int | str], dtype: np.dtype[Any], id_kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The query IDs as an array of ``dtype`` plus a mask of those that could match."""
+    if id_kind == "int":
+        ints = [_as_int_id(x) for x in ids]
+        usable = np.array([v is not None for v in ints], dtype=bool)
+        keys = np.array([0 if v is None else v for v in ints], dtype=np.int64)
+        return keys, usable
+    width = dtype.itemsize
+    raw = [_as_str_id(x) for x in ids]
+    # Longer keys would be truncated by the S<k> dtype and could falsely match a prefix.
+    usable = np.array([b is not None and len(b) <= width for b in raw], dtype=bool)
+    keys = np.array(
+        [b if ok and b is not None else b"" for b, ok in zip(raw, usable, strict=True)],
+        dtype=dtype,
+    )
+    return keys, usable
 
 
 def _as_int_id(x: object) -> int | None:
@@ -414,37 +595,55 @@ def open_store(path: Path, verify_checksum: bool = True) -> GraphStore:
 
     Checks the format version, that every file is present with the size, dtype and shape that
     meta.json records (and that the format requires), the CSC structure (``indptr`` starts at 0,
-    never decreases, ends at E; ``indices`` in range), label range, sorted unique IDs and
+    never decreases, ends at E; ``indices`` in range; each edge's source and destination of its
+    relation's types, relation segments in schema order), label range, sorted unique IDs and
     degrees. With ``verify_checksum`` (default) it also re-hashes every file, which reads the
     whole store once; turn it off only where the store was verified already.
     """
     path = Path(path)
     meta = read_meta(path)
-    names = store_files(meta)
-    for name in names:
+    names = _file_names(meta)
+    for name in names.values():
         _check_size(path, name, meta["files"][name])
     if verify_checksum:
         _verify_checksums(path, meta)
-    expected = _expected_layout(meta)
+    schema = schema_of(meta)
+    expected = _expected_layout(meta, schema)
     arrays = {
-        name: _load(path, name, meta["files"][name], expected[name], meta["format_version"])
-        for name in names
+        role: _load(path, name, meta["files"][name], expected[role], meta["format_version"])
+        for role, name in names.items()
     }
-    _check_structure(path, meta, arrays)
-    removed = arrays.get(REMOVED_IDS_FILE, np.empty(0, dtype=arrays["ids.npy"].dtype))
+    _check_structure(path, meta, schema, arrays)
+    tables = tuple(
+        NodeTable(
+            ids=arrays[ids_file(t)],
+            features=arrays[features_file(t)],
+            removed_ids=arrays.get(removed_ids_file(t), arrays[ids_file(t)][:0]),
+        )
+        for t in range(len(schema.node_types))
+    )
     no_edge_features = np.empty((meta["num_edges"], 0), dtype=np.float32)  # version 1
     return GraphStore(
         path=path,
         meta=meta,
+        schema=schema,
         indptr=arrays["indptr.npy"],
         indices=arrays["indices.npy"],
-        features=arrays["features.npy"],
         labels=arrays["labels.npy"],
         in_degree=arrays["in_degree.npy"],
         out_degree=arrays["out_degree.npy"],
-        ids=arrays["ids.npy"],
-        removed_ids=removed,
-        edge_features=arrays.get(EDGE_FEATURES_FILE, no_edge_features),
+        tables=tables,
+        edge_features_by_relation=tuple(
+            arrays.get(edge_features_file(r), no_edge_features)
+            for r in range(len(schema.relations))
+        ),
+        edge_type=arrays.get(EDGE_TYPE_FILE),
+        edge_rows=arrays.get(EDGE_ROWS_FILE),
+        relation_bounds={
+            t: arrays[relation_bounds_file(t)]
+            for t in range(len(schema.node_types))
+            if relation_bounds_file(t) in arrays
+        },
     )
 
 
@@ -463,7 +662,7 @@ def read_meta(path: Path) -> StoreMeta:
         raise StoreError(f"{meta_path}: expected a JSON object, found {type(meta).__name__}")
     version = meta.get("format_version")
     if isinstance(version, bool) or version not in READABLE_VERSIONS:
-        readable = " and ".join(str(v) for v in READABLE_VERSIONS)
+        readable = ", ".join(str(v) for v in READABLE_VERSIONS)
         raise StoreError(
             f"{meta_path}: format_version is {version!r}, this gnnserve reads versions "
             f"{readable}; {REBUILD_HINT} with this version"
@@ -478,7 +677,9 @@ def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
     def bad(problem: str) -> StoreError:
         return StoreError(f"{meta_path}: {problem}; {REBUILD_HINT}")
 
-    minimum = {"num_nodes": 1, "num_edges": 0, "feature_dim": 1, "num_classes": 0}
+    minimum = {"num_nodes": 1, "num_edges": 0, "num_classes": 0}
+    if meta["format_version"] < 3:
+        minimum["feature_dim"] = 1
     for key, low in minimum.items():
         value = meta.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
@@ -490,20 +691,23 @@ def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
         or len(names) != meta["num_classes"]
     ):
         raise bad(f"class_names must be null or {meta['num_classes']} strings, found {names!r}")
-    if meta.get("id_kind") not in ("int", "str"):
-        raise bad(f"id_kind must be 'int' or 'str', found {meta.get('id_kind')!r}")
+    if meta["format_version"] < 3:
+        if meta.get("id_kind") not in ("int", "str"):
+            raise bad(f"id_kind must be 'int' or 'str', found {meta.get('id_kind')!r}")
+        _check_edge_feature_fields(meta, bad)
+    else:
+        _check_schema(meta, bad)
     if not isinstance(meta.get("checksum"), str):
         raise bad("checksum is missing")
     if not isinstance(meta.get("stats"), dict):
         raise bad("stats is missing")
-    _check_edge_feature_fields(meta, bad)
     if "update_log" in meta:
         _check_update_log(meta["update_log"], bad)
     files = meta.get("files")
-    names = list(store_files(meta))
-    if not isinstance(files, dict) or sorted(files) != names:
-        listed = sorted(files) if isinstance(files, dict) else files
-        raise bad(f"files must list exactly {names}, found {listed!r}")
+    listed = list(store_files(meta))
+    if not isinstance(files, dict) or sorted(files) != listed:
+        found = sorted(files) if isinstance(files, dict) else files
+        raise bad(f"files must list exactly {listed}, found {found!r}")
     for name, entry in files.items():
         if not (
             isinstance(entry, dict)
@@ -515,6 +719,22 @@ def _check_meta_fields(meta_path: Path, meta: dict[str, Any]) -> None:
             and isinstance(entry.get("blake3", ""), str)
         ):
             raise bad(f"files[{name!r}] must hold dtype, shape, bytes and sha256, found {entry!r}")
+
+
+def _check_schema(meta: dict[str, Any], bad: Callable[[str], StoreError]) -> None:
+    """Version 3: a well-formed schema whose counts add up to ``num_nodes``/``num_edges``,
+    with the target type first."""
+    try:
+        schema = GraphSchema.from_meta(meta)
+    except ValueError as error:
+        raise bad(str(error)) from None
+    if schema.node_types[0].name != schema.target:
+        raise bad(f"the target node type {schema.target!r} must be the first node type")
+    if schema.num_nodes != meta["num_nodes"] or schema.num_edges != meta["num_edges"]:
+        raise bad(
+            f"node_types hold {schema.num_nodes} nodes and edge_types {schema.num_edges} edges, "
+            f"num_nodes/num_edges say {meta['num_nodes']}/{meta['num_edges']}"
+        )
 
 
 def _check_edge_feature_fields(meta: dict[str, Any], bad: Callable[[str], StoreError]) -> None:
@@ -583,27 +803,43 @@ def _verify_checksums(path: Path, meta: StoreMeta) -> None:
         )
 
 
-def _expected_layout(meta: StoreMeta) -> dict[str, tuple[tuple[np.dtype[Any], ...], list[int]]]:
-    """Allowed dtypes and the shape of each file, as the format defines them from meta's counts."""
-    n, e, f = meta["num_nodes"], meta["num_edges"], meta["feature_dim"]
-    if meta["id_kind"] == "int":
-        id_dtypes: tuple[np.dtype[Any], ...] = (_INT64,)
-    else:
-        # Any width: S<k> is as wide as the longest ID. Checked by kind in _load.
-        id_dtypes = (np.dtype("S1"),)
-    layout = {
-        "features.npy": ((np.dtype("<f4"),), [n, f]),
-        "ids.npy": (id_dtypes, [n]),
+def _expected_layout(
+    meta: StoreMeta, schema: GraphSchema
+) -> dict[str, tuple[tuple[np.dtype[Any], ...], list[int]]]:
+    """Allowed dtypes and the shape of each file by role, as the format defines them from
+    meta's counts."""
+    n, e = meta["num_nodes"], meta["num_edges"]
+    layout: dict[str, tuple[tuple[np.dtype[Any], ...], list[int]]] = {
         "in_degree.npy": ((_INT64,), [n]),
         "indices.npy": (_INDEX_DTYPES, [e]),
         "indptr.npy": (_INDEX_DTYPES, [n + 1]),
-        "labels.npy": ((_INT64,), [n]),
+        "labels.npy": ((_INT64,), [schema.target_type.num_nodes]),
         "out_degree.npy": ((_INT64,), [n]),
+        EDGE_TYPE_FILE: ((np.dtype("<i2"),), [e]),
+        EDGE_ROWS_FILE: (_INDEX_DTYPES, [e]),
     }
-    if EDGE_FEATURES_FILE in meta["files"]:
-        layout[EDGE_FEATURES_FILE] = ((np.dtype("<f4"),), [e, meta.get("edge_feature_dim", 0)])
-    if REMOVED_IDS_FILE in meta["files"]:  # 1-D, as long as meta.json records
-        layout[REMOVED_IDS_FILE] = (id_dtypes, meta["files"][REMOVED_IDS_FILE]["shape"][:1])
+    names = _file_names(meta)
+    for t, node_type in enumerate(schema.node_types):
+        if node_type.id_kind == "int":
+            id_dtypes: tuple[np.dtype[Any], ...] = (_INT64,)
+        else:
+            # Any width: S<k> is as wide as the longest ID. Checked by kind in _load.
+            id_dtypes = (np.dtype("S1"),)
+        layout[ids_file(t)] = (id_dtypes, [node_type.num_nodes])
+        layout[features_file(t)] = (
+            (np.dtype("<f4"),),
+            [node_type.num_nodes, node_type.feature_dim],
+        )
+        removed = removed_ids_file(t)
+        if removed in names:  # 1-D, as long as meta.json records
+            layout[removed] = (id_dtypes, meta["files"][names[removed]]["shape"][:1])
+        count = len(schema.relations_into(node_type.name))
+        layout[relation_bounds_file(t)] = (_INDEX_DTYPES, [node_type.num_nodes, count + 1])
+    for r, relation in enumerate(schema.relations):
+        layout[edge_features_file(r)] = (
+            (np.dtype("<f4"),),
+            [relation.num_edges, relation.edge_feature_dim],
+        )
     return layout
 
 
@@ -659,13 +895,16 @@ def _blocks(length: int) -> Iterator[tuple[int, int]]:
         yield start, min(start + _SCAN_BLOCK, length)
 
 
-def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray]) -> None:
+def _check_structure(
+    path: Path, meta: StoreMeta, schema: GraphSchema, arrays: dict[str, np.ndarray]
+) -> None:
     """The invariants the sampler and the model rely on, checked in bounded-memory passes."""
     n, e = meta["num_nodes"], meta["num_edges"]
     indptr, indices = arrays["indptr.npy"], arrays["indices.npy"]
+    names = _file_names(meta)
 
-    def bad(name: str, problem: str) -> StoreError:
-        return StoreError(f"{path / name}: {problem}; {REBUILD_HINT}")
+    def bad(role: str, problem: str) -> StoreError:
+        return StoreError(f"{path / names[role]}: {problem}; {REBUILD_HINT}")
 
     if indptr[0] != 0 or indptr[-1] != e:
         raise bad(
@@ -684,9 +923,15 @@ def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray])
             )
         if not np.array_equal(counts, arrays["in_degree.npy"][start:stop]):
             raise bad("in_degree.npy", "in_degree disagrees with indptr's in-edge counts")
-        ids = arrays["ids.npy"][start : min(stop + 1, n)]
-        if not np.all(ids[1:] > ids[:-1]):
-            raise bad("ids.npy", "ids must be sorted ascending without duplicates")
+    for t in range(len(schema.node_types)):
+        ids = arrays[ids_file(t)]
+        for start, stop in _blocks(len(ids)):
+            block = ids[start : min(stop + 1, len(ids))]
+            if not np.all(block[1:] > block[:-1]):
+                raise bad(ids_file(t), "ids must be sorted ascending without duplicates")
+        removed = removed_ids_file(t)
+        if removed in arrays:
+            _check_removed_ids(path / names[removed], ids, arrays[removed])
     for start, stop in _blocks(e):
         block = indices[start:stop]
         if block.min() < 0 or block.max() >= n:
@@ -695,13 +940,13 @@ def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray])
                 f"source indices must be in [0, {n}), found values from {block.min()} to "
                 f"{block.max()}",
             )
-    if REMOVED_IDS_FILE in arrays:
-        _check_removed_ids(path, arrays["ids.npy"], arrays[REMOVED_IDS_FILE])
+    if len(schema.relations) > 1:
+        _check_relations(schema, arrays, bad)
     out_degree = np.bincount(indices, minlength=n)
     if not np.array_equal(out_degree, arrays["out_degree.npy"]):
         raise bad("out_degree.npy", "out_degree disagrees with the edges in indices.npy")
     labels, num_classes = arrays["labels.npy"], meta["num_classes"]
-    for start, stop in _blocks(n):
+    for start, stop in _blocks(len(labels)):
         block = labels[start:stop]
         if block.min() < -1 or block.max() >= num_classes:
             raise bad(
@@ -711,9 +956,64 @@ def _check_structure(path: Path, meta: StoreMeta, arrays: dict[str, np.ndarray])
             )
 
 
-def _check_removed_ids(path: Path, ids: np.ndarray, removed: np.ndarray) -> None:
+def _check_relations(
+    schema: GraphSchema, arrays: dict[str, np.ndarray], bad: Callable[[str, str], StoreError]
+) -> None:
+    """Each edge's relation: in range, grouped per in-list in schema order (the bounds), its
+    source of the relation's source type; each row of its relation's edge features once."""
+    edge_type, edge_rows = arrays[EDGE_TYPE_FILE], arrays[EDGE_ROWS_FILE]
+    indptr, indices = arrays["indptr.npy"], arrays["indices.npy"]
+    if edge_type.min() < 0 or edge_type.max() >= len(schema.relations):
+        raise bad(EDGE_TYPE_FILE, f"relations must be in [0, {len(schema.relations)})")
+    counts = np.bincount(edge_type, minlength=len(schema.relations))
+    for r, relation in enumerate(schema.relations):
+        if counts[r] != relation.num_edges:
+            raise bad(
+                EDGE_TYPE_FILE,
+                f"{relation.name} has {counts[r]} edges, meta.json says {relation.num_edges}",
+            )
+        rows = np.sort(edge_rows[edge_type == r])
+        if not np.array_equal(rows, np.arange(relation.num_edges)):
+            raise bad(EDGE_ROWS_FILE, f"the rows of {relation.name} must be 0..E_r-1, once each")
+        source = schema.node_type(relation.edge_type.src)
+        sources = indices[edge_type == r]
+        if sources.size and (sources.min() < source.offset or sources.max() >= source.stop):
+            raise bad("indices.npy", f"a {relation.name} edge has a source of another type")
+    for t, node_type in enumerate(schema.node_types):
+        into = schema.relations_into(node_type.name)
+        begin, end = int(indptr[node_type.offset]), int(indptr[node_type.stop])
+        kinds = np.asarray(edge_type[begin:end])
+        if not np.isin(kinds, into).all():
+            raise bad(EDGE_TYPE_FILE, f"an edge into a {node_type.name} has another relation")
+        if len(into) < 2:
+            continue
+        bounds = arrays[relation_bounds_file(t)]
+        ends = np.asarray(indptr[node_type.offset : node_type.stop + 1])
+        if not (
+            np.array_equal(bounds[:, 0], ends[:-1])
+            and np.array_equal(bounds[:, -1], ends[1:])
+            and (np.diff(bounds, axis=1) >= 0).all()
+        ):
+            raise bad(relation_bounds_file(t), "bounds must split each in-list in order")
+        for k, r in enumerate(into):
+            segment = np.repeat(np.arange(node_type.num_nodes), np.diff(bounds[:, k : k + 2]))
+            starts = bounds[segment, k] + _ragged(np.diff(bounds[:, k : k + 2]).ravel())
+            if (np.asarray(edge_type[starts]) != r).any():
+                raise bad(
+                    relation_bounds_file(t),
+                    f"a segment of {schema.relations[r].name} holds edges of another relation",
+                )
+
+
+def _ragged(counts: np.ndarray) -> np.ndarray:
+    """``0..c-1`` for each count ``c``, concatenated."""
+    total = int(counts.sum())
+    starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return np.arange(total) - starts
+
+
+def _check_removed_ids(file: Path, ids: np.ndarray, removed: np.ndarray) -> None:
     """Sorted, unique, and none of them a node of the store (a removed node is gone)."""
-    file = path / REMOVED_IDS_FILE
     hint = "compact the source store again with `python -m graph_assets.compact`"
     if not np.all(removed[1:] > removed[:-1]):
         raise StoreError(f"{file}: removed IDs must be sorted ascending without duplicates; {hint}")

@@ -19,8 +19,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from graph_assets.schema import DEFAULT_NODE_TYPE, DEFAULT_RELATION, EdgeType
 from graph_assets.store import StoreMeta
-from graph_assets.writer import StoreBuilder, feature_block_rows
+from graph_assets.writer import NodeTypeInput, RelationInput, StoreBuilder, feature_block_rows
 
 DEFAULT_FEATURE_DIM = 128
 DEFAULT_NUM_CLASSES = 8
@@ -144,7 +145,8 @@ def generate_synthetic(
         class_separation,
         class_names,
     )
-    with StoreBuilder(out_dir, np.arange(num_nodes, dtype=np.int64), feature_dim) as builder:
+    node = NodeTypeInput(DEFAULT_NODE_TYPE, np.arange(num_nodes, dtype=np.int64), feature_dim)
+    with StoreBuilder(out_dir, [node]) as builder:
         for block in plan.feature_blocks():
             builder.add_features(block)
         src = np.empty(num_edges, dtype=np.int64)
@@ -154,9 +156,11 @@ def generate_synthetic(
         ):
             src[start : start + len(src_block)] = src_block
             dst[start : start + len(dst_block)] = dst_block
+        edges = RelationInput(
+            EdgeType(DEFAULT_NODE_TYPE, DEFAULT_RELATION, DEFAULT_NODE_TYPE), src, dst
+        )
         return builder.commit(
-            src,
-            dst,
+            [edges],
             plan.labels,
             num_classes=num_classes,
             class_names=class_names,

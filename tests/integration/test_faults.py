@@ -223,7 +223,7 @@ def test_a_corrupt_archive_fails_to_register_with_one_clear_line(server, archive
         return json.dumps({**json.loads(data), "arch": "gat"}).encode()
 
     def tampered_graph(name: str, data: bytes) -> bytes:
-        if name == "graph/features.npy":
+        if name == "graph/features.0.npy":
             return data[:-1] + bytes([data[-1] ^ 0xFF])
         if name == "graph/meta.json":  # a graph the shared cache has not seen yet
             meta = json.loads(data)
@@ -233,7 +233,7 @@ def test_a_corrupt_archive_fails_to_register_with_one_clear_line(server, archive
 
     cases = {
         "wrongarch": (wrong_arch, "model.pt do not match the GAT that the model config"),
-        "tampered": (tampered_graph, "graph/features.npy has blake3"),
+        "tampered": (tampered_graph, "graph/features.0.npy has blake3"),
     }
     for name, (edit, problem) in cases.items():
         repack(archives / "tiny.mar", archives / f"{name}.mar", edit=edit)

@@ -128,7 +128,7 @@ def test_two_servers_serve_one_read_only_store_in_place(servers, built):
         assert not list((server.home / "tmp").rglob("*.npy")), "no copy of the graph per start"
         for pid in model_worker_pids(server, "gnn"):
             maps = Path(f"/proc/{pid}/maps").read_text()
-            assert str(location / "features.npy") in maps, "mapped where it is"
+            assert str(location / "features.0.npy") in maps, "mapped where it is"
     ids = store.external_ids(np.arange(store.num_nodes))
     answers = [served_probabilities(server, ids) for server in servers]
     assert answers[0] == answers[1]
@@ -161,8 +161,8 @@ def full_graph_forward(built: dict[str, Path], store) -> torch.Tensor:
 
 
 def flip_a_feature_byte(store: Path) -> None:
-    """An edit in place: features.npy keeps its size, meta.json is untouched."""
-    features = store / "features.npy"
+    """An edit in place: features.0.npy keeps its size, meta.json is untouched."""
+    features = store / "features.0.npy"
     data = bytearray(features.read_bytes())
     data[-3] ^= 0x40
     features.write_bytes(bytes(data))
@@ -174,7 +174,7 @@ def test_a_tampered_or_missing_store_is_refused_at_start(servers, built):
     meta = (copy / "meta.json").read_bytes()
     flip_a_feature_byte(copy)
     assert (copy / "meta.json").read_bytes() == meta
-    assert_refused(server, "tampered", f"is refused: {copy}/features.npy has blake3")
+    assert_refused(server, "tampered", f"is refused: {copy}/features.0.npy has blake3")
     shutil.rmtree(copy)
     missing = f"is missing: mount the store this archive was built with (checksum {checksum})"
     assert_refused(server, "missing", missing)

@@ -28,10 +28,12 @@ from graph_assets import (
 from graph_assets.__main__ import main
 from graph_assets.compact import compact, replay
 from graph_assets.overlay import GraphOverlay
-from graph_assets.store import EDGE_FEATURES_FILE, META_FILE, combined_checksum
+from graph_assets.store import META_FILE, edge_features_file
 from graph_assets.update_log import UpdateLog
 from graph_assets.writer import _stable_sort
+from tests.store_versions import as_version_1, as_version_2
 
+EDGE_FEATURES_FILE = edge_features_file(0)
 Triple = tuple[int | str, int | str, tuple[float, ...]]
 
 NODES = "id,f\n1,0\n2,1\n3,2\n4,3\n"
@@ -151,9 +153,9 @@ def test_raw_graph_refuses_edge_features_that_do_not_fit_its_edges() -> None:
 def test_edge_features_round_trip_in_csc_order(tmp_path: Path) -> None:
     store = built(tmp_path)
     assert (store.edge_feature_dim, store.edge_feature_names) == (2, ["weight", "kind"])
-    assert store.meta["edge_feature_dim"] == 2
-    assert store.meta["edge_feature_names"] == ["weight", "kind"]
-    assert store.meta["format_version"] == 2
+    assert store.edge_feature_dim == 2
+    assert store.meta["edge_types"][0]["edge_feature_names"] == ["weight", "kind"]
+    assert store.meta["format_version"] == 3
     assert isinstance(store.edge_features, np.memmap) and not store.edge_features.flags.writeable
     assert Counter(triples(store)) == Counter(INPUT_TRIPLES)
     # Grouped by destination (IDs 2, 3), ascending source, parallel edges in input order.
@@ -325,12 +327,14 @@ def test_the_overlay_answers_base_and_added_edges_features(tmp_path: Path) -> No
         ({"edge_feature_dim": 3}, "edge_feature_names must be 3 distinct strings"),
         ({"edge_feature_dim": -1}, "edge_feature_dim must be an integer >= 0, found -1"),
         ({"edge_feature_names": ["w", "w"]}, "edge_feature_names must be 2 distinct strings"),
-        ({"format_version": 3}, "format_version is 3, this gnnserve reads versions 1 and 2"),
+        ({"format_version": 4}, "format_version is 4, this gnnserve reads versions 1, 2, 3"),
         ({"format_version": 1}, "a format version 1 store has no edge features"),
     ],
 )
 def test_edge_feature_meta_is_checked(tmp_path: Path, changes: dict, expected: str) -> None:
+    """A version 2 store's edge feature keys (version 3 records them per relation)."""
     store = built(tmp_path)
+    as_version_2(store.path)
     meta = json.loads((store.path / META_FILE).read_text())
     meta.update(changes)
     (store.path / META_FILE).write_text(json.dumps(meta))
@@ -344,42 +348,28 @@ def test_edge_features_are_in_the_size_shape_and_checksum_checks(tmp_path: Path)
     data = bytearray(file.read_bytes())
     data[-1] ^= 0x01
     file.write_bytes(bytes(data))
-    with pytest.raises(StoreError, match=r"edge_features\.npy has blake3"):
+    with pytest.raises(StoreError, match=r"edge_features\.0\.npy has blake3"):
         open_store(store.path)
     np.save(file, np.zeros((5, 3), np.float32))
     meta = json.loads((store.path / META_FILE).read_text())
     meta["files"][EDGE_FEATURES_FILE].update(shape=[5, 3], bytes=file.stat().st_size)
     (store.path / META_FILE).write_text(json.dumps(meta))
     with pytest.raises(
-        StoreError, match=r"holds <f4 \[5, 3\], format version 2 needs <f4 \[5, 2\]"
+        StoreError, match=r"holds <f4 \[5, 3\], format version 3 needs <f4 \[5, 2\]"
     ):
         open_store(store.path, verify_checksum=False)
     file.unlink()
-    with pytest.raises(StoreError, match=r"edge_features\.npy is missing"):
+    with pytest.raises(StoreError, match=r"edge_features\.0\.npy is missing"):
         open_store(store.path, verify_checksum=False)
 
 
 # --- version 1 stores -----------------------------------------------------------------------
 
 
-def as_version_1(store: GraphStore) -> Path:
-    """Turn a store without edge features into what version 1 wrote: no edge_features.npy, no
-    edge feature keys, no kept counts, the checksum over the remaining files."""
-    path = store.path
-    (path / EDGE_FEATURES_FILE).unlink()
-    meta = json.loads((path / META_FILE).read_text())
-    del meta["files"][EDGE_FEATURES_FILE], meta["edge_feature_dim"], meta["edge_feature_names"]
-    del meta["stats"]["self_loops_kept"], meta["stats"]["duplicate_edges_kept"]
-    meta["format_version"] = 1
-    meta["checksum"] = combined_checksum({k: v["sha256"] for k, v in meta["files"].items()})
-    (path / META_FILE).write_text(json.dumps(meta, indent=2))
-    return path
-
-
 def test_a_format_version_1_store_still_opens_without_edge_features(tmp_path: Path) -> None:
     store = built(tmp_path, edges="src,dst\n1,2\n2,3\n3,1\n", drop_self_loops=True)
     checksum_v2 = store.checksum
-    path = as_version_1(store)
+    path = as_version_1(store.path)
     old = open_store(path)
     assert old.meta["format_version"] == 1 and old.checksum != checksum_v2
     assert (old.edge_feature_dim, old.edge_feature_names) == (0, [])
@@ -388,7 +378,7 @@ def test_a_format_version_1_store_still_opens_without_edge_features(tmp_path: Pa
     assert old.degree_rows(old.lookup([1, 2, 3])).tolist() == [1, 1, 1]
     shared = open_store(share_store(path, tmp_path / "cache"))
     assert shared.checksum == old.checksum
-    assert not (shared.path / EDGE_FEATURES_FILE).exists()
+    assert not (shared.path / "edge_features.npy").exists()
 
 
 # --- compaction -----------------------------------------------------------------------------

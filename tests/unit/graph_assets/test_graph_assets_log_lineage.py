@@ -14,7 +14,7 @@ from graph_assets import GraphStore, StoreError, generate_synthetic, open_store,
 from graph_assets.compact import compact, replay
 from graph_assets.errors import UpdateLogMismatch
 from graph_assets.log_lineage import open_update_log, update_log_path
-from graph_assets.store import REMOVED_IDS_FILE
+from graph_assets.store import removed_ids_file
 from graph_assets.update_log import UpdateLog
 
 FEATURES = 4
@@ -53,7 +53,7 @@ def test_the_new_store_records_the_log_position_and_the_removed_ids(base, tmp_pa
     store = compacted(base, log, tmp_path / "v2")
     assert store.update_log == {"base": base.checksum, "seq": 3, "offset": log.stat().st_size}
     assert store.folded_seq == 3 and store.log_base == base.checksum != store.checksum
-    assert store.removed_ids.tolist() == [5] and REMOVED_IDS_FILE in store.meta["files"]
+    assert store.removed_ids.tolist() == [5] and removed_ids_file(0) in store.meta["files"]
     assert store.was_removed(5) and store.was_removed("5") and not store.was_removed(6)
     assert update_log_path(store, tmp_path / "state") == tmp_path / "state" / base.checksum / (
         "updates.log"
@@ -73,7 +73,7 @@ def test_the_log_position_is_covered_by_the_checksum(base, tmp_path):
 
 def test_a_store_without_updates_behaves_as_before(base, tmp_path):
     assert base.update_log is None and base.folded_seq == 0 and base.log_base == base.checksum
-    assert len(base.removed_ids) == 0 and REMOVED_IDS_FILE not in base.meta["files"]
+    assert len(base.removed_ids) == 0 and removed_ids_file(0) not in base.meta["files"]
     log, offset = open_update_log(base, tmp_path / "updates.log")
     assert offset == 0 and log.size() == 0
 

@@ -44,7 +44,7 @@ def test_identical_graphs_share_one_directory_of_hard_links(store_dir, tmp_path)
     second = share_store(copy, tmp_path / "cache")
     assert first == second
     assert first.name.startswith(open_store(store_dir).checksum + "-")
-    assert (first / "features.npy").samefile(store_dir / "features.npy")
+    assert (first / "features.0.npy").samefile(store_dir / "features.0.npy")
     assert open_store(first).num_nodes == 50
 
 

@@ -147,12 +147,14 @@ def refusal(path: Path, verify_checksum: bool = True) -> str:
 
 
 def test_flipped_byte_fails_the_checksum(store_path: Path) -> None:
-    features = store_path / "features.npy"
+    features = store_path / "features.0.npy"
     data = bytearray(features.read_bytes())
     data[-1] ^= 0x01
     features.write_bytes(bytes(data))
     message = refusal(store_path)
-    assert "features.npy has blake3" in message and "the file is corrupt or was changed" in message
+    assert (
+        "features.0.npy has blake3" in message and "the file is corrupt or was changed" in message
+    )
     assert "python -m graph_assets build" in message
     open_store(store_path, verify_checksum=False)  # only the checksum catches a changed value
 
@@ -165,11 +167,11 @@ def test_a_store_recorded_without_blake3_is_checked_by_sha256(store_path: Path) 
         del entry["blake3"]
     meta_path.write_text(json.dumps(meta))
     open_store(store_path)
-    features = store_path / "features.npy"
+    features = store_path / "features.0.npy"
     data = bytearray(features.read_bytes())
     data[-1] ^= 0x01
     features.write_bytes(bytes(data))
-    assert "features.npy has sha256" in refusal(store_path)
+    assert "features.0.npy has sha256" in refusal(store_path)
 
 
 def test_truncated_file(store_path: Path) -> None:
@@ -188,20 +190,27 @@ def test_missing_file(store_path: Path) -> None:
     ("changes", "expected"),
     [
         (
-            {"files__features.npy__dtype": "<f8"},
-            "features.npy holds <f4 [4, 2] (dtype, shape), meta.json says <f8 [4, 2]",
+            {"files__features.0.npy__dtype": "<f8"},
+            "features.0.npy holds <f4 [4, 2] (dtype, shape), meta.json says <f8 [4, 2]",
         ),
         (
             {"files__labels.npy__shape": [5]},
             "labels.npy holds <i8 [4] (dtype, shape), meta.json says <i8 [5]",
         ),
-        ({"feature_dim": 3}, "features.npy holds <f4 [4, 2], format version 2 needs <f4 [4, 3]"),
-        ({"format_version": 0}, "format_version is 0, this gnnserve reads versions 1 and 2"),
+        (
+            {"node_types": [{"name": "node", "num_nodes": 4, "feature_dim": 3, "id_kind": "int"}]},
+            "features.0.npy holds <f4 [4, 2], format version 3 needs <f4 [4, 3]",
+        ),
+        ({"format_version": 0}, "format_version is 0, this gnnserve reads versions 1, 2, 3"),
         ({"format_version": True}, "format_version is True, this gnnserve reads versions 1"),
-        ({"id_kind": "uuid"}, "id_kind must be 'int' or 'str', found 'uuid'"),
+        (
+            {"node_types": [{"name": "node", "num_nodes": 4, "feature_dim": 2, "id_kind": "u"}]},
+            "id_kind must be 'int' or 'str', found 'u'",
+        ),
+        ({"target_node_type": "user"}, "the target node type 'user' is not one of ['node']"),
         ({"num_nodes": 0}, "num_nodes must be an integer >= 1, found 0"),
         ({"class_names": ["a"]}, "class_names must be null or 3 strings"),
-        ({"files__ids.npy": None}, "files['ids.npy'] must hold dtype, shape, bytes and sha256"),
+        ({"files__ids.0.npy": None}, "files['ids.0.npy'] must hold dtype, shape, bytes and sha256"),
     ],
 )
 def test_meta_that_does_not_match(store_path: Path, changes: dict, expected: str) -> None:
@@ -221,7 +230,7 @@ def test_file_with_another_dtype_than_the_format(store_path: Path) -> None:
     meta = json.loads((store_path / "meta.json").read_text())
     meta["files"]["labels.npy"].update(dtype="<i4", bytes=size)
     (store_path / "meta.json").write_text(json.dumps(meta))
-    assert "labels.npy holds <i4 [4], format version 2 needs <i8 [4]" in refusal(
+    assert "labels.npy holds <i4 [4], format version 3 needs <i8 [4]" in refusal(
         store_path, verify_checksum=False
     )
 
@@ -238,7 +247,7 @@ def test_file_with_another_dtype_than_the_format(store_path: Path) -> None:
         ("indptr.npy", [0, 0, 1, 3, 3], "indptr must start at 0 and end at num_edges=4"),
         ("indices.npy", [2, 9, 1, 2], "source indices must be in [0, 4), found values from 1 to 9"),
         ("labels.npy", [0, 1, 3, 2], "labels must be -1 (unlabelled) or in [0, 3)"),
-        ("ids.npy", [-7, 42, 3, 100], "ids must be sorted ascending without duplicates"),
+        ("ids.0.npy", [-7, 42, 3, 100], "ids must be sorted ascending without duplicates"),
         ("in_degree.npy", [1, 0, 2, 1], "in_degree disagrees with indptr"),
         ("out_degree.npy", [2, 0, 1, 1], "out_degree disagrees with the edges"),
     ],

@@ -14,7 +14,11 @@ from hypothesis import strategies as st
 
 import graph_assets.writer as writer
 from graph_assets import RawGraph, StoreBuilder, StoreError, open_store, write_store
-from graph_assets.store import ARRAY_FILES, combined_checksum, file_digests, index_dtype
+from graph_assets.schema import EdgeType
+from graph_assets.store import combined_checksum, file_digests, index_dtype, store_files
+from graph_assets.writer import NodeTypeInput, RelationInput
+
+EDGES = EdgeType("node", "to", "node")
 
 
 def raw_graph(
@@ -106,17 +110,22 @@ def test_string_ids_sort_as_utf8_bytes(tmp_path: Path) -> None:
     store = open_store(tmp_path / "s")
     assert store.ids.dtype == np.dtype("S2")
     assert store.external_ids(np.arange(5)) == ["Z", "a", "ab", "b", "é"]
-    assert store.meta["id_kind"] == "str"
+    assert store.id_kind == "str" and store.meta["node_types"][0]["id_kind"] == "str"
 
 
 def test_meta_describes_every_file(tmp_path: Path) -> None:
     meta = write_store(raw_graph([1, 2], [(0, 1)], [0, 1], ["x", "y"]), tmp_path / "s")
     assert json.loads((tmp_path / "s" / "meta.json").read_text()) == meta
-    assert meta["format_version"] == 2
-    assert (meta["num_nodes"], meta["num_edges"], meta["feature_dim"]) == (2, 1, 2)
-    assert (meta["edge_feature_dim"], meta["edge_feature_names"]) == (0, [])
-    assert (meta["num_classes"], meta["class_names"], meta["id_kind"]) == (2, ["x", "y"], "int")
-    assert sorted(meta["files"]) == sorted(ARRAY_FILES)
+    assert meta["format_version"] == 3
+    assert (meta["num_nodes"], meta["num_edges"]) == (2, 1)
+    assert meta["node_types"] == [
+        {"name": "node", "num_nodes": 2, "feature_dim": 2, "id_kind": "int"}
+    ]
+    assert meta["edge_types"] == [
+        {"src": "node", "relation": "to", "dst": "node", "num_edges": 1, "edge_feature_names": []}
+    ]
+    assert (meta["num_classes"], meta["class_names"]) == (2, ["x", "y"])
+    assert sorted(meta["files"]) == sorted(store_files(meta))
     for name, entry in meta["files"].items():
         path = tmp_path / "s" / name
         array = np.load(path, allow_pickle=False)
@@ -241,8 +250,8 @@ def test_failed_rebuild_keeps_the_previous_store(
 
 def test_builder_checks_its_inputs_and_cleans_up(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="strictly ascending"):
-        StoreBuilder(tmp_path / "s", np.array([2, 1]), 2)
-    with StoreBuilder(tmp_path / "s", np.array([1, 2]), 2) as builder:
+        StoreBuilder(tmp_path / "s", [NodeTypeInput("node", np.array([2, 1]), 2)])
+    with StoreBuilder(tmp_path / "s", [NodeTypeInput("node", np.array([1, 2]), 2)]) as builder:
         with pytest.raises(ValueError, match="finite"):
             builder.add_features(np.array([[np.nan, 0]]))
         with pytest.raises(ValueError, match=r"must be \[n, 2\]"):
@@ -250,8 +259,7 @@ def test_builder_checks_its_inputs_and_cleans_up(tmp_path: Path) -> None:
         builder.add_features(np.zeros((1, 2)))
         with pytest.raises(ValueError, match="got 1 feature rows for 2 nodes"):
             builder.commit(
-                np.array([0]),
-                np.array([1]),
+                [RelationInput(EDGES, np.array([0]), np.array([1]))],
                 np.array([-1, -1]),
                 num_classes=0,
                 class_names=None,
@@ -262,12 +270,11 @@ def test_builder_checks_its_inputs_and_cleans_up(tmp_path: Path) -> None:
 
 def test_builder_writes_features_block_by_block(tmp_path: Path) -> None:
     features = np.random.default_rng(0).standard_normal((10, 3)).astype(np.float32)
-    with StoreBuilder(tmp_path / "s", np.arange(10), 3) as builder:
+    with StoreBuilder(tmp_path / "s", [NodeTypeInput("node", np.arange(10), 3)]) as builder:
         for start in range(0, 10, 4):
             builder.add_features(features[start : start + 4])
         builder.commit(
-            np.array([0, 1]),
-            np.array([1, 2]),
+            [RelationInput(EDGES, np.array([0, 1]), np.array([1, 2]))],
             np.full(10, -1),
             num_classes=0,
             class_names=None,

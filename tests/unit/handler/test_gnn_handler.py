@@ -58,7 +58,7 @@ def test_inconsistent_archive_fails_at_start(model_dir):
 
 
 def test_corrupt_graph_fails_at_start(model_dir):
-    features = model_dir / "graph" / "features.npy"
+    features = model_dir / "graph" / "features.0.npy"
     data = bytearray(features.read_bytes())
     data[-1] ^= 0xFF
     features.write_bytes(bytes(data))
@@ -83,8 +83,8 @@ def test_versions_with_the_same_graph_map_one_shared_copy(model_dir, tmp_path_fa
     first_store, second_store = first_handler.engine.store, second_handler.engine.store
     assert first_store.path == second_store.path
     assert str(first_store.path).startswith(cache)
-    features = first_store.path / "features.npy"
-    assert features.samefile(model_dir / "graph" / "features.npy")  # a hard link, not a copy
+    features = first_store.path / "features.0.npy"
+    assert features.samefile(model_dir / "graph" / "features.0.npy")  # a hard link, not a copy
 
 
 def test_sharing_can_be_turned_off(model_dir):

@@ -111,11 +111,11 @@ def breakers(store) -> dict[str, tuple[Callable[[Path], None], str, str]]:
         "wrong-dtype": (
             lambda a: rewrite_array(a / "graph", "labels.npy", np.zeros(80, dtype=np.int32)),
             "labels.npy",
-            "format version 2 needs <i8 [80]",
+            "format version 3 needs <i8 [80]",
         ),
         "checksum-mismatch": (
-            lambda a: flip_last_byte(a / "graph" / "features.npy"),
-            "features.npy",
+            lambda a: flip_last_byte(a / "graph" / "features.0.npy"),
+            "features.0.npy",
             "the file is corrupt or was changed",
         ),
         "missing-graph-file": (
@@ -207,9 +207,9 @@ def test_a_bad_archive_refuses_to_start_with_one_clear_line(
 def test_a_corrupt_archive_does_not_poison_the_cache_for_a_good_one(archive, tmp_path):
     good = tmp_path / "good"
     shutil.copytree(archive, good)
-    flip_last_byte(archive / "graph" / "features.npy")
+    flip_last_byte(archive / "graph" / "features.0.npy")
     cache = tmp_path / "cache"
-    with pytest.raises(Exception, match=r"features\.npy has blake3"):
+    with pytest.raises(Exception, match=r"features\.0\.npy has blake3"):
         start(archive, cache, share_graph=True)
     handler = start(good, cache, share_graph=True)
     assert handler.engine is not None

@@ -88,7 +88,7 @@ def test_a_referenced_store_is_mapped_in_place_and_never_written(model_dir, volu
     cache = model_dir.parent / "cache"
     handler, context = started(model_dir, 2, graph_cache_dir=str(cache), **referenced(volume))
     assert handler.engine.store.path == volume
-    assert (volume / "features.npy").samefile(handler.engine.store.path / "features.npy")
+    assert (volume / "features.0.npy").samefile(handler.engine.store.path / "features.0.npy")
     assert not cache.exists(), "no shared-cache copy of a store mapped in place"
     assert not (model_dir / "graph").exists()
     data = [{"body": {"node_ids": [0, 3, 6]}}, {"body": {"node_id": 9}}]
@@ -134,7 +134,7 @@ def _archive_with(model_dir: Path, graph: Path) -> Path:
 
 def flip_a_feature_byte(location: Path) -> None:
     """What bit rot or an edit in place does: same size, same meta.json, other bytes."""
-    with (location / "features.npy").open("r+b") as f:
+    with (location / "features.0.npy").open("r+b") as f:
         f.seek(-3, os.SEEK_END)
         byte = f.read(1)
         f.seek(-3, os.SEEK_END)
@@ -155,7 +155,7 @@ BREAKERS: dict[str, tuple[Callable[[Path], None], list[str]]] = {
     "another-graph": (another_graph, ["has checksum", "in its meta.json"]),
     "changed-feature-byte": (
         flip_a_feature_byte,
-        ["is refused", "features.npy has blake3", "corrupt or was changed"],
+        ["is refused", "features.0.npy has blake3", "corrupt or was changed"],
     ),
     "truncated-file": (
         lambda p: os.truncate(p / "labels.npy", 16),
@@ -188,7 +188,7 @@ def test_without_hashing_sizes_checksum_and_structure_are_checked_not_the_bytes(
     flip_a_feature_byte(volume)
     store = open_referenced_graph(volume, checksum, verify_checksum=False)
     assert store.checksum == checksum  # the trade-off docs/operations.md states
-    with pytest.raises(StoreError, match=r"features\.npy has blake3"):
+    with pytest.raises(StoreError, match=r"features\.0\.npy has blake3"):
         open_referenced_graph(volume, checksum, verify_checksum=True)
     os.truncate(volume / "labels.npy", 16)
     with pytest.raises(StoreError, match=r"labels\.npy is 16 bytes"):
