@@ -32,7 +32,6 @@ from graph_assets.graph_dataset import (
     write_graph_dataset,
     write_graph_dataset_csv,
 )
-from graph_assets.reader import read_graph_dir
 from graph_assets.store import StoreMeta, schema_of
 from graph_assets.synthetic import (
     DEFAULT_FEATURE_DIM,
@@ -40,6 +39,7 @@ from graph_assets.synthetic import (
     generate_synthetic,
     write_synthetic_csv,
 )
+from graph_assets.typed_input import read_graph
 from graph_assets.writer import write_store
 
 
@@ -81,7 +81,13 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         required=True,
         metavar="DIR",
-        help="directory holding nodes.csv and edges.csv",
+        help="directory holding nodes.csv and edges.csv, or nodes/<type>.csv and "
+        "edges/<src>__<relation>__<dst>.csv (docs/graph-format.md)",
+    )
+    build.add_argument(
+        "--target-node-type",
+        metavar="TYPE",
+        help="the node type the archive serves (default: the one type with labels)",
     )
     build.add_argument(
         "--out",
@@ -94,7 +100,8 @@ def _parser() -> argparse.ArgumentParser:
         "--undirected",
         action="store_true",
         help="add the reverse of every edge, with its edge features (a self-loop is its own "
-        "reverse and is not doubled)",
+        "reverse and is not doubled); a relation between two types gets its reverse as "
+        "<dst>__rev_<relation>__<src>",
     )
     build.add_argument(
         "--drop-self-loops",
@@ -308,7 +315,7 @@ def _kept_or_dropped(
 
 def _build(args: argparse.Namespace) -> str:
     meta = write_store(
-        read_graph_dir(args.graph, undirected=args.undirected),
+        read_graph(args.graph, args.undirected, args.target_node_type),
         args.out,
         drop_self_loops=args.drop_self_loops,
         drop_duplicate_edges=args.drop_duplicate_edges,

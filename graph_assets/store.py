@@ -996,8 +996,8 @@ def _check_relations(
         ):
             raise bad(relation_bounds_file(t), "bounds must split each in-list in order")
         for k, r in enumerate(into):
-            segment = np.repeat(np.arange(node_type.num_nodes), np.diff(bounds[:, k : k + 2]))
-            starts = bounds[segment, k] + _ragged(np.diff(bounds[:, k : k + 2]).ravel())
+            counts = np.asarray(bounds[:, k + 1] - bounds[:, k], dtype=np.int64)
+            starts = np.repeat(np.asarray(bounds[:, k], dtype=np.int64), counts) + _ragged(counts)
             if (np.asarray(edge_type[starts]) != r).any():
                 raise bad(
                     relation_bounds_file(t),

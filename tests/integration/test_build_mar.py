@@ -154,7 +154,7 @@ def test_synthetic_archive_with_both_fanout_spellings(tmp_path, form):
         "build_info.json",
         "gnn_handler.py",
         "graph/meta.json",
-        "graph/features.npy",
+        "graph/features.0.npy",
         "handler/tasks/node/engine.py",
         "model/architectures.py",
         "graph_assets/store.py",
@@ -165,7 +165,7 @@ def test_synthetic_archive_with_both_fanout_spellings(tmp_path, form):
     meta = json.loads(archive.read("graph/meta.json"))
     assert info["version"] == "2.0" and info["graph"]["checksum"] == meta["checksum"]
     assert info["model"]["arch"] == "gin" and "test_accuracy" in info["metrics"]
-    assert meta["num_nodes"] == 300 and meta["feature_dim"] == 16
+    assert meta["num_nodes"] == 300 and meta["node_types"][0]["feature_dim"] == 16
 
 
 def test_given_weights_are_packaged_not_retrained(tmp_path):
