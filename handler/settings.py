@@ -29,6 +29,9 @@ class ServingSettings:
         task: the archive's task: ``node`` (node classification), ``link`` (link prediction)
             or ``graph`` (graph classification; the sampling keys do not apply).
         fanouts: neighbours sampled per hop (``-1`` = all); one hop per model layer.
+        relation_fanouts: on a graph with several relations, fanouts of the relations named
+            (``src__relation__dst``: per hop, as many hops as ``fanouts``), PyG
+            ``NeighborLoader``'s dict form; every other relation samples ``fanouts``.
         sampling_seed: seed of the deterministic sampler.
         max_ids_per_request: more IDs in one request is answered 413.
         max_subgraph_nodes, max_subgraph_edges: a single request whose ego-graph exceeds these
@@ -79,6 +82,7 @@ class ServingSettings:
 
     task: str = "node"
     fanouts: tuple[int, ...] = field(default=DEFAULT_FANOUTS)
+    relation_fanouts: dict[str, tuple[int, ...]] = field(default_factory=dict)
     sampling_seed: int = 0
     max_ids_per_request: int = 1024
     max_subgraph_nodes: int = 2_000_000
@@ -118,6 +122,8 @@ class ServingSettings:
             )
         if "fanouts" in section:
             section["fanouts"] = parse_fanouts(section["fanouts"])
+        if "relation_fanouts" in section:
+            section["relation_fanouts"] = parse_relation_fanouts(section["relation_fanouts"])
         settings = cls(**section)
         settings._check()
         return settings
@@ -125,11 +131,22 @@ class ServingSettings:
     def to_yaml_section(self) -> dict[str, Any]:
         data = asdict(self)
         data["fanouts"] = list(self.fanouts)
+        data["relation_fanouts"] = {name: list(f) for name, f in self.relation_fanouts.items()}
         return data
+
+    def fanouts_of(self, relation: str) -> tuple[int, ...]:
+        """The fanouts of the relation named ``relation`` (``src__relation__dst``)."""
+        return self.relation_fanouts.get(relation, self.fanouts)
 
     def _check(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"task must be one of {', '.join(TASKS)}; got {self.task!r}")
+        for name, fanouts in self.relation_fanouts.items():
+            if len(fanouts) != len(self.fanouts):
+                raise ValueError(
+                    f"relation_fanouts[{name!r}] has {len(fanouts)} hops, fanouts "
+                    f"{len(self.fanouts)}: every relation samples as many hops as the model has"
+                )
         for name in (
             "max_ids_per_request",
             "max_subgraph_nodes",
@@ -224,6 +241,16 @@ def worker_settings(model_yaml: dict[str, Any] | None, batch_size: int) -> Servi
         timeout = int(config["responseTimeout"])
         check_explain_budget(batch_size, timeout, settings.explain_time_budget_ms)
     return settings
+
+
+def parse_relation_fanouts(value: object) -> dict[str, tuple[int, ...]]:
+    """``{"user__pays__merchant": [10, 5], ...}``: each entry as :func:`parse_fanouts` reads."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(
+            "relation_fanouts must map edge types to fanouts, like "
+            f'{{"user__pays__merchant": [10, 5]}}; got {value!r}'
+        )
+    return {name: parse_fanouts(fanouts) for name, fanouts in value.items()}
 
 
 def parse_fanouts(value: object) -> tuple[int, ...]:

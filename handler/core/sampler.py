@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from graph_assets.errors import SubgraphTooLarge
@@ -66,6 +67,62 @@ class SampledSubgraph:
         return int(self.edge_index.shape[1])
 
 
+@dataclass(frozen=True)
+class RelationSegments:
+    """Where each relation's in-edges sit in the in-lists of a graph with several relations
+    (``graph_assets.schema``: node types hold global ranges, a node's in-list holds one
+    segment per relation into its type), and how many of them each hop samples.
+
+    Attributes:
+        dst_range: per relation, the global range ``[start, stop)`` of its destination type.
+        starts, ends: per relation, ``[n_dst]`` absolute CSC positions of each destination's
+            segment (by its index within its type).
+        src_type: per relation, the index of its source node type.
+        fanouts: per relation, neighbours kept per hop (``-1``: all).
+    """
+
+    dst_range: tuple[tuple[int, int], ...]
+    starts: tuple[Array, ...]
+    ends: tuple[Array, ...]
+    src_type: tuple[int, ...]
+    fanouts: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, store: GraphStore, settings: ServingSettings, ops: ArrayOps) -> RelationSegments:
+        """The store's segments with the archive's fanouts per relation (ValueError naming
+        the graph's relations for a relation it does not have)."""
+        schema = store.schema
+        unknown = sorted(set(settings.relation_fanouts) - set(schema.edge_type_names))
+        if unknown:
+            raise ValueError(
+                f"relation_fanouts names {', '.join(unknown)}, which this graph does not have; "
+                f"its edge types are {', '.join(schema.edge_type_names)}"
+            )
+        indptr = ops.from_numpy(np.asarray(store.indptr, dtype=np.int64))
+        dst_range, starts, ends, src_type, fanouts = [], [], [], [], []
+        for relation in schema.relations:
+            dst = schema.type_index(relation.edge_type.dst)
+            node_type = schema.node_types[dst]
+            into = schema.relations_into(node_type.name)
+            slot = into.index(schema.relation_index(relation.name))
+            if len(into) == 1:
+                starts.append(indptr[node_type.offset : node_type.stop])
+                ends.append(indptr[node_type.offset + 1 : node_type.stop + 1])
+            else:
+                bounds = np.asarray(store.relation_bounds[dst], dtype=np.int64)
+                starts.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot])))
+                ends.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot + 1])))
+            dst_range.append((node_type.offset, node_type.stop))
+            src_type.append(schema.type_index(relation.edge_type.src))
+            fanouts.append(settings.fanouts_of(relation.name))
+        return cls(tuple(dst_range), tuple(starts), tuple(ends), tuple(src_type), tuple(fanouts))
+
+
+def boundary_node(node_type: int) -> int:
+    """The node label of the zero-feature boundary row of sources of ``node_type``."""
+    return -1 - node_type
+
+
 def _as_int64(value: int) -> int:
     """Wraps a Python int to the signed int64 that int64 array arithmetic would produce."""
     value &= (1 << 64) - 1
@@ -105,7 +162,10 @@ class NeighbourSampler:
             before it is built.
         overlay: live updates on top of the base arrays (changed in-edges, new nodes).
         boundary: add the deepest hop's whole in-edge lists from one zero-feature row
-            (:class:`SampledSubgraph` says why).
+            (:class:`SampledSubgraph` says why); on a graph of several node types, one per
+            source type (``boundary_node``).
+        relations: a graph with several relations: each hop samples each relation's segment of
+            an in-list with the relation's own fanout (``fanouts`` then only counts the hops).
         ops: the array library to sample with; by default numpy for CPU tensors (views of the
             same memory) and torch on their device otherwise (handler.core.arrays says why).
     """
@@ -122,7 +182,14 @@ class NeighbourSampler:
         overlay: GraphOverlay | None = None,
         boundary: bool = False,
         ops: ArrayOps | None = None,
+        relations: RelationSegments | None = None,
     ) -> None:
+        if relations is not None and overlay is not None:
+            raise ValueError(
+                "live updates of a graph with several node types or relations are not "
+                "available yet; serve it without --enable-updates"
+            )
+        self.relations = relations
         self.ops = ops or ops_for(indptr.device)
         self.device = indptr.device
         self.indptr, self.indices = indptr, indices
@@ -156,6 +223,7 @@ class NeighbourSampler:
             max_edges=self.max_edges,
             overlay=self.overlay,
             ops=self.ops,
+            relations=self.relations,
         )
 
     def sample(self, seeds: torch.Tensor) -> SampledSubgraph:
@@ -170,9 +238,14 @@ class NeighbourSampler:
         total_edges = 0
         for hop, fanout in enumerate(self.fanouts):
             frontier = levels[-1]
-            rows, neighbours, edges = self._sample_hop(
-                frontier, hop, fanout, total_nodes, total_edges
-            )
+            if self.relations is None:
+                rows, neighbours, edges = self._sample_hop(
+                    frontier, hop, fanout, total_nodes, total_edges
+                )
+            else:
+                rows, neighbours, edges, _ = self._sample_typed_hop(
+                    frontier, hop, None, total_nodes, total_edges
+                )
             next_level, inverse = ops.unique_inverse(neighbours)
             next_offset = offset + len(frontier)
             src_parts.append(
@@ -187,19 +260,25 @@ class NeighbourSampler:
             offset = next_offset
         if self.boundary:
             frontier = levels[-1]
-            rows, neighbours, edges = self._sample_hop(
-                frontier, len(self.fanouts), ALL_NEIGHBOURS, total_nodes, total_edges
-            )
             dummy = offset + len(frontier)
-            src_parts.append(
-                self_loops_in_place(
-                    frontier, rows, neighbours, offset, ops.int64(rows) * 0 + dummy, ops
+            if self.relations is None:
+                rows, neighbours, edges = self._sample_hop(
+                    frontier, len(self.fanouts), ALL_NEIGHBOURS, total_nodes, total_edges
                 )
-            )
+                sources, boundary_rows = ops.int64(rows) * 0 + dummy, ops.of_ints([-1])
+            else:
+                rows, neighbours, edges, relation = self._sample_typed_hop(
+                    frontier, len(self.fanouts), ALL_NEIGHBOURS, total_nodes, total_edges
+                )
+                types = ops.from_numpy(np.array(self.relations.src_type, dtype=np.int64))
+                source_type = types[relation]
+                present, inverse = ops.unique_inverse(source_type)
+                sources, boundary_rows = dummy + inverse, -1 - present
+            src_parts.append(self_loops_in_place(frontier, rows, neighbours, offset, sources, ops))
             dst_parts.append(offset + rows)
             edge_parts.append(edges)
-            self._check_limits(total_nodes + 1, total_edges + len(neighbours))
-            levels.append(ops.of_ints([-1]))
+            self._check_limits(total_nodes + len(boundary_rows), total_edges + len(neighbours))
+            levels.append(boundary_rows)
         edge_index = ops.stack([ops.cat(src_parts), ops.cat(dst_parts)])
         return SampledSubgraph(
             node=ops.to_torch(ops.cat(levels)),
@@ -287,15 +366,75 @@ class NeighbourSampler:
         ops = self.ops
         starts = ops.int64(indptr[position])
         counts = ops.int64(indptr[position + 1]) - starts
+        return self._sample_segments(
+            indices, starts, counts, nodes, hop, fanout, 0, nodes_so_far, edges_so_far
+        )
+
+    def _sample_typed_hop(
+        self,
+        frontier: Array,
+        hop: int,
+        fanout: int | None,
+        nodes_so_far: int,
+        edges_so_far: int,
+    ) -> tuple[Array, Array, Array, Array]:
+        """One hop on a graph with several relations: each relation's segment of the in-list of
+        each frontier node of its destination type, with the relation's fanout (``fanout``
+        overrides it). Returns (row, source, edge ID, relation) per sampled edge."""
+        ops, segments = self.ops, self.relations
+        assert segments is not None
+        parts: list[tuple[Array, Array, Array, Array]] = []
+        for relation, (start, stop) in enumerate(segments.dst_range):
+            position = ops.flatnonzero((frontier >= start) & (frontier < stop))
+            if len(position) == 0:
+                continue
+            nodes = frontier[position]
+            starts = ops.int64(segments.starts[relation][nodes - start])
+            counts = ops.int64(segments.ends[relation][nodes - start]) - starts
+            count = segments.fanouts[relation][hop] if fanout is None else fanout
+            rows, neighbours, chosen = self._sample_segments(
+                self._indices, starts, counts, nodes, hop, count, relation,
+                nodes_so_far, edges_so_far,
+            )  # fmt: skip
+            edges_so_far += len(neighbours)
+            parts.append((position[rows], neighbours, chosen, ops.int64(rows) * 0 + relation))
+        if not parts:
+            empty = ops.arange(0)
+            return empty, empty, empty, empty
+        return (
+            ops.cat([p[0] for p in parts]),
+            ops.cat([p[1] for p in parts]),
+            ops.cat([p[2] for p in parts]),
+            ops.cat([p[3] for p in parts]),
+        )
+
+    def _sample_segments(
+        self,
+        indices: Array,
+        starts: Array,
+        counts: Array,
+        nodes: Array,
+        hop: int,
+        fanout: int,
+        relation: int,
+        nodes_so_far: int,
+        edges_so_far: int,
+    ) -> tuple[Array, Array, Array]:
+        """Samples up to ``fanout`` of the ``counts[i]`` in-edges at ``starts[i]`` of each of
+        ``nodes``; the draws depend on (node, hop, relation). Returns (row, source, position
+        of the edge in ``indices``)."""
+        ops = self.ops
         take = counts if fanout == ALL_NEIGHBOURS else ops.clamp_max(counts, fanout)
         new_edges = int(take.sum())
         # Each new edge brings at most one new row: check before gathering anything.
         self._check_limits(nodes_so_far, edges_so_far + new_edges)
         rows = ops.repeat(ops.arange(len(nodes)), take, new_edges)
-        chosen = starts[rows] + self._choose(nodes, hop, counts, take, rows)
+        chosen = starts[rows] + self._choose(nodes, hop, counts, take, rows, relation)
         return rows, ops.int64(indices[chosen]), chosen
 
-    def _choose(self, frontier: Array, hop: int, counts: Array, take: Array, rows: Array) -> Array:
+    def _choose(
+        self, frontier: Array, hop: int, counts: Array, take: Array, rows: Array, relation: int
+    ) -> Array:
         """Offsets into each row's neighbour list, laid out row by row like ``rows``."""
         ops = self.ops
         offsets = _ragged_arange(ops, take)
@@ -303,7 +442,7 @@ class NeighbourSampler:
         if not bool(partial.any()):
             return offsets
         fanout = int(take[partial].max())
-        chosen = self._floyd(frontier[partial], hop, counts[partial], fanout)
+        chosen = self._floyd(frontier[partial], hop, counts[partial], fanout, relation)
         # Rows that keep only a subset read their offsets from Floyd's choice instead.
         partial_rank = ops.cumsum(ops.int64(partial)) - 1
         edge_partial = partial[rows]
@@ -311,10 +450,11 @@ class NeighbourSampler:
         offsets[edge_partial] = chosen[partial_rank[edge_rows], offsets[edge_partial]]
         return offsets
 
-    def _floyd(self, nodes: Array, hop: int, counts: Array, fanout: int) -> Array:
+    def _floyd(self, nodes: Array, hop: int, counts: Array, fanout: int, relation: int) -> Array:
         """Floyd's algorithm: ``fanout`` distinct offsets in ``[0, count)`` per node, O(fanout²).
 
-        The random draws are hashes of (node, hop, step, seed, graph), so they are repeatable.
+        The random draws are hashes of (node, hop, relation, step, seed, graph), so they are
+        repeatable (relation 0, a graph's only one, draws what a graph of one relation did).
         All ``fanout`` draws are hashed at once; only the collision fix-up is sequential over
         steps (a few array ops per step, not a whole hash: per-op overhead dominates at these
         sizes). The work is laid out step-major, ``[fanout, n]``, so that each step's check
@@ -322,7 +462,7 @@ class NeighbourSampler:
         the time for 320 nodes, a quarter for 3,200); the result is the ``[n, fanout]`` view.
         """
         ops = self.ops
-        key = _mix(nodes ^ self._base_key)
+        key = _mix((nodes ^ self._base_key) + _as_int64(relation * _GOLDEN))
         salts = self._salts.get((hop, fanout))
         if salts is None:
             salts = ops.of_ints(
@@ -366,6 +506,9 @@ def sampler_for(
     indptr, indices = readonly_tensor(store.indptr), readonly_tensor(store.indices)
     if device.type != "cpu":
         indptr, indices = indptr.to(device), indices.to(device)
+    relations = None
+    if len(store.schema.relations) > 1:
+        relations = RelationSegments.of(store, settings, ops_for(device))
     return NeighbourSampler(
         indptr,
         indices,
@@ -376,4 +519,5 @@ def sampler_for(
         max_edges=settings.max_subgraph_edges,
         overlay=overlay,
         boundary=boundary,
+        relations=relations,
     )

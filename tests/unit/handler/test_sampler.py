@@ -208,7 +208,7 @@ def test_floyd_matches_the_sequential_algorithm(backend):
     counts = 8 + nodes % 5  # barely more than the fanout: collisions on most rows
     fanout = 7
     for hop in (0, 1):
-        chosen = sampler._floyd(nodes, hop, counts, fanout)
+        chosen = sampler._floyd(nodes, hop, counts, fanout, 0)
         keys = _mix(nodes ^ sampler._base_key)
         for row in range(len(nodes)):
             picked: list[int] = []
