@@ -41,13 +41,14 @@ from model.export import (
 from model.precompute import Mode, plan_for, precompute, weights_digest
 from model.registry import build_model
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
-from model.train import train_node_classifier
+from model.train import fit, train_node_classifier, train_typed_node_classifier
+from model.typed_graph import hetero_section, whole_graph_input
 
 
 def _parser() -> argparse.ArgumentParser:
     model_defaults = {f.name: f.default for f in fields(ModelConfig)}
     train_defaults = {
-        name: p.default for name, p in inspect.signature(train_node_classifier).parameters.items()
+        name: p.default for name, p in inspect.signature(fit).parameters.items()
     }
     parser = argparse.ArgumentParser(prog="python -m model", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -158,14 +159,18 @@ def labelled_accuracy(model: torch.nn.Module, store: GraphStore) -> float:
     """Full-graph accuracy over every labelled node (no split is known for outside weights)."""
     labels = torch.from_numpy(np.array(store.labels, dtype=np.int64))
     with torch.no_grad():
-        predicted = model(*_graph_tensors(store)).argmax(dim=-1)
+        predicted = model(*_graph_inputs(store)).argmax(dim=-1)
     labelled = labels >= 0
     if not labelled.any():
         return 0.0
     return float((predicted[labelled] == labels[labelled]).float().mean())
 
 
-def _graph_tensors(store: GraphStore) -> tuple[torch.Tensor, torch.Tensor]:
+def _graph_inputs(store: GraphStore) -> tuple[Any, ...]:
+    """What the model's full-graph forward takes: ``(x, edge_index)``, or one
+    ``HeteroInput`` on a graph of several node types or relations."""
+    if not store.schema.is_homogeneous:
+        return (whole_graph_input(store),)
     return (
         torch.from_numpy(np.array(store.features, dtype=np.float32)),
         torch.from_numpy(np.array(store.edge_index(), dtype=np.int64)),
@@ -173,11 +178,13 @@ def _graph_tensors(store: GraphStore) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _config_from_flags(args: dict[str, Any], store: GraphStore) -> ModelConfig:
+    typed = {} if store.schema.is_homogeneous else {"hetero": hetero_section(store.schema)}
     return ModelConfig.from_dict(
         {
             "arch": args["arch"],
             "in_dim": store.feature_dim,
             "out_dim": store.num_classes,
+            **typed,
             **{name: args[name] for name in MODEL_FLAGS if name in args},
         }
     )
@@ -191,13 +198,18 @@ def _train(args: dict[str, Any], store: GraphStore) -> str:
             "needs at least 2 (a label column in nodes.csv), or package pre-trained weights"
         )
     config = _config_from_flags(args, store)
-    result = train_node_classifier(
-        *_graph_tensors(store),
-        torch.from_numpy(np.array(store.labels, dtype=np.int64)),
-        config,
-        progress=not args["quiet"],
-        **{name: args[name] for name in TRAIN_FLAGS if name in args},
-    )
+    labels = torch.from_numpy(np.array(store.labels, dtype=np.int64))
+    options = {name: args[name] for name in TRAIN_FLAGS if name in args}
+    inputs = _graph_inputs(store)
+    if config.hetero is not None:
+        result = train_typed_node_classifier(
+            inputs[0], labels, config, progress=not args["quiet"], **options
+        )
+    else:
+        x, edge_index = inputs
+        result = train_node_classifier(
+            x, edge_index, labels, config, progress=not args["quiet"], **options
+        )
     export_model(result, config, args["out"])
     return (
         f"test accuracy {result.test_accuracy:.3f} (val {result.val_accuracy:.3f}, "
@@ -222,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(summary)
-    if store.edge_feature_dim:
+    if store.schema.is_homogeneous and store.edge_feature_dim:
         print(unread_edge_features(store))
     return 0
 

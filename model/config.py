@@ -41,12 +41,15 @@ class Task(str, Enum):
 
 
 class Arch(str, Enum):
-    """The message-passing architecture."""
+    """The message-passing architecture; ``rgcn`` and ``hgt`` are relational recipes for a
+    graph of several node types or relations."""
 
     GCN = "gcn"
     SAGE = "sage"
     GAT = "gat"
     GIN = "gin"
+    RGCN = "rgcn"
+    HGT = "hgt"
 
     @classmethod
     def parse(cls, value: str | Arch) -> Arch:
@@ -99,6 +102,12 @@ class ModelConfig:
         decoder: ``link`` only: ``dot`` (default; score = <z_src, z_dst>) or ``mlp`` (an MLP on
             z_src * z_dst). Both are symmetric in the pair.
         pooling: ``graph`` only: ``sum`` (default, as in the GIN paper), ``mean`` or ``max``.
+        hetero: a graph of several node types or relations: ``node_types``, ``edge_types``
+            (``[src, relation, dst]`` triples), ``in_dims`` and ``num_nodes`` per type,
+            ``edge_dims`` per relation (``src__relation__dst``) and ``target``, as
+            ``model.typed_graph.hetero_section`` writes them from the store; the recipe is then
+            the per-relation form of ``arch`` (``model.hetero_recipes``) and ``in_dim`` the
+            target type's width. None (default): a graph of one type.
     """
 
     task: Task = Task.NODE
@@ -111,13 +120,24 @@ class ModelConfig:
     dropout: float = 0.5
     decoder: Decoder = Decoder.DOT
     pooling: Pooling = Pooling.SUM
+    hetero: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.task = Task.parse(self.task)
         self.arch = Arch.parse(self.arch)
         self.decoder = Decoder.parse(self.decoder)
         self.pooling = Pooling.parse(self.pooling)
-        self.in_dim = _check_int("in_dim", self.in_dim, minimum=1)
+        self.in_dim = _check_int("in_dim", self.in_dim, minimum=0 if self.hetero else 1)
+        if self.arch in (Arch.RGCN, Arch.HGT) and self.hetero is None:
+            raise ValueError(
+                f"arch {self.arch.value!r} is a relational recipe for a graph of several node "
+                "types or relations; this graph has one (use gcn, sage, gat or gin)"
+            )
+        if self.hetero is not None and self.task is not Task.NODE:
+            raise ValueError(
+                "a graph of several node types or relations is served for --task node; link "
+                "and graph tasks on it come in a later release"
+            )
         self.out_dim = _check_int("out_dim", self.out_dim, minimum=2)
         self.hidden_dim = _check_int("hidden_dim", self.hidden_dim, minimum=1)
         self.num_layers = _check_int("num_layers", self.num_layers, minimum=1)
@@ -148,6 +168,8 @@ class ModelConfig:
         for key, task in _TASK_KEYS.items():
             if self.task is not task:
                 del data[key]
+        if self.hetero is None:
+            del data["hetero"]
         return data
 
     @classmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -13,6 +14,7 @@ from tqdm import tqdm
 from model.config import ModelConfig
 from model.early_stopping import EarlyStopping, check_schedule
 from model.registry import build_model
+from model.typed_batch import HeteroInput
 
 
 @dataclass
@@ -48,6 +50,27 @@ def train_node_classifier(
     edge_index: Tensor,
     labels: Tensor,
     config: ModelConfig,
+    **options: Any,
+) -> TrainResult:
+    """Trains ``build_model(config)`` full-batch with Adam on the device of ``x``
+    (:func:`fit` says how; ``options`` are its keywords)."""
+    _check_inputs(x, edge_index, labels, config)
+    return fit((x, edge_index.to(x.device)), labels.to(x.device), config, **options)
+
+
+def train_typed_node_classifier(
+    inputs: HeteroInput, labels: Tensor, config: ModelConfig, **options: Any
+) -> TrainResult:
+    """Trains the per-relation recipe ``build_model(config)`` on a whole graph of several node
+    types or relations; ``labels`` are the target type's (:func:`fit` says how)."""
+    _check_labels(labels, labels.numel(), config)
+    return fit((inputs,), labels, config, **options)
+
+
+def fit(
+    inputs: tuple[Any, ...],
+    labels: Tensor,
+    config: ModelConfig,
     *,
     epochs: int = 200,
     patience: int = 20,
@@ -57,21 +80,20 @@ def train_node_classifier(
     split: tuple[float, float, float] = (0.6, 0.2, 0.2),
     progress: bool = True,
 ) -> TrainResult:
-    """Trains ``build_model(config)`` full-batch with Adam on the device of ``x``.
+    """Trains ``build_model(config)`` full-batch with Adam: ``model(*inputs)`` gives a row per
+    labelled node.
 
     Labelled nodes (``labels >= 0``; ``-1`` = unlabelled) are shuffled with ``seed`` and cut
     into train/val/test by the fractions in ``split``. Training stops after ``patience``
     epochs without a better validation accuracy and keeps the best epoch's weights. On the CPU
     the same inputs and ``seed`` give the same weights; the global torch RNG is left untouched.
     """
-    _check_inputs(x, edge_index, labels, config)
     check_schedule(epochs, patience)
-    labels, edge_index = labels.to(x.device), edge_index.to(x.device)
     parts = _split_labelled(labels, split, seed)
     start = time.perf_counter()
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = build_model(config).to(x.device)
+        model = build_model(config).to(labels.device)
         optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
         early = EarlyStopping(patience)
         bar = tqdm(
@@ -82,11 +104,11 @@ def train_node_classifier(
         for epoch in bar:
             model.train()
             optimizer.zero_grad()
-            logits = model(x, edge_index)
+            logits = model(*inputs)
             loss = F.cross_entropy(logits[parts.train], labels[parts.train])
             loss.backward()
             optimizer.step()
-            val_acc = _accuracy(model, x, edge_index, labels, parts.val)
+            val_acc = _accuracy(model, inputs, labels, parts.val)
             stop = early.update(model, epoch, val_acc)
             bar.set_postfix(loss=f"{loss.item():.4f}", val_acc=f"{val_acc:.3f}")
             if stop:
@@ -96,9 +118,9 @@ def train_node_classifier(
     model.load_state_dict(early.best_state)
     return TrainResult(
         state_dict=early.best_state,
-        test_accuracy=_accuracy(model, x, edge_index, labels, parts.test),
+        test_accuracy=_accuracy(model, inputs, labels, parts.test),
         val_accuracy=early.best_score,
-        train_accuracy=_accuracy(model, x, edge_index, labels, parts.train),
+        train_accuracy=_accuracy(model, inputs, labels, parts.train),
         epochs_run=epoch,
         best_epoch=early.best_epoch,
         seconds=seconds,
@@ -106,11 +128,11 @@ def train_node_classifier(
 
 
 def _accuracy(
-    model: torch.nn.Module, x: Tensor, edge_index: Tensor, labels: Tensor, rows: Tensor
+    model: torch.nn.Module, inputs: tuple[Any, ...], labels: Tensor, rows: Tensor
 ) -> float:
     model.eval()
     with torch.no_grad():
-        predicted = model(x, edge_index)[rows].argmax(dim=-1)
+        predicted = model(*inputs)[rows].argmax(dim=-1)
     return float((predicted == labels[rows]).float().mean().item())
 
 
@@ -132,6 +154,10 @@ def _check_inputs(x: Tensor, edge_index: Tensor, labels: Tensor, config: ModelCo
             f"edge_index holds node indices outside [0, {num_nodes - 1}]: "
             f"min {int(edge_index.min())}, max {int(edge_index.max())}"
         )
+    _check_labels(labels, num_nodes, config)
+
+
+def _check_labels(labels: Tensor, num_nodes: int, config: ModelConfig) -> None:
     if labels.shape != (num_nodes,) or labels.dtype != torch.long:
         raise ValueError(
             f"labels must be an int64 tensor [{num_nodes}] (-1 = unlabelled), "

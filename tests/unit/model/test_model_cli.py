@@ -11,12 +11,17 @@ from types import SimpleNamespace
 import pytest
 
 import model.__main__ as cli
+from graph_assets.schema import GraphSchema
 from model.export import load_model
 
 
 def fake_store(graph, num_classes=None):
     features = graph.x.numpy()
+    schema = GraphSchema.homogeneous(
+        len(features), graph.edge_index.size(1), features.shape[1], [], "int"
+    )
     return SimpleNamespace(
+        schema=schema,
         features=features,
         labels=graph.labels.numpy(),
         edge_index=lambda: graph.edge_index.numpy(),
