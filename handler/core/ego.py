@@ -21,7 +21,7 @@ from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.live.live_graph import LiveGraph
 from handler.protocol.body import NodeId, show
-from handler.protocol.errors import NodeNotFound
+from handler.protocol.errors import BadRequest, NodeNotFound
 from handler.settings import ServingSettings
 from model.device import to_serving_device
 from model.precompute import Precomputed
@@ -84,6 +84,23 @@ class EgoGraphs:
             live=live,
             precomputed=rows,
         )
+
+    @property
+    def served_node_type(self) -> str:
+        """The node type the model answers for: a heterogeneous model's target, else the
+        graph's one type."""
+        target = getattr(plain_module(self.model), "target", None)
+        return target if isinstance(target, str) else self.store.schema.target
+
+    def check_node_type(self, node_type: str | None) -> None:
+        """BadRequest unless ``node_type`` is None or the type this archive answers for."""
+        served = self.served_node_type
+        if node_type is not None and node_type != served:
+            types = ", ".join(self.store.schema.node_type_names)
+            raise BadRequest(
+                f"node_type {node_type!r}: this archive answers for {served!r} nodes (the "
+                f"graph's node types are {types}); send node_type {served!r} or leave it out"
+            )
 
     def sync(self) -> None:
         """Applies the live updates other workers appended (usually the follower thread has

@@ -21,8 +21,9 @@ from handler.core.batch import (
     parsed_or_error,
     timed,
 )
-from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes
+from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
 from handler.core.sampler import NeighbourSampler, SampledSubgraph
+from handler.core.typed_ego import typed_answer
 from handler.live.live_graph import LiveGraph
 from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import ApiError, InternalError, NodeNotFound
@@ -31,6 +32,7 @@ from handler.settings import ServingSettings
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
 from model.precompute import Precomputed
 from model.served import answer_rows, serving_needs
+from model.served_hetero import HeteroNodeModel
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +102,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
 
     def parse(self, item: Any) -> ResolvedRequest:
         """One request alone: parsed, then its IDs looked up (the batch's lookup failed)."""
-        request = parse_node_request(item, self.settings.max_ids_per_request)
+        request = self._parse_request(item)
         try:
             nodes = self.ego.find(request.node_ids)
         except Exception:
@@ -181,6 +183,17 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
     ) -> torch.Tensor:
         """One forward pass over the seeds' ego-graph."""
         times = batch.times
+        times.sampled_nodes += sub.num_nodes
+        times.sampled_edges += sub.num_edges
+        model = plain_module(self.model)
+        if isinstance(model, HeteroNodeModel):  # per-type features, per-relation edges
+            stop = timed(times, "forward")
+            with torch.inference_mode():
+                view = self.ego.view()
+                rows, _ = typed_answer(self.store, view, model, sub, self.device)
+                probabilities = answer_rows(rows, self.output).cpu()
+            stop()
+            return probabilities
         stop = timed(times, "gather")
         with torch.inference_mode():
             x, degree = self.ego.gather(sub.node)
@@ -194,8 +207,6 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
             )[: sub.num_seeds]
             probabilities = answer_rows(rows, self.output).cpu()
         stop()
-        times.sampled_nodes += sub.num_nodes
-        times.sampled_edges += sub.num_edges
         return probabilities
 
     def body(self, request: ResolvedRequest, result: Any) -> dict[str, Any]:
@@ -220,14 +231,16 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         return body
 
     def _parse_request(self, item: Any) -> NodeRequest:
-        return parse_node_request(item, self.settings.max_ids_per_request)
+        request = parse_node_request(item, self.settings.max_ids_per_request)
+        self.ego.check_node_type(request.node_type)
+        return request
 
     def _prediction(self, node_id: NodeId, row: list[float]) -> dict[str, Any]:
-        answer: dict[str, Any] = {
-            "node_id": node_id,
-            **node_answer(row, self.output, self.store.class_names),
-            "model_version": self.model_version,
-        }
+        answer: dict[str, Any] = {"node_id": node_id}
+        if not self.store.schema.is_homogeneous:  # each type has its own IDs: say which
+            answer["node_type"] = self.ego.served_node_type
+        answer.update(node_answer(row, self.output, self.store.class_names))
+        answer["model_version"] = self.model_version
         if self.live is not None:
             answer["graph_version"] = self.live.version
         return answer

@@ -37,12 +37,15 @@ class NodeRequest:
         single: True for ``{"node_id": x}`` (one object answered), False for ``{"node_ids": [..]}``.
         protocol: ``json`` (our contract) or ``v2`` (a KServe v2 body, answered in kind).
         request_id: the v2 request's ``id``, echoed in its response.
+        node_type: the type of the requested nodes on a graph of several (None: the type the
+            archive serves).
     """
 
     node_ids: tuple[NodeId, ...]
     single: bool
     protocol: Literal["json", "v2"] = "json"
     request_id: str | None = None
+    node_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class NewNodeRequest:
 class _NodeBody(Strict):
     node_id: IdField | None = None
     node_ids: list[IdField] | None = None
+    node_type: str | None = None
 
 
 class _EmbeddingBody(Strict):
@@ -126,16 +130,16 @@ def parse_node_request(item: Any, max_ids: int) -> NodeRequest:
     plain = _plain_request(body)
     if plain is not None:
         return plain
-    parsed = validate(_NodeBody, body, NODE_EXAMPLE, allowed=("node_id", "node_ids"))
+    parsed = validate(_NodeBody, body, NODE_EXAMPLE, allowed=("node_id", "node_ids", "node_type"))
     if parsed.node_id is not None and parsed.node_ids is not None:
         raise BadRequest("send either node_id or node_ids, not both")
     if parsed.node_id is not None:
-        return NodeRequest(node_ids=(parsed.node_id,), single=True)
+        return NodeRequest(node_ids=(parsed.node_id,), single=True, node_type=parsed.node_type)
     if parsed.node_ids is None:
         raise BadRequest('missing field: send {"node_id": 42} or {"node_ids": [1, 2]}')
     if not parsed.node_ids:
         raise BadRequest("node_ids is empty; send at least one node ID")
-    return NodeRequest(node_ids=tuple(parsed.node_ids), single=False)
+    return NodeRequest(node_ids=tuple(parsed.node_ids), single=False, node_type=parsed.node_type)
 
 
 def _edge_rows(rows: list[list[Any]], count: int, width: int) -> np.ndarray:
