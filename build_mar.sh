@@ -19,7 +19,9 @@ classifier on a directory of small graphs (no stored graph in the archive). --mo
 serves your own trained class instead, for every task.
 
 Graph
-  --graph DIR             input graph: DIR/nodes.csv + DIR/edges.csv (or .parquet); format in
+  --graph DIR             input graph: DIR/nodes.csv + DIR/edges.csv (or .parquet), or typed
+                          nodes and relations: DIR/nodes/<type>.csv +
+                          DIR/edges/<src>__<relation>__<dst>.csv; format in
                           docs/graph-format.md. Default: graph_assets/demo. With --task graph:
                           a dataset of small graphs, DIR/graphs.csv + nodes.csv + edges.csv
                           (docs/graph-format.md); default: --synthetic-graphs 1000
@@ -35,7 +37,10 @@ Graph
                           store is built in DIR, which must not exist yet or be empty
   --feature-dim N         features of a synthetic graph (default 128)
   --num-classes N         classes of a synthetic graph (default 8)
-  --undirected            add the reverse of every edge
+  --undirected            add the reverse of every edge (a relation between two node types
+                          gets its reverse as <dst>__rev_<relation>__<src>)
+  --target-node-type TYPE a typed graph: the node type the archive answers for (default: the
+                          one type with a label column)
   --drop-self-loops       drop self-loops (default: kept, the graph as given)
   --drop-duplicate-edges  keep one of each set of parallel edges (default: all kept, each with
                           its own edge features)
@@ -43,7 +48,8 @@ Graph
 Model
   --task TASK             node (node classification, default), link (link prediction: pair
                           scores and top-k) or graph (graph classification of inline graphs)
-  --arch NAME             gcn | sage | gat | gin (default sage; gin for --task graph)
+  --arch NAME             gcn | sage | gat | gin (default sage; gin for --task graph); on a
+                          typed graph their per-relation forms, or rgcn | hgt
   --decoder dot|mlp       --task link: pair decoder (default dot)
   --embedding-dim N       --task link: node embedding width (default 64)
   --pooling sum|mean|max  --task graph: global pooling (default sum)
@@ -102,6 +108,8 @@ Serving (written to the archive's model-config YAML)
   --fanouts LIST          neighbours per hop, comma list, -1 = all (default 25,10,...);
                           --fanouts -1,-1 and --fanouts=-1,-1 both work; -1 at every hop gives
                           exactly the full-graph answer
+  --fanouts-file F.json   a typed graph: fanouts per relation, {"user__pays__merchant": [10, 5]}
+                          (PyG NeighborLoader's dict form); other relations take --fanouts
   --batch-size N          TorchServe batchSize (default 8)
   --max-batch-delay MS    TorchServe maxBatchDelay (default 5)
   --min-workers N         minWorkers and maxWorkers, given together (default: neither is
@@ -178,6 +186,7 @@ while [ $# -gt 0 ]; do
     --feature-dim|--num-classes) need "$@"; synth_args+=("$1" "$2"); shift 2 ;;
     --undirected) undirected=(--undirected); shift ;;
     --drop-self-loops|--drop-duplicate-edges) graph_args+=("$1"); shift ;;
+    --target-node-type) need "$@"; graph_args+=("$1" "$2"); shift 2 ;;
     --model-class) need "$@"; model_class="$2"; own_args+=("$1" "$2"); shift 2 ;;
     --model-file|--model-args|--model-args-file|--output|--num-hops|--edge-input|--embedding-method)
       need "$@"; own_args+=("$1" "$2"); shift 2 ;;
@@ -191,7 +200,7 @@ while [ $# -gt 0 ]; do
     --fanouts|--batch-size|--max-batch-delay|--min-workers|--max-workers|--response-timeout|\
     --startup-timeout|--device|--sampling-seed|--max-ids|--max-subgraph-nodes|\
     --max-subgraph-edges|--torch-threads|--metrics-interval|--max-top-k|--max-graph-nodes|--max-graph-edges|\
-    --explain-steps|--explain-budget-ms)
+    --explain-steps|--explain-budget-ms|--fanouts-file)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --enable-updates|--no-verify-checksum) yaml_args+=("$1"); shift ;;
     --precompute) precompute=1; shift ;;

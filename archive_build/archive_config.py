@@ -24,6 +24,7 @@ from handler.settings import (
     check_explain_budget,
     default_fanouts,
     parse_fanouts,
+    parse_relation_fanouts,
 )
 
 
@@ -76,6 +77,16 @@ def detect_device_type() -> str:
     return "gpu" if torch.cuda.is_available() else "cpu"
 
 
+def _relation_fanouts(path: Path | None) -> dict[str, tuple[int, ...]]:
+    """``--fanouts-file``'s fanouts per relation (ValueError naming the file otherwise)."""
+    if path is None:
+        return {}
+    try:
+        return parse_relation_fanouts(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError, ValueError) as error:
+        raise ValueError(f"--fanouts-file {path}: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="YAML file to write")
@@ -83,6 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         "--model-config", type=Path, required=True, help="model_config.json (its num_layers = hops)"
     )
     parser.add_argument("--fanouts", help="comma list, -1 = all; default 25 then 10 per hop")
+    parser.add_argument(
+        "--fanouts-file",
+        type=Path,
+        help='fanouts per relation of a typed graph, JSON {"user__pays__merchant": [10, 5]}',
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batchSize")
     parser.add_argument("--max-batch-delay", type=int, default=5, help="maxBatchDelay in ms")
     parser.add_argument(
@@ -161,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         settings = ServingSettings(
             fanouts=fanouts,
+            relation_fanouts=_relation_fanouts(args.fanouts_file),
             sampling_seed=args.sampling_seed,
             max_ids_per_request=args.max_ids,
             max_subgraph_nodes=args.max_subgraph_nodes,

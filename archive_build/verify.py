@@ -50,7 +50,9 @@ from model.link_assets import LINK_DIR, LinkAssets, open_link_assets
 from model.precompute import Precomputed, open_precomputed, weights_digest
 from model.served import UserNodeModel, answer_rows, edge_kwargs, serving_needs
 from model.served_graph import UserGraphModel
+from model.served_hetero import HeteroNodeModel, UserHeteroModel
 from model.served_link import UserLinkModel, decoded_scores, method_of
+from model.typed_graph import whole_graph_input
 from model.user_model import EdgeInput, Output
 
 # Larger graphs are checked on the nodes' whole in-neighbourhoods (model.in_closure): the whole
@@ -170,18 +172,20 @@ class GraphVerification(Checked):
         ]
 
 
-def hub_nodes(store: GraphStore) -> np.ndarray:
-    """The ``HUB_NODES`` highest in-degree nodes, highest first."""
-    degree = np.asarray(store.in_degree)
-    return np.argsort(-degree, kind="stable")[: min(HUB_NODES, store.num_nodes)]
+def hub_nodes(store: GraphStore, count: int | None = None) -> np.ndarray:
+    """The ``HUB_NODES`` highest in-degree nodes among the first ``count`` (default: all),
+    highest first."""
+    degree = np.asarray(store.in_degree[: store.num_nodes if count is None else count])
+    return np.argsort(-degree, kind="stable")[: min(HUB_NODES, len(degree))]
 
 
 def verification_nodes(store: GraphStore, seed: int = 0) -> np.ndarray:
-    """``RANDOM_NODES`` random nodes and the ``HUB_NODES`` highest in-degree ones, sorted."""
+    """``RANDOM_NODES`` random nodes of the type the archive answers for (the target type,
+    the first global indices) and its ``HUB_NODES`` highest in-degree ones, sorted."""
     rng = np.random.default_rng(seed)
-    n = store.num_nodes
+    n = store.schema.target_type.num_nodes
     chosen = rng.choice(n, size=min(RANDOM_NODES, n), replace=False)
-    return np.unique(np.concatenate([chosen, hub_nodes(store)]))
+    return np.unique(np.concatenate([chosen, hub_nodes(store, n)]))
 
 
 def verification_pairs(store: GraphStore, seed: int = 0) -> np.ndarray:
@@ -208,6 +212,10 @@ def reference_outputs(
     graph, or for a graph over ``WHOLE_GRAPH_EDGES`` every in-edge of every node within
     ``hops`` of the ``nodes`` (``model.in_closure``, the rule precomputed rows use too: a local
     model's answer and its sources' degrees are the whole graph's)."""
+    if isinstance(model, HeteroNodeModel):  # the target type's rows, the first indices
+        with torch.inference_mode():
+            out = _own_forward(model)(whole_graph_input(store))
+        return out, np.arange(store.schema.target_type.num_nodes)
     order = None
     if store.num_edges <= WHOLE_GRAPH_EDGES:
         rows = np.arange(store.num_nodes)
@@ -237,6 +245,8 @@ def _own_forward(model: torch.nn.Module) -> Any:
         return method_of(model.module, "encode")
     if isinstance(model, UserNodeModel | UserGraphModel):
         return model.module
+    if isinstance(model, UserHeteroModel):
+        return model.forward  # PyG's dict call on the user's module, the target's rows
     return model
 
 
@@ -379,6 +389,7 @@ def exact_settings(settings: ServingSettings, hops: int) -> ServingSettings:
     return dataclasses.replace(
         settings,
         fanouts=(-1,) * hops,
+        relation_fanouts={},
         max_ids_per_request=max(settings.max_ids_per_request, IDS_PER_REQUEST),
         max_subgraph_nodes=2**62,
         max_subgraph_edges=2**62,
@@ -438,9 +449,12 @@ def verify(
         if stored.worst > tolerance:
             cause = PRECOMPUTED_BUG
     sampled = None
-    if any(fanout != -1 for fanout in settings.fanouts) and result.worst <= tolerance:
+    sampling = [settings.fanouts, *settings.relation_fanouts.values()]
+    if any(f != -1 for fanouts in sampling for f in fanouts) and result.worst <= tolerance:
         sampled_settings = dataclasses.replace(
-            exact_settings(settings, hops), fanouts=settings.fanouts
+            exact_settings(settings, hops),
+            fanouts=settings.fanouts,
+            relation_fanouts=settings.relation_fanouts,
         )
         guess = compare(full, served_rows(model, store, sampled_settings, nodes), store, nodes)
         sampled = guess.classes_agree / guess.nodes

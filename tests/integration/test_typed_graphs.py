@@ -1,0 +1,114 @@
+"""A graph of several node types and relations through build_mar.sh and TorchServe: every
+recipe answers each user node as its full-graph forward on the whole graph does (full
+neighbourhoods, <= 1e-5), per-relation fanouts reach the archive, requests name their type and
+a type the archive does not answer is a 400 naming the types."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+
+from bench.harness.torchserve import Serve, TorchServe
+from graph_assets import open_store
+from graph_assets.synthetic_typed import fraud_graph, write_fraud_graph_csv
+from model.export import load_model
+from model.typed_graph import whole_graph_input
+
+from .archives import build_archive
+
+pytestmark = pytest.mark.integration
+ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One archive per recipe on the generated fraud graph (its reverses added), full
+    neighbourhoods; ``sage_sampled`` samples rev_pays with a per-relation fanout."""
+    root = tmp_path_factory.mktemp("typed")
+    graph = write_fraud_graph_csv(fraud_graph(150, 25, 60, 500, seed=4), root / "graph")
+    store = root / "store"
+    for arch in ARCHS:
+        build_archive(
+            store, graph, "--undirected", "--arch", arch, "--name", arch, "--epochs", "5",
+            "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--batch-size", "4",
+        )  # fmt: skip
+    fanouts = root / "fanouts.json"
+    fanouts.write_text(json.dumps({"merchant__rev_pays__user": [1, 1]}))
+    build_archive(
+        store, graph, "--undirected", "--arch", "sage", "--name", "sage_sampled", "--epochs",
+        "5", "--hidden-dim", "16", "--fanouts", "-1,-1", "--fanouts-file", str(fanouts),
+    )  # fmt: skip
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
+    models = ",".join(f"{name}={name}.mar" for name in [*ARCHS, "sage_sampled"])
+    with serve(built / "store", models, name="typed") as started:
+        yield started
+
+
+def full_graph_answers(built: Path, name: str) -> tuple[list, torch.Tensor]:
+    """The archive's user IDs and its model's softmax on the whole graph."""
+    work = built / f"unpacked_{name}"
+    if not work.exists():
+        zipfile.ZipFile(built / "store" / f"{name}.mar").extractall(work)
+    store = open_store(work / "graph")
+    model, _ = load_model(work)
+    with torch.no_grad():
+        rows = torch.softmax(model(whole_graph_input(store)), dim=-1)
+    users = store.schema.target_type.num_nodes
+    return store.external_ids(np.arange(users)), rows
+
+
+def post(server: TorchServe, name: str, body: object) -> requests.Response:
+    return requests.post(
+        f"{server.inference_url}/predictions/{name}",
+        json=body,
+        headers=server.auth("inference"),
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_recipe_answers_as_its_full_graph_forward(server, built, arch):
+    ids, expected = full_graph_answers(built, arch)
+    served = []
+    for start in range(0, len(ids), 25):
+        response = post(server, arch, {"node_ids": ids[start : start + 25], "node_type": "user"})
+        assert response.status_code == 200, response.text
+        predictions = response.json()["predictions"]
+        assert {p["node_type"] for p in predictions} == {"user"}
+        served += [p["probabilities"] for p in predictions]
+    assert float((torch.tensor(served) - expected).abs().max()) <= 1e-5
+
+
+def test_per_relation_fanouts_change_the_sampled_answers(server, built):
+    ids, expected = full_graph_answers(built, "sage_sampled")
+    response = post(server, "sage_sampled", {"node_ids": ids})
+    assert response.status_code == 200, response.text
+    served = torch.tensor([p["probabilities"] for p in response.json()["predictions"]])
+    assert float((served - expected).abs().max()) > 1e-4  # rev_pays is sampled, one a hop
+    described = requests.get(
+        f"{server.management_url}/models/sage_sampled?customized=true",
+        headers=server.auth("management"),
+        timeout=30,
+    ).json()[0]["customizedMetadata"]
+    details = described if isinstance(described, dict) else json.loads(described)
+    assert details["verification"]["passed"]
+
+
+def test_a_type_the_archive_does_not_answer_is_a_400(server):
+    response = post(server, "rgcn", {"node_id": 1000, "node_type": "merchant"})
+    assert response.status_code == 400
+    message = response.json()["message"]
+    assert "answers for 'user' nodes" in message and "merchant" in message
+    missing = post(server, "rgcn", {"node_id": "nobody", "node_type": "user"})
+    assert missing.status_code == 404
