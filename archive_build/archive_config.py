@@ -165,9 +165,20 @@ def main(argv: list[str] | None = None) -> int:
     _add_task_options(parser, defaults)
     _add_graph_options(parser)
     args = parser.parse_args(argv)
-    num_layers = int(json.loads(args.model_config.read_text())["num_layers"])
+    model_config = json.loads(args.model_config.read_text())
+    num_layers = int(model_config["num_layers"])
     try:
         _check_task_options(args)
+        if args.enable_updates and model_config.get("hetero"):
+            raise ValueError(
+                "--enable-updates on a graph of several node types or relations is not "
+                "available yet; build the archive without it"
+            )
+        if args.fanouts_file and not model_config.get("hetero"):
+            raise ValueError(
+                "--fanouts-file names relations of a graph of several; this graph has one "
+                "(give --fanouts)"
+            )
         graph_location, graph_checksum = _graph_reference(args)
         fanouts = parse_fanouts(args.fanouts) if args.fanouts else default_fanouts(num_layers)
         if args.task != "graph" and len(fanouts) != num_layers:

@@ -51,6 +51,7 @@ from model.in_closure import closure_chunks, closure_forward, in_closure, store_
 from model.link import LinkPredictor
 from model.link_assets import out_csr
 from model.served import UserNodeModel, serving_needs
+from model.served_hetero import HeteroNodeModel
 from model.served_link import UserLinkModel
 from model.trimmed import trims_by_rows
 from model.user_model import EdgeInput
@@ -122,6 +123,10 @@ def plan_for(model: torch.nn.Module) -> Plan:
             stack=model,
             degree=isinstance(model, GCN),
             stored_embedding=True,
+        )
+    if isinstance(model, HeteroNodeModel):
+        raise ValueError(
+            "--precompute on a graph of several node types or relations is not available yet"
         )
     if not isinstance(model, UserNodeModel | UserLinkModel):
         raise TypeError(f"{type(model).__name__} has no node-level rows to precompute")

@@ -36,6 +36,11 @@ class NodeExplanation(EgoExplanation):
 
     def parse(self, item: Any) -> NodeTarget:
         body = as_request(item).json_object(_EXAMPLE)
+        if not self.ego.store.schema.is_homogeneous:
+            raise BadRequest(
+                "explanations are not available yet on a graph of several node types or "
+                "relations"
+            )
         try:
             node = _NodeTarget.model_validate(body).node_id
         except ValidationError as error:

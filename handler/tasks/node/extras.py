@@ -34,7 +34,13 @@ from graph_assets.errors import SubgraphTooLarge
 from handler.core.arrays import TorchOps
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.sampler import ALL_NEIGHBOURS, NeighbourSampler, self_loops_in_place
+from handler.core.sampler import (
+    ALL_NEIGHBOURS,
+    NeighbourSampler,
+    SampledSubgraph,
+    self_loops_in_place,
+)
+from handler.core.typed_ego import typed_answer
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import api_error
 from handler.protocol.errors import ApiError, BadRequest
@@ -42,6 +48,7 @@ from handler.tasks.node.new_node_rows import NEW_NODE, new_node_ego, new_node_ro
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
 from model.embedding import forward_with_embedding
 from model.served import answer_rows, serving_needs
+from model.served_hetero import HeteroNodeModel
 from model.user_model import EdgeInput
 
 BOUNDARY = -2  # the zero-feature row a boundary hop's edges come from (``gather`` zeros it)
@@ -206,10 +213,18 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
     def parse(self, item: Any) -> Resolved:
         settings, store = self.ego.settings, self.ego.store
         request = parse_node_extra(
-            item, store.feature_dim, settings.max_ids_per_request, store.edge_feature_dim
+            item,
+            store.feature_dim,
+            settings.max_ids_per_request,
+            store.edge_feature_dim if store.schema.is_homogeneous else 0,
         )
         if isinstance(request, EmbeddingRequest):
+            self.ego.check_node_type(request.node_type)
             return Resolved(request, self.ego.lookup(list(request.node_ids)))
+        if not store.schema.is_homogeneous:
+            raise BadRequest(
+                "new_node is not available yet on a graph of several node types or relations"
+            )
         reads_edges = serving_needs(self.ego.model).edge_input is not EdgeInput.NONE
         if reads_edges and request.neighbors and request.edge_attr is None:
             names = ", ".join(store.edge_feature_names)
@@ -279,6 +294,10 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             edge_index, num_seeds = sub.edge_index, 1
         else:
             seeds, sub = group.payload
+            if isinstance(model, HeteroNodeModel):
+                stop()
+                self._typed_embeddings(model, seeds, sub, group, batch)
+                return
             x, degree = self.ego.gather(sub.node)
             edge_attr = self.ego.edge_features(sub.edge)
             edge_index, num_seeds = sub.edge_index, sub.num_seeds
@@ -301,6 +320,33 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
                 else seed_rows(seeds, _resolved(batch.outcomes[position]).nodes)
             )
             batch.results[position] = (probabilities[rows], embedding[rows])
+
+    def _typed_embeddings(
+        self,
+        model: HeteroNodeModel,
+        seeds: torch.Tensor,
+        sub: SampledSubgraph,
+        group: Group,
+        batch: Batch[Resolved],
+    ) -> None:
+        """Embedding requests on a graph of several node types: the model's typed forward."""
+        times = batch.times
+        times.sampled_nodes += sub.num_nodes
+        times.sampled_edges += sub.num_edges
+        times.seed_nodes += sub.num_seeds
+        stop = timed(times, "forward")
+        with torch.inference_mode():
+            view = self.ego.view()
+            rows, embedding = typed_answer(
+                self.ego.store, view, model, sub, self.device, embedding=True
+            )
+            assert embedding is not None
+            probabilities = answer_rows(rows, self.output).cpu()
+            vectors = embedding.float().cpu()
+        stop()
+        for position in group.positions:
+            at = seed_rows(seeds, _resolved(batch.outcomes[position]).nodes)
+            batch.results[position] = (probabilities[at], vectors[at])
 
     def _cold_start_edge_features(
         self, sub: ColdStartSubgraph, given: np.ndarray | None
@@ -387,6 +433,8 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         self, probabilities: list[float], embedding: torch.Tensor, with_embedding: bool
     ) -> dict[str, Any]:
         answer = node_answer(probabilities, self.output, self.ego.store.class_names)
+        if not self.ego.store.schema.is_homogeneous:
+            answer = {"node_type": self.ego.served_node_type, **answer}
         if with_embedding:
             answer["embedding"] = embedding.tolist()
         answer["model_version"] = self.model_version

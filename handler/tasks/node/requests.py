@@ -50,11 +50,13 @@ class NodeRequest:
 
 @dataclass(frozen=True)
 class EmbeddingRequest:
-    """``{"node_id": a, "return_embedding": true}`` or ``{"node_ids": [...], ...}``."""
+    """``{"node_id": a, "return_embedding": true}`` or ``{"node_ids": [...], ...}`` (with a
+    ``node_type`` on a graph of several)."""
 
     node_ids: tuple[NodeId, ...]
     single: bool
     return_embedding: bool
+    node_type: str | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,6 +92,7 @@ class _EmbeddingBody(Strict):
     node_id: IdField | None = None
     node_ids: list[IdField] | None = None
     return_embedding: StrictBool = False
+    node_type: str | None = None
 
 
 class _NewNode(Strict):
@@ -202,9 +205,9 @@ def parse_node_extra(
     parsed = validate(_EmbeddingBody, body, EMBEDDING_EXAMPLE)
     node_id, node_ids = parsed.node_id, parsed.node_ids
     if node_id is not None and node_ids is None:
-        return EmbeddingRequest((node_id,), True, parsed.return_embedding)
+        return EmbeddingRequest((node_id,), True, parsed.return_embedding, parsed.node_type)
     if node_id is None and node_ids is not None:
         if not node_ids:
             raise BadRequest("node_ids is empty; send at least one node ID")
-        return EmbeddingRequest(tuple(node_ids), False, parsed.return_embedding)
+        return EmbeddingRequest(tuple(node_ids), False, parsed.return_embedding, parsed.node_type)
     raise BadRequest(f"send exactly one of node_id and node_ids, e.g. {EMBEDDING_EXAMPLE}")

@@ -13,6 +13,7 @@ from graph_assets import GraphStore, open_store, write_store
 from graph_assets.synthetic_typed import fraud_graph
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.task import node_router
 from model import ModelConfig, build_model
 from model.typed_graph import hetero_section, whole_graph_input
 
@@ -113,3 +114,25 @@ def test_per_relation_fanouts_reach_the_model(store: GraphStore, tmp_path: Path)
         if a["probabilities"] != b["probabilities"]
     ]
     assert differ, "a fanout of 1 on rev_pays changed no answer"
+
+
+def test_embeddings_come_from_the_typed_forward_and_the_rest_is_refused(store: GraphStore) -> None:
+    model = recipe(store, "hgt")
+    served = engine(store, model, [-1, -1])
+    router = node_router(served, "1.0")
+    with torch.no_grad():
+        expected, embedding = model.forward_with_embedding(whole_graph_input(store))
+    body = {"node_ids": ["u3", "u7"], "node_type": "user", "return_embedding": True}
+    [answer] = router.handle([{"body": body}])
+    assert answer.status == 200, answer.body
+    got = answer.body["predictions"]
+    rows = store.lookup(["u3", "u7"])
+    assert got[0]["node_type"] == "user"
+    assert torch.allclose(torch.tensor([p["embedding"] for p in got]), embedding[rows], atol=1e-5)
+    probabilities = torch.softmax(expected[rows], dim=-1)
+    assert torch.allclose(torch.tensor([p["probabilities"] for p in got]), probabilities, atol=1e-5)
+    new_node = {"new_node": {"x": [0.0] * store.feature_dim, "neighbors": ["u1"]}}
+    [cold] = router.handle([{"body": new_node}])
+    assert cold.status == 400 and "not available yet" in cold.body["message"]
+    [explained] = router.handle([{"body": {"node_id": "u1"}}], explain=[True])
+    assert explained.status == 400 and "not available yet" in explained.body["message"]
