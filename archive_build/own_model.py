@@ -36,7 +36,9 @@ from model.graph_level import CLASSES_FILE, as_data
 from model.link_assets import LINK_DIR, write_link_assets
 from model.served import choose_edge_input, probe, trims
 from model.served_graph import UserGraphModel, probe_graph
+from model.served_hetero import UserHeteroModel, probe_hetero, small_typed_input
 from model.served_link import UserLinkModel, check_link_methods, decoded_scores, method_of
+from model.typed_graph import hetero_section
 from model.user_model import (
     MODEL_FILE_DIR,
     EdgeInput,
@@ -103,6 +105,58 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     _write(Path(args.out), loaded, config)
     _print_model(args, name, hops, seen.steps)
     _print_output(config, store, f"{seen.out_dim} per node", seen.source_degrees)
+    return config
+
+
+def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
+    """Checks and writes the model directory of a node archive on a graph of several node
+    types or relations: PyG's ``forward(x_dict, edge_index_dict[, edge_attr_dict])``."""
+    loaded = load(args)
+    module, name = loaded.module, loaded.name
+    schema = store.schema
+    if args.edge_input not in ("auto", "edge_attr", "none"):
+        raise ValueError(
+            "--edge-input on a graph of several types: a model takes edge_attr_dict or nothing"
+        )
+    inputs = small_typed_input(
+        {t.name: t.feature_dim for t in schema.node_types},
+        {r.edge_type.triple: r.edge_feature_dim for r in schema.relations},
+    )
+    seen = probe_hetero(module, inputs, schema.target)
+    hops = _hops(args, seen.steps, f"{name}.forward")
+    checked_output(args, name, seen.out_dim, store.num_classes, "node", "the graph")
+    embedding = args.embedding_method or ""
+    if embedding:
+        try:
+            module.get_submodule(embedding)
+        except AttributeError:
+            raise ValueError(
+                f"--embedding-method {embedding}: {name} has no submodule of that name; on a "
+                "graph of several types it names the submodule whose input is the embedding"
+            ) from None
+    adapter = UserHeteroModel(module, schema.target, Output(args.output), embedding=embedding)
+    if args.edge_input == "none" and adapter.serving_needs.edge_input is not EdgeInput.NONE:
+        raise ValueError(f"--edge-input none: {name}.forward takes edge_attr_dict")
+    config = _config(
+        args,
+        loaded,
+        in_dim=schema.target_type.feature_dim,
+        out_dim=seen.out_dim,
+        num_layers=hops,
+        edge_input=adapter.serving_needs.edge_input,
+        boundary_degrees=adapter.serving_needs.boundary_degrees,
+        embedding=embedding,
+        hetero=hetero_section(schema),
+    )
+    _write(Path(args.out), loaded, config)
+    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
+    print(f"  model {name}: {hops} hops ({how}; --num-hops sets it)")
+    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
+    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
+    print(
+        f"  output {config.output.value} for {schema.target} nodes, {seen.out_dim} per node; "
+        f"edge features: {reads}{degrees}"
+    )
     return config
 
 
@@ -376,10 +430,19 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             if graph_task:
                 package_graph(args, open_graph_dataset(Path(args.dataset)))
-            elif args.task == Task.LINK.value:
-                package_link(args, open_store(Path(args.store)))
             else:
-                package(args, open_store(Path(args.store)))
+                store = open_store(Path(args.store))
+                if not store.schema.is_homogeneous:
+                    if args.task != Task.NODE.value:
+                        raise ValueError(
+                            f"--task {args.task} on a graph of several node types or "
+                            "relations is not available yet; --task node is"
+                        )
+                    package_typed(args, store)
+                elif args.task == Task.LINK.value:
+                    package_link(args, store)
+                else:
+                    package(args, store)
     except (ValueError, StoreError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

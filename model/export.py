@@ -19,6 +19,7 @@ from model.config import ModelConfig, Task
 from model.registry import build_model
 from model.served import UserNodeModel
 from model.served_graph import UserGraphModel
+from model.served_hetero import UserHeteroModel
 from model.served_link import UserLinkModel
 from model.train import TrainResult
 from model.user_model import (
@@ -130,7 +131,17 @@ def _load_user_model(
     module = build_user_module(config, directory)
     weights = directory / WEIGHTS_FILE
     load_weights(module, read_state_dict(weights), str(weights))
-    adapter = _USER_ADAPTERS[config.task](module, config)
+    adapter: torch.nn.Module
+    if config.hetero is not None:
+        adapter = UserHeteroModel(
+            module,
+            config.hetero["target"],
+            config.output,
+            config.boundary_degrees,
+            embedding=config.embedding,
+        )
+    else:
+        adapter = _USER_ADAPTERS[config.task](module, config)
     return adapter.to(map_location).eval(), config
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
+from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import EdgeType
 
 from model.served import _SOURCE_DEGREE_LAYERS, ServingNeeds
@@ -36,6 +38,11 @@ class HeteroNodeModel(torch.nn.Module):
     def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
         """``(output, embedding)`` of the target type's rows from one forward pass."""
         raise NotImplementedError(f"{type(self).__name__} defines no node embedding")
+
+    @property
+    def has_embedding(self) -> bool:
+        """Whether :meth:`forward_with_embedding` answers (``return_embedding``)."""
+        return True
 
 
 def answer_seeds(
@@ -124,6 +131,10 @@ class UserHeteroModel(HeteroNodeModel):
             )
         return rows
 
+    @property
+    def has_embedding(self) -> bool:
+        return self._embedding is not None
+
     def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
         """The output and the target's rows of the embedding submodule's input, captured in
         the same forward pass so that an embedding belongs to the answer it comes with."""
@@ -160,3 +171,80 @@ def normalises_by_source_degree(module: torch.nn.Module) -> bool:
         ):
             return True
     return False
+
+
+@dataclass(frozen=True)
+class HeteroProbe:
+    """What one forward of a user's heterogeneous module on a small typed graph shows."""
+
+    steps: int  # message-passing depth: propagate calls per relation (or layers called)
+    how: str  # how ``steps`` was counted, as the build prints it
+    out_dim: int
+
+
+def probe_hetero(module: torch.nn.Module, inputs: HeteroInput, target: str) -> HeteroProbe:
+    """Runs ``UserHeteroModel(module, target)`` once on ``inputs``, counting message-passing
+    steps: a per-relation layer (``to_hetero``, ``HeteroConv``: its path names the relation)
+    adds one per call to its relation's count, and the depth is the
+    largest count; a module without per-relation layers counts the layers it calls."""
+    # to_hetero names a relation's copy src__relation__dst, PyG's ModuleDict (HeteroConv)
+    # <src___relation___dst>.
+    spellings = {
+        "__".join(edge_type): ("__".join(edge_type), "___".join(edge_type))
+        for edge_type in inputs.edge_index_dict
+    }
+    keys = list(spellings)
+    per_relation: dict[str, int] = dict.fromkeys(keys, 0)
+    called: set[str] = set()
+    handles = []
+    for name, sub in module.named_modules():
+        if isinstance(sub, MessagePassing):
+
+            def count(_m: Any, _inputs: Any, _out: Any, name: str = name) -> None:
+                called.add(name)
+                for key, forms in spellings.items():
+                    if any(form in name for form in forms):
+                        per_relation[key] += 1
+
+            handles.append(sub.register_propagate_forward_hook(count))
+    try:
+        with torch.no_grad():
+            out = UserHeteroModel(module, target)(inputs)
+    except Exception as error:
+        raise ValueError(
+            f"{type(module).__name__}.forward(x_dict, edge_index_dict, ...) failed on a small "
+            f"typed graph of this graph's types and relations: {type(error).__name__}: "
+            f"{str(error).splitlines()[0] if str(error) else ''}"
+        ) from None
+    finally:
+        for handle in handles:
+            handle.remove()
+    if max(per_relation.values(), default=0):
+        steps = max(per_relation.values())
+        how = f"{steps} calls of one relation's layers in one forward"
+    else:
+        steps = len(called)
+        how = f"{steps} message-passing layers called in one forward"
+    return HeteroProbe(steps=steps, how=how, out_dim=int(out.size(1)))
+
+
+def small_typed_input(
+    node_types: Mapping[str, int], edge_types: Mapping[EdgeType, int], nodes: int = 6
+) -> HeteroInput:
+    """A small random typed graph: ``nodes`` nodes of each type (``node_types``: feature
+    widths), each relation a ring between its types with edge features of its width."""
+    generator = torch.Generator().manual_seed(0)
+    ring = torch.arange(nodes)
+    edge_index = torch.stack([ring, (ring + 1) % nodes])
+    return HeteroInput(
+        x_dict={
+            t: torch.randn(nodes, width, generator=generator) for t, width in node_types.items()
+        },
+        edge_index_dict={e: edge_index for e in edge_types},
+        n_id_dict={t: torch.arange(nodes) for t in node_types},
+        edge_attr_dict={
+            e: torch.rand(nodes, width, generator=generator)
+            for e, width in edge_types.items()
+            if width
+        },
+    )

@@ -80,6 +80,11 @@ class UserModelConfig:
             message-passing layer the forward calls); graph: the last Linear layer, whose
             input is the graph's embedding, or ``""`` for none; either: ``method:<name>`` for a
             method the user named. Link embeddings are ``encode``'s output.
+        hetero: a node model of a graph of several node types or relations (PyG's
+            ``forward(x_dict, edge_index_dict[, edge_attr_dict])``): the graph's schema as
+            ``model.typed_graph.hetero_section`` writes it, whose ``target`` is the type
+            answered for; ``embedding`` then names a submodule whose input holds the embedding.
+            None: a graph of one type.
     """
 
     task: Task = Task.NODE
@@ -95,6 +100,7 @@ class UserModelConfig:
     boundary_degrees: bool = False
     trim: bool = False
     embedding: str = ""
+    hetero: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.task = Task.parse(self.task)

@@ -1,5 +1,6 @@
 """A graph of several node types and relations through build_mar.sh and TorchServe: every
-recipe answers each user node as its full-graph forward on the whole graph does (full
+recipe and a user's HeteroConv model reading edge features answer each user node as their
+full-graph forward on the whole graph does (full
 neighbourhoods, <= 1e-5), per-relation fanouts reach the archive, requests name their type and
 a type the archive does not answer is a 400 naming the types."""
 
@@ -20,11 +21,14 @@ from graph_assets import open_store
 from graph_assets.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from model.export import load_model
 from model.typed_graph import whole_graph_input
+from tests.unit.archive_build import user_models
 
 from .archives import build_archive
 
 pytestmark = pytest.mark.integration
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
+# The user's HeteroConv stack reading the payments' edge features (tests' model file).
+HETERO_CONV = {"devices": 60, "hidden": 8, "classes": 2, "edge_dim": 2}
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +43,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
             store, graph, "--undirected", "--arch", arch, "--name", arch, "--epochs", "5",
             "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--batch-size", "4",
         )  # fmt: skip
+    torch.manual_seed(0)
+    module = user_models.FraudHeteroConv(**HETERO_CONV)
+    torch.save(module.state_dict(), root / "own.pt")
+    build_archive(
+        store, graph, "--undirected", "--name", "own", "--model-class", "FraudHeteroConv",
+        "--model-file", user_models.__file__, "--model-args", json.dumps(HETERO_CONV),
+        "--weights", str(root / "own.pt"), "--fanouts", "-1,-1", "--embedding-method", "head",
+    )  # fmt: skip
     fanouts = root / "fanouts.json"
     fanouts.write_text(json.dumps({"merchant__rev_pays__user": [1, 1]}))
     build_archive(
@@ -50,7 +62,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    models = ",".join(f"{name}={name}.mar" for name in [*ARCHS, "sage_sampled"])
+    models = ",".join(f"{name}={name}.mar" for name in [*ARCHS, "own", "sage_sampled"])
     with serve(built / "store", models, name="typed") as started:
         yield started
 
@@ -77,7 +89,7 @@ def post(server: TorchServe, name: str, body: object) -> requests.Response:
     )
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", [*ARCHS, "own"])
 def test_every_recipe_answers_as_its_full_graph_forward(server, built, arch):
     ids, expected = full_graph_answers(built, arch)
     served = []
@@ -112,3 +124,14 @@ def test_a_type_the_archive_does_not_answer_is_a_400(server):
     assert "answers for 'user' nodes" in message and "merchant" in message
     missing = post(server, "rgcn", {"node_id": "nobody", "node_type": "user"})
     assert missing.status_code == 404
+
+
+def test_the_user_models_embedding_is_the_input_of_the_submodule_it_names(server, built):
+    ids, _ = full_graph_answers(built, "own")
+    response = post(server, "own", {"node_ids": ids[:3], "return_embedding": True})
+    assert response.status_code == 200, response.text
+    predictions = response.json()["predictions"]
+    assert [len(p["embedding"]) for p in predictions] == [8, 8, 8]
+    assert {p["node_type"] for p in predictions} == {"user"}
+    refused = post(server, "sage", {"new_node": {"x": [0.0] * 8, "neighbors": [ids[0]]}})
+    assert refused.status_code == 400 and "not available yet" in refused.json()["message"]

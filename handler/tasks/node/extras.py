@@ -220,6 +220,14 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         )
         if isinstance(request, EmbeddingRequest):
             self.ego.check_node_type(request.node_type)
+            model = plain_module(self.ego.model)
+            typed = isinstance(model, HeteroNodeModel)
+            if request.return_embedding and typed and not model.has_embedding:
+                raise BadRequest(
+                    "return_embedding: this archive's model names no embedding; build it "
+                    "with --embedding-method SUBMODULE (the submodule whose input is a "
+                    "node's embedding)"
+                )
             return Resolved(request, self.ego.lookup(list(request.node_ids)))
         if not store.schema.is_homogeneous:
             raise BadRequest(

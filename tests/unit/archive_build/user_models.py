@@ -1,5 +1,6 @@
 """Model classes a user might ship in a model file (loaded by the tests with --model-file): node
-models, GAE-style link models (encode and decode) and graph-level models."""
+models, GAE-style link models (encode and decode), graph-level models, and node models of a
+graph of several node types."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from torch_geometric.nn import (
     GCNConv,
     GINEConv,
     GraphConv,
+    HeteroConv,
     ResGatedGraphConv,
     SAGEConv,
     SGConv,
     TransformerConv,
     global_add_pool,
     global_mean_pool,
+    to_hetero,
 )
 from torch_geometric.nn.models import GAE, GIN, GraphSAGE
 
@@ -233,3 +236,93 @@ class DropoutGraph(BatchStatsGraph):
     def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor) -> Tensor:
         h = torch.nn.functional.dropout(self.conv(x, edge_index), p=0.5, training=True)
         return self.head(global_mean_pool(h.relu(), batch))
+
+
+# --- models of a graph of several node types (the generated fraud graph with its reverses) --
+
+
+def _fraud_inputs(hidden: int, devices: int) -> torch.nn.ModuleDict:
+    """Users (8 features) and merchants (4) projected to ``hidden``; devices (featureless)
+    an embedding per device, indexed by ``n_id_dict`` as PyG's examples do."""
+    return torch.nn.ModuleDict(
+        {
+            "user": torch.nn.Linear(8, hidden),
+            "merchant": torch.nn.Linear(4, hidden),
+            "device": torch.nn.Embedding(devices, hidden),
+        }
+    )
+
+
+def _fraud_embed(inputs: torch.nn.ModuleDict, x_dict: dict, n_id_dict: dict) -> dict:
+    return {
+        "user": inputs["user"](x_dict["user"]),
+        "merchant": inputs["merchant"](x_dict["merchant"]),
+        "device": inputs["device"](n_id_dict["device"]),
+    }
+
+
+class FraudHeteroConv(torch.nn.Module):
+    """Two HeteroConv layers on the fraud graph: GATConv reading the payments' edge features,
+    SAGEConv on device use; a Linear head on users."""
+
+    def __init__(self, devices: int, hidden: int, classes: int, edge_dim: int) -> None:
+        super().__init__()
+        self.inputs = _fraud_inputs(hidden, devices)
+        self.convs = torch.nn.ModuleList(
+            HeteroConv(
+                {
+                    ("user", "pays", "merchant"): GATConv(
+                        hidden, hidden, edge_dim=edge_dim, add_self_loops=False
+                    ),
+                    ("merchant", "rev_pays", "user"): GATConv(
+                        hidden, hidden, edge_dim=edge_dim, add_self_loops=False
+                    ),
+                    ("user", "uses", "device"): SAGEConv(hidden, hidden),
+                    ("device", "rev_uses", "user"): SAGEConv(hidden, hidden),
+                },
+                aggr="sum",
+            )
+            for _ in range(2)
+        )
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(
+        self, x_dict: dict, edge_index_dict: dict, edge_attr_dict: dict, n_id_dict: dict
+    ) -> dict:
+        x_dict = _fraud_embed(self.inputs, x_dict, n_id_dict)
+        for conv in self.convs:
+            x_dict = {
+                **x_dict,
+                **{
+                    key: value.relu()
+                    for key, value in conv(
+                        x_dict, edge_index_dict, edge_attr_dict=edge_attr_dict
+                    ).items()
+                },
+            }
+        return {"user": self.head(x_dict["user"])}
+
+
+class _FraudSage(torch.nn.Module):
+    def __init__(self, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.conv1 = SAGEConv(hidden, hidden)
+        self.conv2 = SAGEConv(hidden, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index)
+
+
+class FraudToHetero(torch.nn.Module):
+    """A homogeneous two-layer GraphSAGE made heterogeneous with PyG's ``to_hetero``."""
+
+    def __init__(self, devices: int, hidden: int, classes: int, metadata: list) -> None:
+        super().__init__()
+        node_types, edge_types = metadata
+        self.inputs = _fraud_inputs(hidden, devices)
+        self.gnn = to_hetero(
+            _FraudSage(hidden, classes), (node_types, [tuple(e) for e in edge_types]), aggr="sum"
+        )
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
+        return self.gnn(_fraud_embed(self.inputs, x_dict, n_id_dict), edge_index_dict)
