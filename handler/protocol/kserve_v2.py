@@ -211,6 +211,32 @@ def parse_v2_node_ids(body: dict[str, Any], max_ids: int) -> tuple[list[int | st
     return tensors["node_ids"].values, request_id
 
 
+def v2_parameter(body: dict[str, Any], name: str, tensor: str) -> str | None:
+    """A string parameter of a v2 request, given as a request parameter or a parameter of its
+    input tensor ``tensor`` (KServe's JSON form ``"user"``, or gRPC's ``{"string_param":
+    "user"}``); None when neither has it, 400 when they differ or it is not a string."""
+    found: list[Any] = []
+    places = [body.get("parameters")]
+    inputs = body.get("inputs")
+    if isinstance(inputs, list):
+        places += [
+            t.get("parameters")
+            for t in inputs
+            if isinstance(t, dict) and t.get("name") in (tensor, tensor.removesuffix("s"))
+        ]
+    for place in places:
+        if isinstance(place, dict) and name in place:
+            value = place[name]
+            if isinstance(value, dict) and set(value) == {"string_param"}:
+                value = value["string_param"]
+            if not isinstance(value, str):
+                raise BadRequest(f"the parameter {name} must be a string; got {show(value)}")
+            found.append(value)
+    if len(set(found)) > 1:
+        raise BadRequest(f"the parameter {name} is given twice with different values: {found}")
+    return found[0] if found else None
+
+
 def ids_datatype(ids: Sequence[int | str]) -> str:
     """``INT64`` when every ID is an integer, else ``BYTES`` (IDs go back as they came)."""
     return "INT64" if all(isinstance(node, int) for node in ids) else "BYTES"

@@ -11,7 +11,7 @@ from pydantic import Field, StrictBool
 
 from handler.protocol.body import NodeId, as_request, show
 from handler.protocol.errors import BadRequest
-from handler.protocol.kserve_v2 import is_v2_body, parse_v2_node_ids
+from handler.protocol.kserve_v2 import is_v2_body, parse_v2_node_ids, v2_parameter
 from handler.protocol.validation import (
     IdField,
     Number,
@@ -126,7 +126,8 @@ def parse_node_request(item: Any, max_ids: int) -> NodeRequest:
     body = as_request(item).json_object('{"node_id": 42}')
     if is_v2_body(body):
         node_ids, request_id = parse_v2_node_ids(body, max_ids)
-        return NodeRequest(tuple(node_ids), single=False, protocol="v2", request_id=request_id)
+        node_type = v2_parameter(body, "node_type", "node_ids")
+        return NodeRequest(tuple(node_ids), False, "v2", request_id, node_type)
     raw_ids = body.get("node_ids")
     if isinstance(raw_ids, list):
         check_count("node_ids", len(raw_ids), max_ids, "max_ids_per_request")

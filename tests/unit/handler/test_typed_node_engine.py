@@ -136,3 +136,32 @@ def test_embeddings_come_from_the_typed_forward_and_the_rest_is_refused(store: G
     assert cold.status == 400 and "not available yet" in cold.body["message"]
     [explained] = router.handle([{"body": {"node_id": "u1"}}], explain=[True])
     assert explained.status == 400 and "not available yet" in explained.body["message"]
+
+
+def test_kserve_v2_requests_name_the_type_as_a_request_or_input_parameter(
+    store: GraphStore,
+) -> None:
+    served = engine(store, recipe(store, "sage"), [2, 2])
+
+    def v2(request_parameters: dict, tensor_parameters: dict) -> dict:
+        tensor = {"name": "node_ids", "shape": [2], "datatype": "BYTES", "data": ["u1", "u2"]}
+        return {
+            "inputs": [{**tensor, "parameters": tensor_parameters}],
+            "parameters": request_parameters,
+        }
+
+    [(status, body), (tensor_level, _), (grpc, _)] = answers(
+        served,
+        [
+            v2({"node_type": "user"}, {}),
+            v2({}, {"node_type": "user"}),
+            v2({"node_type": {"string_param": "user"}}, {}),
+        ],
+    )
+    assert (status, tensor_level, grpc) == (200, 200, 200), body
+    assert body["outputs"][0]["data"] == ["u1", "u2"]
+    [(wrong, message), (twice, conflict)] = answers(
+        served, [v2({"node_type": "merchant"}, {}), v2({"node_type": "user"}, {"node_type": "x"})]
+    )
+    assert wrong == 400 and "answers for 'user' nodes" in message["message"]
+    assert twice == 400 and "different values" in conflict["message"]
