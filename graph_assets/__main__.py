@@ -277,8 +277,7 @@ def _summary(meta: StoreMeta) -> str:
             for t in schema.node_types
         )
         relations = "; ".join(
-            f"{r.name} {r.num_edges} ({r.edge_feature_dim} edge features)"
-            for r in schema.relations
+            f"{r.name} {r.num_edges} ({r.edge_feature_dim} edge features)" for r in schema.relations
         )
         counts = (
             f"  nodes {meta['num_nodes']}: {types}\n  edges {meta['num_edges']} (of "

@@ -27,6 +27,7 @@ import numpy as np
 
 from graph_assets.errors import StoreError
 from graph_assets.log_lineage import open_update_log
+from graph_assets.operations import decode_operations
 from graph_assets.overlay import GraphOverlay
 from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log, shown_url
 from graph_assets.store import StoreMeta, open_store
@@ -64,7 +65,7 @@ def replay(store_dir: Path, log: Path | RedisLogConfig) -> Replayed:
         opened.close()
     for record in records:
         check_next(record, overlay.seq, opened.path)
-        overlay.apply(record.operations, record.seq)
+        overlay.apply(decode_operations(record.operations, overlay.base), record.seq)
     return Replayed(overlay=overlay, log_end=end)
 
 

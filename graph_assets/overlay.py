@@ -17,46 +17,24 @@ takes the pair's edge with the highest ID: the one added last.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any
 
 import numpy as np
 
+from graph_assets.operations import (
+    AddEdge,
+    AddNode,
+    EdgeOperation,
+    Operation,
+    Rejection,
+    RemoveEdge,
+    RemoveNode,
+    SetFeatures,
+    UpdateRejected,
+    shown,
+)
 from graph_assets.store import GraphStore, check_edge_ids, node_key
-
-# Each operation type and the fields it may carry: anything else is refused, not stored in the
-# log unread.
-OPERATION_FIELDS = {
-    "add_node": {"type", "id", "x", "label"},
-    "add_edge": {"type", "src", "dst", "attr"},
-    "remove_edge": {"type", "src", "dst"},
-    "set_edge_features": {"type", "src", "dst", "attr"},
-    "set_features": {"type", "id", "x"},
-    "remove_node": {"type", "id"},
-}
-OPERATION_TYPES = tuple(OPERATION_FIELDS)
-FLOAT32_MAX = float(np.finfo(np.float32).max)
-
-
-class Rejection(Enum):
-    """Why an update cannot be applied (the handler maps each to an HTTP status)."""
-
-    INVALID = "invalid"  # a malformed operation
-    MISSING = "missing"  # names a node or an edge the graph does not have
-    CONFLICT = "conflict"  # adds a node that exists, or reuses a removed ID
-    LIMIT = "limit"  # over one of the overlay's size limits
-
-
-class UpdateRejected(ValueError):
-    """An update request that cannot be applied: which operation, and why (``kind``)."""
-
-    def __init__(self, kind: Rejection, index: int, message: str) -> None:
-        super().__init__(f"operation {index}: {message}")
-        self.kind = kind
-        self.index = index
 
 
 @dataclass(frozen=True)
@@ -128,9 +106,10 @@ class GraphOverlay:
         return self.seq == self._base_seq
 
     def apply(
-        self, operations: Sequence[Any], seq: int, commit: Callable[[], None] | None = None
+        self, operations: Sequence[Operation], seq: int, commit: Callable[[], None] | None = None
     ) -> None:
-        """Applies one request's operations, all or none; ``seq`` becomes the graph version.
+        """Applies one request's operations (decoded: graph_assets.operations), all or none;
+        ``seq`` becomes the graph version.
 
         ``commit`` runs once every operation is known to be valid (e.g. the durable append to
         the update log); if it raises, the operations are undone too.
@@ -172,16 +151,15 @@ class GraphOverlay:
             return np.asarray(self._indices[start:end], dtype=np.int64)
         return np.empty(0, dtype=np.int64)
 
-    def _look_up_base_ids(self, operations: Sequence[Any]) -> dict[int | str, int]:
+    def _look_up_base_ids(self, operations: Sequence[Operation]) -> dict[int | str, int]:
         """Base index of every node ID the operations name, in one lookup (one per ID cost
         ~60 us each). Base IDs never change, so the answers hold for the whole request."""
         ids: set[int | str] = set()
         for operation in operations:
-            if isinstance(operation, dict):
-                for field in ("id", "src", "dst"):
-                    value = operation.get(field)
-                    if type(value) is int or type(value) is str:  # not bool: True == 1
-                        ids.add(value)
+            if isinstance(operation, AddNode | SetFeatures | RemoveNode):
+                ids.add(operation.node_id)
+            else:
+                ids.update((operation.src, operation.dst))
         if not ids:
             return {}
         listed = list(ids)
@@ -320,41 +298,27 @@ class GraphOverlay:
 
     # -- applying operations -------------------------------------------------------------
 
-    def _apply_one(self, index: int, operation: Any, undo: list[Callable[[], None]]) -> None:
-        if not isinstance(operation, dict) or operation.get("type") not in OPERATION_TYPES:
-            raise UpdateRejected(
-                Rejection.INVALID,
-                index,
-                f"each operation is an object whose type is one of {OPERATION_TYPES}",
-            )
-        kind = operation["type"]
-        unknown = sorted(str(field) for field in set(operation) - OPERATION_FIELDS[kind])
-        if unknown:
-            raise UpdateRejected(
-                Rejection.INVALID, index, f"unknown field(s) {unknown} in a {kind} operation"
-            )
-        if kind == "add_node":
+    def _apply_one(self, index: int, operation: Operation, undo: list[Callable[[], None]]) -> None:
+        if isinstance(operation, AddNode):
             self._add_node(index, operation, undo)
-        elif kind == "set_features":
-            node = self._existing(index, operation, "id")
-            self._set_row(node, self._vector(index, operation), undo)
-        elif kind == "remove_node":
-            self._remove_node(self._existing(index, operation, "id"), undo)
+        elif isinstance(operation, SetFeatures):
+            self._set_row(self._existing(index, operation.node_id, "id"), operation.x, undo)
+        elif isinstance(operation, RemoveNode):
+            self._remove_node(self._existing(index, operation.node_id, "id"), undo)
         else:
-            self._edge_operation(index, kind, operation, undo)
+            self._edge_operation(index, operation, undo)
 
     def _edge_operation(
-        self, index: int, kind: str, operation: dict[str, Any], undo: list[Callable[[], None]]
+        self, index: int, operation: EdgeOperation, undo: list[Callable[[], None]]
     ) -> None:
         """``add_edge``, ``remove_edge`` or ``set_edge_features`` of the pair ``src -> dst``."""
-        src = self._existing(index, operation, "src")
-        dst = self._existing(index, operation, "dst")
-        attr = self._edge_attr(index, kind, operation)
+        src = self._existing(index, operation.src, "src")
+        dst = self._existing(index, operation.dst, "dst")
         current, ids = self.in_list(dst), self.in_list_edge_ids(dst)
         # The pair's edges are one run of the ascending sources, in ascending edge ID.
         end = int(current.searchsorted(src, side="right"))
-        if kind == "add_edge":
-            edge_id = np.array([self._new_edge(attr, undo)], dtype=np.int64)
+        if isinstance(operation, AddEdge):
+            edge_id = np.array([self._new_edge(operation.attr, undo)], dtype=np.int64)
             added = np.array([src], dtype=np.int64)
             self._set_in_list(
                 dst,
@@ -366,9 +330,11 @@ class GraphOverlay:
         start = int(current.searchsorted(src, side="left"))
         if start == end:
             raise UpdateRejected(
-                Rejection.MISSING, index, f"edge {_edge(operation)} does not exist"
+                Rejection.MISSING,
+                index,
+                f"edge {shown(operation.src)} -> {shown(operation.dst)} does not exist",
             )
-        if kind == "remove_edge":  # the pair's last edge: the one added last
+        if isinstance(operation, RemoveEdge):  # the pair's last edge: the one added last
             last = end - 1
             self._set_in_list(
                 dst,
@@ -377,49 +343,17 @@ class GraphOverlay:
                 undo,
             )
             return
-        assert attr is not None
         for edge_id in ids[start:end].tolist():
-            self._set_edge_row(edge_id, attr, undo)
+            self._set_edge_row(edge_id, operation.attr, undo)
         if dst not in self._change.in_lists_before:  # its in-edges changed as a layer sees them
             self._change.in_lists_before[dst] = current
 
-    def _edge_attr(self, index: int, kind: str, operation: dict[str, Any]) -> np.ndarray | None:
-        """The operation's ``attr`` as float32: required by ``set_edge_features`` and, on a
-        graph with edge features, by ``add_edge``; refused on a graph without."""
-        if kind == "remove_edge":
-            return None
-        width = self.edge_feature_dim
-        if width == 0:
-            if kind == "set_edge_features":
-                problem = "this graph has no edge features, so set_edge_features does not apply"
-            elif "attr" in operation:
-                problem = "this graph has no edge features: send add_edge without attr"
-            else:
-                return None
-            raise UpdateRejected(Rejection.INVALID, index, problem)
-        if "attr" not in operation:
-            names = ", ".join(self.base.edge_feature_names)
-            raise UpdateRejected(
-                Rejection.INVALID,
-                index,
-                f"{kind} needs attr, a list of the {width} edge features of this graph ({names})",
-            )
-        return self._vector(index, operation, "attr", width)
-
-    def _add_node(
-        self, index: int, operation: dict[str, Any], undo: list[Callable[[], None]]
-    ) -> None:
-        node_id = operation.get("id")
-        if isinstance(node_id, bool) or not isinstance(node_id, int | str):
-            raise UpdateRejected(
-                Rejection.INVALID,
-                index,
-                f"add_node needs an integer or string id, got {_shown(node_id)}",
-            )
+    def _add_node(self, index: int, operation: AddNode, undo: list[Callable[[], None]]) -> None:
+        node_id = operation.node_id
         key = node_key(self.base.id_kind, node_id)
         if key is None or (isinstance(node_id, str) and not node_id):
             raise UpdateRejected(
-                Rejection.INVALID, index, f"{_shown(node_id)} cannot be a node ID of this graph"
+                Rejection.INVALID, index, f"{shown(node_id)} cannot be a node ID of this graph"
             )
         existing = self._base_index.get(node_id)
         if existing is None:
@@ -427,24 +361,22 @@ class GraphOverlay:
         if existing >= 0 or key in self._new_index:
             node = int(existing) if existing >= 0 else self._new_index[key]
             state = "was removed (IDs are not reused)" if node in self.removed else "already exists"
-            raise UpdateRejected(Rejection.CONFLICT, index, f"node {_shown(node_id)} {state}")
+            raise UpdateRejected(Rejection.CONFLICT, index, f"node {shown(node_id)} {state}")
         if self.base.was_removed(node_id):  # removed before the base was compacted
             raise UpdateRejected(
                 Rejection.CONFLICT,
                 index,
-                f"node {_shown(node_id)} was removed (IDs are not reused)",
+                f"node {shown(node_id)} was removed (IDs are not reused)",
             )
         if len(self.new_ids) >= self.max_new_nodes:
             raise UpdateRejected(
                 Rejection.LIMIT, index, f"the overlay holds {self.max_new_nodes} new nodes"
             )
-        vector = self._vector(index, operation)
-        label = self._label(index, operation.get("label"))
         node = self.num_nodes
         self.new_ids.append(key.decode("utf-8") if isinstance(key, bytes) else key)
-        self.new_labels.append(label)
+        self.new_labels.append(operation.label)
         self._new_index[key] = node
-        self.changed_rows[node] = vector
+        self.changed_rows[node] = operation.x
         self._change.feature_rows.add(node)
 
         def forget() -> None:
@@ -570,73 +502,13 @@ class GraphOverlay:
 
         undo.append(restore)
 
-    def _existing(self, index: int, operation: dict[str, Any], field: str) -> int:
-        node_id = operation.get(field)
-        if isinstance(node_id, bool) or not isinstance(node_id, int | str):
-            raise UpdateRejected(
-                Rejection.INVALID, index, f"{field} must be an integer or string node ID"
-            )
+    def _existing(self, index: int, node_id: int | str, field: str) -> int:
         node = self._node_of(node_id)
         if node < 0:
             raise UpdateRejected(
-                Rejection.MISSING, index, f"node {_shown(node_id)} ({field}) is not in the graph"
+                Rejection.MISSING, index, f"node {shown(node_id)} ({field}) is not in the graph"
             )
         return node
-
-    def _vector(
-        self, index: int, operation: dict[str, Any], field: str = "x", width: int | None = None
-    ) -> np.ndarray:
-        """``operation[field]`` as a finite float32 vector, ``width`` long (default: the node
-        feature width)."""
-        values = operation.get(field)
-        width = self.base.feature_dim if width is None else width
-        if not isinstance(values, list) or len(values) != width:
-            got = len(values) if isinstance(values, list) else type(values).__name__
-            raise UpdateRejected(
-                Rejection.INVALID, index, f"{field} must be a list of {width} numbers, got {got}"
-            )
-        kinds = set(map(type, values))  # one pass at C speed; JSON gives int and float only
-        if not kinds <= {int, float} and not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in values
-        ):
-            raise UpdateRejected(Rejection.INVALID, index, f"{field} must hold numbers only")
-        if kinds == {float}:  # the usual vector: checked in numpy
-            wide = np.array(values, dtype=np.float64)
-            finite = bool(np.isfinite(wide).all())
-        else:  # an int is checked before any conversion: 10**400 overflows float() itself
-            finite = all(
-                abs(v) <= FLOAT32_MAX if isinstance(v, int) else math.isfinite(v) for v in values
-            )
-            wide = np.array(values, dtype=np.float64) if finite else np.empty(0)
-        if not finite:
-            raise UpdateRejected(
-                Rejection.INVALID, index, f"{field} holds NaN or infinity; send finite numbers"
-            )
-        with np.errstate(over="ignore"):
-            vector = wide.astype(np.float32)
-        if not np.isfinite(vector).all():
-            raise UpdateRejected(
-                Rejection.INVALID,
-                index,
-                f"{field} holds a value outside float32's range (±{FLOAT32_MAX:.7g})",
-            )
-        return vector
-
-    def _label(self, index: int, label: Any) -> int:
-        if label is None:
-            return -1
-        names = self.base.class_names
-        if isinstance(label, str) and names and label in names:
-            return names.index(label)
-        if (
-            isinstance(label, int)
-            and not isinstance(label, bool)
-            and 0 <= label < max(self.base.num_classes, 1)
-        ):
-            return label
-        raise UpdateRejected(
-            Rejection.INVALID, index, f"label {_shown(label)} is not a class of this graph"
-        )
 
 
 def _contains(ascending: np.ndarray, value: int) -> bool:
@@ -644,14 +516,3 @@ def _contains(ascending: np.ndarray, value: int) -> bool:
     cost ~150 us per edge operation)."""
     at = int(ascending.searchsorted(value))
     return at < len(ascending) and int(ascending[at]) == value
-
-
-def _shown(value: Any) -> str:
-    """``repr`` of a client's value for an error message, cut short: a 400-digit ID is quoted
-    by its ends, not in full."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:18]}...{text[-18:]} ({len(text)} characters)"
-
-
-def _edge(operation: dict[str, Any]) -> str:
-    return f"{_shown(operation['src'])} -> {_shown(operation['dst'])}"

@@ -2,8 +2,9 @@
 
 The file log (graph_assets.update_log) serves one machine; this one serves many replicas. One
 stream per lineage, key ``gnnserve:updates:<lineage base checksum>``; one entry per record, its
-ID ``<seq>-0`` and one field ``operations`` (JSON). Redis refuses an entry whose ID is not above
-the stream's last one, so two writers can never both write a seq: the loser gets
+ID ``<seq>-0``, its field ``operations`` (JSON, graph_assets.operations' canonical form) and
+``format`` (that form's version; an entry without it is format 1). Redis refuses an entry whose
+ID is not above the stream's last one, so two writers can never both write a seq: the loser gets
 :class:`UpdateLogConflict`, catches up and validates its update again. No lock, no home-made
 replication: durability is what the operator configures on Redis (AOF with ``appendfsync always``
 makes an entry durable before Redis answers; ``WAIT`` with ``wait_replicas`` waits until that
@@ -30,11 +31,13 @@ import redis
 
 from graph_assets.errors import (
     UpdateLogConflict,
+    UpdateLogCorrupt,
     UpdateLogMismatch,
     UpdateLogUnavailable,
     UpdateLogWriteFailed,
     UpdateNotReplicated,
 )
+from graph_assets.operations import LOG_FORMAT
 from graph_assets.store import GraphStore
 from graph_assets.update_log import MAX_RECORD_BYTES, LogRecord, TornTail
 
@@ -42,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "gnnserve:updates:"
 _FIELD = b"operations"
+_FORMAT_FIELD = b"format"  # graph_assets.operations.LOG_FORMAT; absent: format 1
 _PAGE = 10_000  # entries per XRANGE call while replaying
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 
@@ -142,7 +146,7 @@ class RedisUpdateLog:
     local top = 0
     if last[1] then top = tonumber(string.match(last[1][1], '^(%d+)')) end
     if top == tonumber(ARGV[1]) - 1 then
-        redis.call('XADD', KEYS[1], ARGV[1] .. '-0', 'operations', ARGV[2])
+        redis.call('XADD', KEYS[1], ARGV[1] .. '-0', 'operations', ARGV[2], 'format', ARGV[3])
     end
     return top
     """
@@ -166,6 +170,12 @@ class RedisUpdateLog:
             entries = self._call(self.client.xrange, self.key, min=start, max="+", count=_PAGE)
             for entry_id, fields in entries:
                 seq = _seq_of(entry_id)
+                written = int(fields.get(_FORMAT_FIELD, b"1"))
+                if written > LOG_FORMAT:
+                    raise UpdateLogCorrupt(
+                        f"update log {self.path}: the record of seq {seq} is format {written}, "
+                        f"newer than this gnnserve reads ({LOG_FORMAT}); upgrade this server"
+                    )
                 operations = json.loads(fields[_FIELD])
                 records.append(LogRecord(seq, operations, offset=seq - 1, end=seq))
             if len(entries) < _PAGE:
@@ -190,7 +200,9 @@ class RedisUpdateLog:
         if len(payload) > MAX_RECORD_BYTES:
             raise ValueError(f"an update record of {len(payload)} bytes is over the limit")
         try:
-            last = int(self._call(self._append_after, keys=[self.key], args=[seq, payload]))
+            last = int(
+                self._call(self._append_after, keys=[self.key], args=[seq, payload, LOG_FORMAT])
+            )
         except redis.ResponseError as error:
             # Refused whole (out of memory under noeviction, a read-only replica, ...): like a
             # full disk for the file log, nothing of it is in the stream.

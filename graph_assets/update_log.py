@@ -18,7 +18,9 @@ and the next writer replaces it. An unreadable record followed by intact ones is
 crash: :class:`UpdateLogCorrupt`, never a silent cut.
 
 Record layout: ``b"GNUP"`` | payload length (uint32, little endian) | CRC-32 of the payload
-(uint32) | payload (UTF-8 JSON ``{"seq": N, "operations": [...]}``).
+(uint32) | payload (UTF-8 JSON ``{"seq": N, "format": 2, "operations": [...]}``: the
+operations in ``graph_assets.operations``' canonical form, whose version ``format`` is; a
+record without it is format 1, written before).
 
 A log started for a compacted store on a fresh state directory begins with a start marker: a
 record with no operations whose ``seq`` is the last one folded into that store (graph_assets.
@@ -43,6 +45,7 @@ from typing import Any
 
 from graph_assets.durable import fsync_path
 from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
+from graph_assets.operations import LOG_FORMAT
 from graph_assets.private_dir import ensure_private_dir
 
 logger = logging.getLogger(__name__)
@@ -179,7 +182,8 @@ class UpdateLog:
         fsync fails the record is cut off again and :class:`UpdateLogWriteFailed` raised:
         nothing of it stays in the log.
         """
-        payload = json.dumps({"seq": seq, "operations": operations}, allow_nan=False).encode()
+        content = {"seq": seq, "format": LOG_FORMAT, "operations": operations}
+        payload = json.dumps(content, allow_nan=False).encode()
         if len(payload) > MAX_RECORD_BYTES:
             raise ValueError(f"an update record of {len(payload)} bytes is over the limit")
         record = _HEADER.pack(MAGIC, len(payload), zlib.crc32(payload)) + payload
@@ -302,8 +306,14 @@ class UpdateLog:
         try:
             data = json.loads(payload)
             seq, operations = int(data["seq"]), list(data["operations"])
+            written = int(data.get("format", 1))
         except (ValueError, KeyError, TypeError):
             return "unparsable payload"
+        if written > LOG_FORMAT:  # intact, acknowledged: never a torn tail to write over
+            raise UpdateLogCorrupt(
+                f"update log {self.path}: the record at byte {offset} is format {written}, "
+                f"newer than this gnnserve reads ({LOG_FORMAT}); upgrade this server"
+            )
         return LogRecord(seq=seq, operations=operations, offset=offset, end=end)
 
 

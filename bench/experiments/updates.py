@@ -38,6 +38,7 @@ import psutil
 import torch
 
 from graph_assets import GraphStore, generate_synthetic, open_store
+from graph_assets.operations import decode_operations
 from graph_assets.overlay import GraphOverlay
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
@@ -256,7 +257,7 @@ def overlay_memory(store_dir: Path, edges: int) -> float:
         batch = random_edges(rng, overlay.base.num_nodes, 10_000)
         seq += 1
         try:
-            overlay.apply(batch, seq)
+            overlay.apply(decode_operations(batch, overlay.base), seq)
         except ValueError:
             seq -= 1
     added = sum(len(v) for v in overlay.in_lists.values()) - sum(

@@ -41,7 +41,13 @@ from graph_assets.errors import (
     UpdateNotReplicated,
 )
 from graph_assets.log_lineage import open_update_log, update_log_path
-from graph_assets.overlay import GraphOverlay, UpdateRejected
+from graph_assets.operations import (
+    Operation,
+    UpdateRejected,
+    decode_operations,
+    encode_operations,
+)
+from graph_assets.overlay import GraphOverlay
 from graph_assets.private_dir import ensure_private_dir
 from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
 from graph_assets.update_log import LogRecord, UpdateLog, check_next
@@ -74,7 +80,8 @@ LogBackend = UpdateLog | RedisUpdateLog
 
 @dataclass(frozen=True)
 class UpdateRequest:
-    """``{"op": "update", "operations": [...]}``, parsed and authorised."""
+    """``{"op": "update", "operations": [...]}``, parsed and authorised; the operations as
+    sent (:meth:`LiveGraph.update` decodes them against the graph)."""
 
     operations: list[Any]
 
@@ -305,10 +312,14 @@ class LiveGraph:
         """
         if self.log is None:
             raise Forbidden("updates are disabled for this archive")
+        try:  # decoded once, here: the overlay and the log see typed operations only
+            operations = decode_operations(request.operations, self.store)
+        except UpdateRejected as refused:
+            raise api_error(refused) or BadRequest(str(refused)) from None
         catch_up = self.log.catch_up_before_append
         for _ in range(MAX_CONFLICT_RETRIES):
             try:
-                return self._update_once(self.log, request, catch_up)
+                return self._update_once(self.log, operations, catch_up)
             except UpdateLogConflict:
                 catch_up = True  # another server wrote that seq first: catch up, validate again
         raise Unavailable(
@@ -316,7 +327,7 @@ class LiveGraph:
             "validated; nothing was applied, send it again"
         )
 
-    def _update_once(self, log: LogBackend, request: UpdateRequest, catch_up: bool) -> int:
+    def _update_once(self, log: LogBackend, operations: list[Operation], catch_up: bool) -> int:
         with self._lock, log.exclusive():
             if self.failure is None and catch_up:
                 self._read_and_apply(locked=True, raise_unreachable=True)
@@ -325,12 +336,12 @@ class LiveGraph:
             seq, at = self.overlay.seq + 1, self._offset
 
             def persist() -> None:
-                self._offset = log.append(request.operations, seq, at=at)
+                self._offset = log.append(encode_operations(operations), seq, at=at)
                 self.log_end = max(self.log_end, self._offset)
                 self._reached()
 
             try:
-                self.overlay.apply(request.operations, seq, commit=persist)
+                self.overlay.apply(operations, seq, commit=persist)
             except (UpdateRejected, UpdateLogWriteFailed) as refused:
                 raise api_error(refused) or Unavailable(str(refused)) from None
             except UpdateLogMismatch as lost:
@@ -433,7 +444,8 @@ class LiveGraph:
         for record in records:
             try:
                 check_next(record, self.overlay.seq, str(path))
-                self.overlay.apply(record.operations, record.seq)
+                operations = decode_operations(record.operations, self.store)
+                self.overlay.apply(operations, record.seq)
             except Exception as error:
                 if refuse_damage and isinstance(error, UpdateLogCorrupt):
                     raise

@@ -38,8 +38,7 @@ class NodeExplanation(EgoExplanation):
         body = as_request(item).json_object(_EXAMPLE)
         if not self.ego.store.schema.is_homogeneous:
             raise BadRequest(
-                "explanations are not available yet on a graph of several node types or "
-                "relations"
+                "explanations are not available yet on a graph of several node types or relations"
             )
         try:
             node = _NodeTarget.model_validate(body).node_id

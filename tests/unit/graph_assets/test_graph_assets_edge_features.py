@@ -27,11 +27,18 @@ from graph_assets import (
 )
 from graph_assets.__main__ import main
 from graph_assets.compact import compact, replay
+from graph_assets.operations import decode_operations
 from graph_assets.overlay import GraphOverlay
 from graph_assets.store import META_FILE, edge_features_file
 from graph_assets.update_log import UpdateLog
 from graph_assets.writer import _stable_sort
 from tests.store_versions import as_version_1, as_version_2
+
+
+def apply(overlay: GraphOverlay, operations: list, seq: int) -> None:
+    """The operations as the live graph applies them: decoded, then applied."""
+    overlay.apply(decode_operations(operations, overlay.base), seq)
+
 
 EDGE_FEATURES_FILE = edge_features_file(0)
 Triple = tuple[int | str, int | str, tuple[float, ...]]
@@ -308,7 +315,7 @@ def test_a_graph_without_edge_features_answers_zero_width_rows(tmp_path: Path) -
 def test_the_overlay_answers_base_and_added_edges_features(tmp_path: Path) -> None:
     store = built(tmp_path)
     overlay = GraphOverlay(store)
-    overlay.apply([{"type": "add_edge", "src": 4, "dst": 3, "attr": [8, 9.5]}], seq=1)
+    apply(overlay, [{"type": "add_edge", "src": 4, "dst": 3, "attr": [8, 9.5]}], 1)
     assert overlay.edge_feature_dim == 2 and overlay.num_edge_ids == store.num_edges + 1
     np.testing.assert_array_equal(
         overlay.edge_feature_rows(np.array([2, 0])), store.edge_feature_rows(np.array([2, 0]))

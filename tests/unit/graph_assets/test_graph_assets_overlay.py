@@ -10,8 +10,15 @@ import numpy as np
 import pytest
 
 from graph_assets import RawGraph, generate_synthetic, open_store, write_store
-from graph_assets.overlay import GraphOverlay, Rejection, UpdateRejected
+from graph_assets.operations import Rejection, UpdateRejected, decode_operations
+from graph_assets.overlay import GraphOverlay
 from tests.edge_graph import edge_feature_store
+
+
+def apply(overlay: GraphOverlay, operations: list, seq: int) -> None:
+    """The operations as the live graph applies them: decoded, then applied."""
+    overlay.apply(decode_operations(operations, overlay.base), seq)
+
 
 FEATURES = 4
 
@@ -154,7 +161,7 @@ def run_random_updates(store, seed: int) -> GraphOverlay:
         except ValueError:
             valid = False
         try:
-            overlay.apply(batch, seq)
+            apply(overlay, batch, seq)
             applied = True
         except UpdateRejected:
             applied = False
@@ -180,7 +187,7 @@ def test_random_updates_with_edge_features_match_a_plain_model(edge_store, seed)
 
 def test_invalid_request_changes_nothing_and_names_the_item(store):
     overlay = GraphOverlay(store)
-    overlay.apply([{"type": "add_node", "id": 500, "x": [0.0] * FEATURES}], 1)
+    apply(overlay, [{"type": "add_node", "id": 500, "x": [0.0] * FEATURES}], 1)
     before = {n: overlay.in_list(n).tolist() for n in range(store.num_nodes + 1)}
     cases = [
         (
@@ -219,7 +226,7 @@ def test_invalid_request_changes_nothing_and_names_the_item(store):
     ]
     for operations, status, index in cases:
         with pytest.raises(UpdateRejected) as rejected:
-            overlay.apply(operations, 2)
+            apply(overlay, operations, 2)
         assert rejected.value.kind is KIND[status] and rejected.value.index == index
         assert f"operation {index}" in str(rejected.value)
         assert overlay.seq == 1
@@ -229,11 +236,11 @@ def test_invalid_request_changes_nothing_and_names_the_item(store):
 
 def test_removed_nodes_are_gone_and_their_ids_not_reused(store):
     overlay = GraphOverlay(store)
-    overlay.apply([{"type": "remove_node", "id": 5}], 1)
+    apply(overlay, [{"type": "remove_node", "id": 5}], 1)
     assert overlay.lookup([5]).tolist() == [-1]
     assert all(5 not in overlay.in_list(n).tolist() for n in range(store.num_nodes))
     with pytest.raises(UpdateRejected, match="was removed"):
-        overlay.apply([{"type": "add_node", "id": 5, "x": [0.0] * FEATURES}], 2)
+        apply(overlay, [{"type": "add_node", "id": 5, "x": [0.0] * FEATURES}], 2)
 
 
 def test_a_huge_id_is_refused_and_quoted_in_short(store):
@@ -245,7 +252,7 @@ def test_a_huge_id_is_refused_and_quoted_in_short(store):
         ({"type": "add_node", "id": huge, "x": [0.0] * FEATURES}, 400),
     ):
         with pytest.raises(UpdateRejected) as rejected:
-            overlay.apply([operation], 1)
+            apply(overlay, [operation], 1)
         assert rejected.value.kind is KIND[status]
         assert len(str(rejected.value)) < 150 and "(401 characters)" in str(rejected.value)
 
@@ -273,18 +280,18 @@ def test_a_base_with_self_loops_and_parallel_edges(tmp_path):
         rows = overlay.edge_feature_rows(overlay.in_list_edge_ids(node))[:, 0].tolist()
         return list(zip(overlay.external_ids(overlay.in_list(node)), rows, strict=True))
 
-    overlay.apply([{"type": "add_edge", "src": 1, "dst": 2, "attr": [5.0]}], 1)
-    overlay.apply([{"type": "add_edge", "src": 1, "dst": 1, "attr": [6.0]}], 2)
+    apply(overlay, [{"type": "add_edge", "src": 1, "dst": 2, "attr": [5.0]}], 1)
+    apply(overlay, [{"type": "add_edge", "src": 1, "dst": 1, "attr": [6.0]}], 2)
     assert pair_rows(two) == [(1, 1.0), (1, 2.0), (1, 5.0)]
     assert overlay.in_list_edge_ids(two).tolist() == [0, 1, 4]  # a new ID after the base's
     assert pair_rows(int(overlay.lookup([1])[0])) == [(1, 6.0)]
-    overlay.apply([{"type": "remove_edge", "src": 1, "dst": 2}], 3)
+    apply(overlay, [{"type": "remove_edge", "src": 1, "dst": 2}], 3)
     assert pair_rows(two) == [(1, 1.0), (1, 2.0)]  # the newest went
-    overlay.apply([{"type": "remove_edge", "src": 1, "dst": 2}], 4)
+    apply(overlay, [{"type": "remove_edge", "src": 1, "dst": 2}], 4)
     assert pair_rows(two) == [(1, 1.0)]  # then the last stored copy
-    overlay.apply([{"type": "set_edge_features", "src": 3, "dst": 3, "attr": [7.0]}], 5)
+    apply(overlay, [{"type": "set_edge_features", "src": 3, "dst": 3, "attr": [7.0]}], 5)
     assert pair_rows(three) == [(2, 4.0), (3, 7.0)]
-    overlay.apply([{"type": "remove_edge", "src": 3, "dst": 3}], 6)
+    apply(overlay, [{"type": "remove_edge", "src": 3, "dst": 3}], 6)
     assert pair_rows(three) == [(2, 4.0)]
     assert overlay.degree_rows(np.array([two, three])).tolist() == [1, 1]
     for operation, words in (
@@ -296,7 +303,7 @@ def test_a_base_with_self_loops_and_parallel_edges(tmp_path):
         ({"type": "remove_edge", "src": 3, "dst": 3}, "does not exist"),
     ):
         with pytest.raises(UpdateRejected, match=words) as info:
-            overlay.apply([operation], 7)
+            apply(overlay, [operation], 7)
         assert info.value.kind is (Rejection.MISSING if "exist" in words else Rejection.INVALID)
     assert overlay.seq == 6
 
@@ -309,8 +316,8 @@ def test_set_edge_features_marks_the_destination_as_changed(tmp_path):
     overlay.listeners.append(changes.append)
     hub = int(overlay.lookup(["acct_0"])[0])
     (source,) = overlay.external_ids(overlay.in_list(hub)[:1])
-    overlay.apply(
-        [{"type": "set_edge_features", "src": source, "dst": "acct_0", "attr": [1, 2]}], 1
+    apply(
+        overlay, [{"type": "set_edge_features", "src": source, "dst": "acct_0", "attr": [1, 2]}], 1
     )
     assert list(changes[0].in_lists_before) == [hub] and not changes[0].feature_rows
     assert np.array_equal(changes[0].in_lists_before[hub], overlay.in_list(hub))

@@ -4,6 +4,7 @@ one writer per seq, start markers for compacted stores, unreachable and unreplic
 from __future__ import annotations
 
 import errno
+import json
 import os
 from dataclasses import dataclass
 
@@ -12,11 +13,13 @@ import pytest
 from bench.harness.torchserve import free_ports
 from graph_assets.errors import (
     UpdateLogConflict,
+    UpdateLogCorrupt,
     UpdateLogMismatch,
     UpdateLogUnavailable,
     UpdateLogWriteFailed,
     UpdateNotReplicated,
 )
+from graph_assets.operations import LOG_FORMAT
 from graph_assets.redis_log import (
     KEY_PREFIX,
     RedisLogConfig,
@@ -120,3 +123,16 @@ def test_configuration_comes_from_the_environment(tmp_path):
         )
     assert shown_url("redis://u:p@h:1/0") == "redis://u:***@h:1/0"
     assert shown_url("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_entries_say_their_format_and_older_ones_still_read(redis_server):
+    log, _ = open_redis_update_log(Lineage(), RedisLogConfig(redis_server.url))
+    log.append(ADD, 1, at=0)
+    key, client = KEY_PREFIX + "a" * 64, redis_server.client()
+    [(_, fields)] = client.xrange(key)
+    assert fields[b"format"] == str(LOG_FORMAT).encode()
+    client.xadd(key, {"operations": json.dumps(ADD)}, id="2-0")  # format 1: no field
+    assert [r.seq for r in log.read_from(0)[0]] == [1, 2]
+    client.xadd(key, {"operations": json.dumps(ADD), "format": LOG_FORMAT + 1}, id="3-0")
+    with pytest.raises(UpdateLogCorrupt, match="newer than this gnnserve reads"):
+        log.read_from(0)

@@ -7,7 +7,7 @@ import errno
 import pytest
 
 from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
-from graph_assets.overlay import Rejection, UpdateRejected
+from graph_assets.operations import Rejection, UpdateRejected
 from handler.protocol.error_table import api_error, internal_error
 
 
