@@ -169,11 +169,6 @@ def main(argv: list[str] | None = None) -> int:
     num_layers = int(model_config["num_layers"])
     try:
         _check_task_options(args)
-        if args.enable_updates and model_config.get("hetero"):
-            raise ValueError(
-                "--enable-updates on a graph of several node types or relations is not "
-                "available yet; build the archive without it"
-            )
         if args.fanouts_file and not model_config.get("hetero"):
             raise ValueError(
                 "--fanouts-file names relations of a graph of several; this graph has one "

@@ -24,17 +24,28 @@ class GraphView(Protocol):
         """Features per edge, ``D`` (0 when the graph has none)."""
         ...
 
-    def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
-        """Internal indices (int64) of external ``ids``; -1 for an ID the graph lacks."""
+    def lookup(self, ids: Sequence[int | str], node_type: str | None = None) -> np.ndarray:
+        """Internal indices (int64) of external ``ids`` of ``node_type`` (default: the type
+        the graph serves); -1 for an ID the graph lacks."""
+        ...
+
+    def types_of(self, nodes: np.ndarray) -> np.ndarray:
+        """The node type index of each of the internal ``nodes`` (graph_assets.schema)."""
+        ...
+
+    def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
+        """The relation index of each edge by ID."""
         ...
 
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
-        """float32 ``[len(nodes), F]`` feature rows of internal ``nodes`` (a copy)."""
+        """float32 ``[len(nodes), F]`` feature rows of internal ``nodes``, all of one type (a
+        copy)."""
         ...
 
     def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
-        """float32 ``[len(edge_ids), D]`` features of edges by ID, an edge's ID being its
-        position in the stored CSC arrays (a copy; ``[len, 0]`` when ``D`` is 0)."""
+        """float32 ``[len(edge_ids), D]`` features of edges by ID, all of one relation, an
+        edge's ID being its position in the stored CSC arrays (a copy; ``[len, 0]`` when ``D``
+        is 0)."""
         ...
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:

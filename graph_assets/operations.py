@@ -143,7 +143,22 @@ def _decode(index: int, operation: Any, graph: GraphStore) -> Operation:
                     index,
                     f"add_node needs an integer or string id, got {shown(node_id)}",
                 )
-            x = _vector(index, operation, "x", graph.schema.node_type(node_type).feature_dim)
+            width = graph.schema.node_type(node_type).feature_dim
+            if width == 0:
+                raise UpdateRejected(
+                    Rejection.INVALID,
+                    index,
+                    f"{node_type} nodes have no features, so a model tells them apart by their "
+                    "stored index (an embedding per node): a new one cannot be added",
+                )
+            x = _vector(index, operation, "x", width)
+            if node_type != graph.schema.target and operation.get("label") is not None:
+                raise UpdateRejected(
+                    Rejection.INVALID,
+                    index,
+                    f"only {graph.schema.target} nodes have labels; send this {node_type} "
+                    "without one",
+                )
             label = _label(index, operation.get("label"), graph)
             return AddNode(node_id, x, label, node_type)
         node_id = _node_id(index, operation, "id")
@@ -256,10 +271,7 @@ def _edge_attr(
 
 
 def _vector(index: int, operation: dict[str, Any], field: str, width: int) -> np.ndarray:
-    """``operation[field]`` as a finite float32 vector, ``width`` long (a featureless node
-    type's ``x`` may be left out)."""
-    if width == 0 and field not in operation:
-        return np.empty(0, dtype=np.float32)
+    """``operation[field]`` as a finite float32 vector, ``width`` long."""
     values = operation.get(field)
     if not isinstance(values, list) or len(values) != width:
         got = len(values) if isinstance(values, list) else type(values).__name__

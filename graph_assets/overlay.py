@@ -70,16 +70,25 @@ class GraphOverlay:
         # A compacted store already holds its lineage's records up to folded_seq.
         self._base_seq = base.folded_seq
         self.seq = self._base_seq
+        self.schema = base.schema
         self.new_ids: list[int | str] = []
         self.new_labels: list[int] = []
-        self._new_index: dict[int | bytes, int] = {}
+        self.new_types: list[int] = []  # the node type of each added node
+        self._new_index: dict[tuple[int, int | bytes], int] = {}  # (type, ID key) -> node
         self.removed: set[int] = set()
         self.changed_rows: dict[int, np.ndarray] = {}  # feature rows set by updates
         self.in_lists: dict[int, np.ndarray] = {}  # a dirty node's sources
         self.in_edge_ids: dict[int, np.ndarray] = {}  # and the ID of each of those edges
         self.added_edges = 0  # edge IDs given out: base.num_edges .. base.num_edges + this - 1
-        # Row k: features of the edge with ID base.num_edges + k (grown by doubling).
-        self._added_edge_rows = np.zeros((0, base.edge_feature_dim), dtype=np.float32)
+        # Added edge k: its relation and its row in that relation's table of added edges'
+        # features (each grown by doubling).
+        self._added_relation: list[int] = []
+        self._added_slot: list[int] = []
+        self._added_rows = [
+            np.zeros((0, relation.edge_feature_dim), dtype=np.float32)
+            for relation in base.schema.relations
+        ]
+        self._added_counts = [0] * len(base.schema.relations)
         self.changed_edge_rows: dict[int, np.ndarray] = {}  # base edges' rows set by updates
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
         # Plain ndarray views of the base's memory maps (no copy): numpy.memmap indexes through
@@ -87,8 +96,9 @@ class GraphOverlay:
         # operation (a quarter of applying a 10-edge update) and sampling per changed node.
         self._indptr = np.asarray(base.indptr)
         self._indices = np.asarray(base.indices)
-        self._features = np.asarray(base.features)
-        self._base_index: dict[int | str, int] = {}  # during apply: base index of each ID
+        self._edge_type = None if base.edge_type is None else np.asarray(base.edge_type)
+        # During apply: the base index of each (node type, ID) the request names.
+        self._base_index: dict[tuple[int, int | str], int] = {}
         # Set when a base node's in-list moves to the overlay; never cleared (a flagged node
         # whose list was restored just reads the base list through in_list()).
         self._dirty = np.zeros(base.num_nodes, dtype=bool)
@@ -151,43 +161,85 @@ class GraphOverlay:
             return np.asarray(self._indices[start:end], dtype=np.int64)
         return np.empty(0, dtype=np.int64)
 
-    def _look_up_base_ids(self, operations: Sequence[Operation]) -> dict[int | str, int]:
-        """Base index of every node ID the operations name, in one lookup (one per ID cost
-        ~60 us each). Base IDs never change, so the answers hold for the whole request."""
-        ids: set[int | str] = set()
+    def _look_up_base_ids(
+        self, operations: Sequence[Operation]
+    ) -> dict[tuple[int, int | str], int]:
+        """Base index of every (node type, ID) the operations name, in one lookup per type (one
+        per ID cost ~60 us each). Base IDs never change, so the answers hold for the whole
+        request."""
+        wanted: dict[int, set[int | str]] = {}
         for operation in operations:
             if isinstance(operation, AddNode | SetFeatures | RemoveNode):
-                ids.add(operation.node_id)
+                wanted.setdefault(self.schema.type_index(operation.node_type), set()).add(
+                    operation.node_id
+                )
             else:
-                ids.update((operation.src, operation.dst))
-        if not ids:
-            return {}
-        listed = list(ids)
-        return dict(zip(listed, self.base.lookup(listed).tolist(), strict=True))
+                src, dst = self._ends(operation.edge_type)
+                wanted.setdefault(src, set()).add(operation.src)
+                wanted.setdefault(dst, set()).add(operation.dst)
+        found: dict[tuple[int, int | str], int] = {}
+        for node_type, ids in wanted.items():
+            listed = list(ids)
+            name = self.schema.node_types[node_type].name
+            indices = self.base.lookup(listed, node_type=name).tolist()
+            found.update(((node_type, i), n) for i, n in zip(listed, indices, strict=True))
+        return found
 
-    def _node_of(self, node_id: int | str) -> int:
-        """``lookup`` of one ID, from the request's pre-looked-up base indices when it has it."""
-        base = self._base_index.get(node_id)
+    def _ends(self, edge_type: str) -> tuple[int, int]:
+        """The source and destination node type of a relation."""
+        relation = self.schema.relations[self.schema.relation_index(edge_type)].edge_type
+        return self.schema.type_index(relation.src), self.schema.type_index(relation.dst)
+
+    def _node_of(self, node_id: int | str, node_type: int) -> int:
+        """``lookup`` of one ID of ``node_type``, from the request's pre-looked-up base
+        indices when it has it."""
+        base = self._base_index.get((node_type, node_id))
         if base is None:
-            return int(self.lookup([node_id])[0])
-        node = base if base >= 0 or not self.new_ids else self._new_node(node_id)
+            name = self.schema.node_types[node_type].name
+            return int(self.lookup([node_id], node_type=name)[0])
+        node = base if base >= 0 or not self.new_ids else self._new_node(node_id, node_type)
         return -1 if node in self.removed else node
 
-    def _new_node(self, node_id: int | str) -> int:
-        """Index of a node added by an update, -1 if no update added ``node_id``."""
-        key = node_key(self.base.id_kind, node_id)
-        return self._new_index.get(key, -1) if key is not None else -1
+    def _new_node(self, node_id: int | str, node_type: int) -> int:
+        """Index of a node of ``node_type`` added by an update, -1 if none has ``node_id``."""
+        key = node_key(self.schema.node_types[node_type].id_kind, node_id)  # type: ignore[arg-type]
+        return self._new_index.get((node_type, key), -1) if key is not None else -1
 
-    def lookup(self, ids: Sequence[int | str]) -> np.ndarray:
-        """Internal indices of external IDs as of now; -1 for unknown or removed nodes."""
-        nodes = self.base.lookup(ids)
+    def lookup(self, ids: Sequence[int | str], node_type: str | None = None) -> np.ndarray:
+        """Internal indices of external IDs of ``node_type`` (default: the graph's target type)
+        as of now; -1 for unknown or removed nodes."""
+        nodes = self.base.lookup(ids, node_type=node_type)
         if self.new_ids:
+            index = 0 if node_type is None else self.schema.type_index(node_type)
             for position, node_id in enumerate(ids):
                 if nodes[position] < 0:
-                    nodes[position] = self._new_node(node_id)
+                    nodes[position] = self._new_node(node_id, index)
         if self.removed:
             nodes[np.isin(nodes, np.fromiter(self.removed, dtype=np.int64))] = -1
         return nodes
+
+    def types_of(self, nodes: np.ndarray) -> np.ndarray:
+        """The node type index of each of ``nodes`` (added nodes included)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        types = self.base.types_of(np.minimum(nodes, self.base.num_nodes - 1))
+        added = nodes >= self.base.num_nodes
+        if added.any():
+            types[added] = np.asarray(self.new_types, dtype=np.int64)[
+                nodes[added] - self.base.num_nodes
+            ]
+        return types
+
+    def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
+        """The relation index of each edge by ID (added edges included)."""
+        edge_ids = np.asarray(edge_ids, dtype=np.int64)
+        stored = self.base.num_edges
+        added = edge_ids >= stored
+        relations = self.base.edge_relations(np.where(added, 0, edge_ids))
+        if added.any():
+            relations[added] = np.asarray(self._added_relation, dtype=np.int64)[
+                edge_ids[added] - stored
+            ]
+        return relations
 
     def in_list(self, node: int) -> np.ndarray:
         """The current in-neighbours of ``node`` (int64, ascending; a source once per edge)."""
@@ -249,9 +301,9 @@ class GraphOverlay:
         return self.base.num_edges + self.added_edges
 
     def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
-        """float32 ``[len(edge_ids), D]`` current features of edges by ID (a copy): a base
-        edge's stored row unless ``set_edge_features`` replaced it, an added edge's from the
-        overlay."""
+        """float32 ``[len(edge_ids), D]`` current features of edges by ID, all of one relation
+        (a copy): a base edge's stored row unless ``set_edge_features`` replaced it, an added
+        edge's from the overlay."""
         edge_ids = np.asarray(edge_ids)
         stored = self.base.num_edges
         if edge_ids.size == 0 or (
@@ -260,10 +312,17 @@ class GraphOverlay:
             return self.base.edge_feature_rows(edge_ids)  # it checks what it is given
         check_edge_ids(edge_ids, self.num_edge_ids, "stored or added edges")
         edge_ids = edge_ids.astype(np.int64, copy=False)
+        relations = self.edge_relations(edge_ids)
+        relation = int(relations[0])
+        if (relations != relation).any():
+            raise ValueError("edge features of several relations have several widths")
         added = edge_ids >= stored
-        rows = np.empty((len(edge_ids), self.edge_feature_dim), dtype=np.float32)
+        width = self.schema.relations[relation].edge_feature_dim
+        rows = np.empty((len(edge_ids), width), dtype=np.float32)
         rows[~added] = self.base.edge_feature_rows(edge_ids[~added])
-        rows[added] = self._added_edge_rows[edge_ids[added] - stored]
+        if added.any():
+            slots = np.asarray(self._added_slot, dtype=np.int64)[edge_ids[added] - stored]
+            rows[added] = self._added_rows[relation][slots]
         if self.changed_edge_rows:
             changed = np.fromiter(self.changed_edge_rows, dtype=np.int64)
             for position in np.flatnonzero(np.isin(edge_ids, changed)).tolist():
@@ -271,10 +330,18 @@ class GraphOverlay:
         return rows
 
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
-        """Current feature rows of ``nodes`` (float32 ``[len(nodes), F]``)."""
-        base_rows = np.minimum(nodes, self.base.num_nodes - 1)
-        # np.take, not fancy indexing: half the time for a sampled subgraph's rows (a copy).
-        rows = np.take(self._features, base_rows, axis=0).astype(np.float32, copy=False)
+        """Current feature rows of ``nodes``, all of one type (float32 ``[len(nodes), F]``)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        added = nodes >= self.base.num_nodes
+        if not added.any():
+            rows = self.base.feature_rows(nodes)  # np.take on the memory map: a copy
+        else:
+            types = self.types_of(nodes)
+            if (types != types[0]).any():
+                raise ValueError("feature rows of nodes of several types have several widths")
+            width = self.schema.node_types[int(types[0])].feature_dim
+            rows = np.empty((len(nodes), width), dtype=np.float32)
+            rows[~added] = self.base.feature_rows(nodes[~added])
         if self.changed_rows:
             for position, node in enumerate(nodes.tolist()):
                 replaced = self.changed_rows.get(node)
@@ -302,9 +369,12 @@ class GraphOverlay:
         if isinstance(operation, AddNode):
             self._add_node(index, operation, undo)
         elif isinstance(operation, SetFeatures):
-            self._set_row(self._existing(index, operation.node_id, "id"), operation.x, undo)
+            node_type = self.schema.type_index(operation.node_type)
+            node = self._existing(index, operation.node_id, "id", node_type)
+            self._set_row(node, operation.x, undo)
         elif isinstance(operation, RemoveNode):
-            self._remove_node(self._existing(index, operation.node_id, "id"), undo)
+            node_type = self.schema.type_index(operation.node_type)
+            self._remove_node(self._existing(index, operation.node_id, "id", node_type), undo)
         else:
             self._edge_operation(index, operation, undo)
 
@@ -312,13 +382,18 @@ class GraphOverlay:
         self, index: int, operation: EdgeOperation, undo: list[Callable[[], None]]
     ) -> None:
         """``add_edge``, ``remove_edge`` or ``set_edge_features`` of the pair ``src -> dst``."""
-        src = self._existing(index, operation.src, "src")
-        dst = self._existing(index, operation.dst, "dst")
+        relation = self.schema.relation_index(operation.edge_type)
+        src_type, dst_type = self._ends(operation.edge_type)
+        src = self._existing(index, operation.src, "src", src_type)
+        dst = self._existing(index, operation.dst, "dst", dst_type)
         current, ids = self.in_list(dst), self.in_list_edge_ids(dst)
-        # The pair's edges are one run of the ascending sources, in ascending edge ID.
-        end = int(current.searchsorted(src, side="right"))
+        # An in-list is grouped by relation, ascending sources within a relation, the pair's
+        # edges one run in ascending edge ID: one sort key, (relation, source).
+        keys = self._sort_keys(current, ids)
+        wanted = relation * self.num_nodes + src
+        end = int(keys.searchsorted(wanted, side="right"))
         if isinstance(operation, AddEdge):
-            edge_id = np.array([self._new_edge(operation.attr, undo)], dtype=np.int64)
+            edge_id = np.array([self._new_edge(operation.attr, relation, undo)], dtype=np.int64)
             added = np.array([src], dtype=np.int64)
             self._set_in_list(
                 dst,
@@ -327,7 +402,7 @@ class GraphOverlay:
                 undo,
             )
             return
-        start = int(current.searchsorted(src, side="left"))
+        start = int(keys.searchsorted(wanted, side="left"))
         if start == end:
             raise UpdateRejected(
                 Rejection.MISSING,
@@ -349,20 +424,20 @@ class GraphOverlay:
             self._change.in_lists_before[dst] = current
 
     def _add_node(self, index: int, operation: AddNode, undo: list[Callable[[], None]]) -> None:
-        node_id = operation.node_id
-        key = node_key(self.base.id_kind, node_id)
+        node_id, node_type = operation.node_id, self.schema.type_index(operation.node_type)
+        key = node_key(self.schema.node_types[node_type].id_kind, node_id)  # type: ignore[arg-type]
         if key is None or (isinstance(node_id, str) and not node_id):
             raise UpdateRejected(
                 Rejection.INVALID, index, f"{shown(node_id)} cannot be a node ID of this graph"
             )
-        existing = self._base_index.get(node_id)
+        existing = self._base_index.get((node_type, node_id))
         if existing is None:
-            existing = int(self.base.lookup([node_id])[0])
-        if existing >= 0 or key in self._new_index:
-            node = int(existing) if existing >= 0 else self._new_index[key]
+            existing = int(self.base.lookup([node_id], node_type=operation.node_type)[0])
+        if existing >= 0 or (node_type, key) in self._new_index:
+            node = int(existing) if existing >= 0 else self._new_index[(node_type, key)]
             state = "was removed (IDs are not reused)" if node in self.removed else "already exists"
             raise UpdateRejected(Rejection.CONFLICT, index, f"node {shown(node_id)} {state}")
-        if self.base.was_removed(node_id):  # removed before the base was compacted
+        if self.base.was_removed(node_id, operation.node_type):  # before the base's compaction
             raise UpdateRejected(
                 Rejection.CONFLICT,
                 index,
@@ -375,14 +450,16 @@ class GraphOverlay:
         node = self.num_nodes
         self.new_ids.append(key.decode("utf-8") if isinstance(key, bytes) else key)
         self.new_labels.append(operation.label)
-        self._new_index[key] = node
+        self.new_types.append(node_type)
+        self._new_index[(node_type, key)] = node
         self.changed_rows[node] = operation.x
         self._change.feature_rows.add(node)
 
         def forget() -> None:
             self.new_ids.pop()
             self.new_labels.pop()
-            del self._new_index[key]
+            self.new_types.pop()
+            del self._new_index[(node_type, key)]
             self.changed_rows.pop(node, None)
             self.in_lists.pop(node, None)
             self.in_edge_ids.pop(node, None)
@@ -449,32 +526,48 @@ class GraphOverlay:
 
         undo.append(restore)
 
-    def _new_edge(self, attr: np.ndarray | None, undo: list[Callable[[], None]]) -> int:
-        """The next edge ID, its features stored (``attr``: ``[D]``)."""
-        k = self.added_edges
-        if k == len(self._added_edge_rows):
-            grown = np.zeros((max(64, 2 * k), self.edge_feature_dim), dtype=np.float32)
-            grown[:k] = self._added_edge_rows
-            self._added_edge_rows = grown
+    def _new_edge(
+        self, attr: np.ndarray | None, relation: int, undo: list[Callable[[], None]]
+    ) -> int:
+        """The next edge ID, of ``relation``, its features stored (``attr``: ``[D_r]``)."""
+        k, slot = self.added_edges, self._added_counts[relation]
+        table = self._added_rows[relation]
+        if slot == len(table):
+            grown = np.zeros((max(64, 2 * slot), table.shape[1]), dtype=np.float32)
+            grown[:slot] = table
+            self._added_rows[relation] = table = grown
         if attr is not None and attr.size:
-            self._added_edge_rows[k] = attr
+            table[slot] = attr
+        self._added_relation.append(relation)
+        self._added_slot.append(slot)
+        self._added_counts[relation] = slot + 1
         self.added_edges = k + 1
 
         def forget() -> None:
             self.added_edges = k
+            self._added_counts[relation] = slot
+            self._added_relation.pop()
+            self._added_slot.pop()
 
         undo.append(forget)
         return self.base.num_edges + k
+
+    def _sort_keys(self, sources: np.ndarray, edge_ids: np.ndarray) -> np.ndarray:
+        """An in-list's order as one ascending key per edge: (relation, source)."""
+        if len(self.schema.relations) == 1:
+            return sources
+        return self.edge_relations(edge_ids) * self.num_nodes + sources
 
     def _set_edge_row(self, edge_id: int, attr: np.ndarray, undo: list[Callable[[], None]]) -> None:
         stored = self.base.num_edges
         if edge_id >= stored:
             k = edge_id - stored
-            previous = self._added_edge_rows[k].copy()
-            self._added_edge_rows[k] = attr
+            relation, slot = self._added_relation[k], self._added_slot[k]
+            previous = self._added_rows[relation][slot].copy()
+            self._added_rows[relation][slot] = attr
 
-            def restore_added() -> None:
-                self._added_edge_rows[k] = previous
+            def restore_added() -> None:  # the table then, which a later growth may replace
+                self._added_rows[relation][slot] = previous
 
             undo.append(restore_added)
             return
@@ -502,11 +595,16 @@ class GraphOverlay:
 
         undo.append(restore)
 
-    def _existing(self, index: int, node_id: int | str, field: str) -> int:
-        node = self._node_of(node_id)
+    def _existing(self, index: int, node_id: int | str, field: str, node_type: int) -> int:
+        node = self._node_of(node_id, node_type)
         if node < 0:
+            what = (
+                "node"
+                if len(self.schema.node_types) == 1
+                else self.schema.node_types[node_type].name
+            )
             raise UpdateRejected(
-                Rejection.MISSING, index, f"node {shown(node_id)} ({field}) is not in the graph"
+                Rejection.MISSING, index, f"{what} {shown(node_id)} ({field}) is not in the graph"
             )
         return node
 

@@ -456,6 +456,17 @@ class GraphStore:
             raise ValueError("feature rows of nodes of several types have several widths")
         return int(types[0])
 
+    def types_of(self, nodes: np.ndarray) -> np.ndarray:
+        """The node type index of each of the global ``nodes``."""
+        return self.schema.types_of(nodes)
+
+    def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
+        """The relation index (int64) of each edge by ID."""
+        edge_ids = np.asarray(edge_ids, dtype=np.int64)
+        if self.edge_type is None:
+            return np.zeros(len(edge_ids), dtype=np.int64)
+        return np.take(self.edge_type, edge_ids).astype(np.int64)
+
     def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
         """float32 ``[len(edge_ids), D]`` features of edges by ID, all of one relation (a
         copy). An edge's ID is its CSC position ``p``: the in-edge ``indices[p]`` of the node

@@ -74,7 +74,9 @@ class RelationSegments:
     segment per relation into its type), and how many of them each hop samples.
 
     Attributes:
-        dst_range: per relation, the global range ``[start, stop)`` of its destination type.
+        dst_range: per relation, the global range ``[start, stop)`` of its destination type
+            in the stored graph (nodes added by updates lie beyond every range).
+        dst_type: per relation, the index of its destination node type.
         starts, ends: per relation, ``[n_dst]`` absolute CSC positions of each destination's
             segment (by its index within its type).
         src_type: per relation, the index of its source node type.
@@ -82,6 +84,7 @@ class RelationSegments:
     """
 
     dst_range: tuple[tuple[int, int], ...]
+    dst_type: tuple[int, ...]
     starts: tuple[Array, ...]
     ends: tuple[Array, ...]
     src_type: tuple[int, ...]
@@ -99,7 +102,7 @@ class RelationSegments:
                 f"its edge types are {', '.join(schema.edge_type_names)}"
             )
         indptr = ops.from_numpy(np.asarray(store.indptr, dtype=np.int64))
-        dst_range, starts, ends, src_type, fanouts = [], [], [], [], []
+        dst_range, dst_type, starts, ends, src_type, fanouts = [], [], [], [], [], []
         for relation in schema.relations:
             dst = schema.type_index(relation.edge_type.dst)
             node_type = schema.node_types[dst]
@@ -113,9 +116,17 @@ class RelationSegments:
                 starts.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot])))
                 ends.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot + 1])))
             dst_range.append((node_type.offset, node_type.stop))
+            dst_type.append(dst)
             src_type.append(schema.type_index(relation.edge_type.src))
             fanouts.append(settings.fanouts_of(relation.name))
-        return cls(tuple(dst_range), tuple(starts), tuple(ends), tuple(src_type), tuple(fanouts))
+        return cls(
+            tuple(dst_range),
+            tuple(dst_type),
+            tuple(starts),
+            tuple(ends),
+            tuple(src_type),
+            tuple(fanouts),
+        )
 
 
 def boundary_node(node_type: int) -> int:
@@ -146,6 +157,31 @@ def _ragged_arange(ops: ArrayOps, counts: Array) -> Array:
     total = int(counts.sum())
     ends = ops.cumsum(counts)
     return ops.arange(total) - ops.repeat(ends - counts, counts, total)
+
+
+@dataclass(frozen=True)
+class _RelationLists:
+    """The overlay's in-lists of some nodes (grouped by relation, as stored ones are), with
+    where each relation's segment of each list starts."""
+
+    indices: np.ndarray
+    edge_ids: np.ndarray
+    keys: np.ndarray  # per edge: its list's position * relations + its relation, ascending
+    relations: int
+
+    @classmethod
+    def of(cls, overlay: GraphOverlay, nodes: np.ndarray, relations: int) -> _RelationLists:
+        lists = overlay.in_edges(nodes)
+        owner = np.repeat(np.arange(len(nodes), dtype=np.int64), np.diff(lists.indptr))
+        keys = owner * relations + overlay.edge_relations(lists.edge_ids)
+        return cls(lists.indices, lists.edge_ids, keys, relations)
+
+    def segment(self, lists: np.ndarray, relation: int) -> tuple[np.ndarray, np.ndarray]:
+        """(start, count) of ``relation``'s segment in each of ``lists``."""
+        wanted = lists.astype(np.int64) * self.relations + relation
+        starts = np.searchsorted(self.keys, wanted, side="left")
+        ends = np.searchsorted(self.keys, wanted, side="right")
+        return starts.astype(np.int64), (ends - starts).astype(np.int64)
 
 
 class NeighbourSampler:
@@ -184,11 +220,6 @@ class NeighbourSampler:
         ops: ArrayOps | None = None,
         relations: RelationSegments | None = None,
     ) -> None:
-        if relations is not None and overlay is not None:
-            raise ValueError(
-                "live updates of a graph with several node types or relations are not "
-                "available yet; serve it without --enable-updates"
-            )
         self.relations = relations
         self.ops = ops or ops_for(indptr.device)
         self.device = indptr.device
@@ -380,24 +411,64 @@ class NeighbourSampler:
     ) -> tuple[Array, Array, Array, Array]:
         """One hop on a graph with several relations: each relation's segment of the in-list of
         each frontier node of its destination type, with the relation's fanout (``fanout``
-        overrides it). Returns (row, source, edge ID, relation) per sampled edge."""
-        ops, segments = self.ops, self.relations
+        overrides it). Nodes whose in-edges changed (or were added) read their segments from
+        the overlay's in-lists, which keep the same grouping. Returns (row, source, edge ID,
+        relation) per sampled edge."""
+        ops, segments, overlay = self.ops, self.relations, self.overlay
         assert segments is not None
+        live = overlay is not None and not overlay.is_empty
+        nodes_np = ops.to_numpy(frontier)
+        dirty = overlay.dirty_mask(nodes_np.copy()) if live and overlay else None
+        types = overlay.types_of(nodes_np) if live and overlay else None
+        changed = None
+        if dirty is not None and dirty.any():
+            assert overlay is not None
+            changed = _RelationLists.of(overlay, nodes_np[dirty], len(segments.dst_range))
+            changed_row = np.cumsum(dirty) - 1  # a dirty frontier row's place in ``changed``
         parts: list[tuple[Array, Array, Array, Array]] = []
         for relation, (start, stop) in enumerate(segments.dst_range):
-            position = ops.flatnonzero((frontier >= start) & (frontier < stop))
-            if len(position) == 0:
-                continue
-            nodes = frontier[position]
-            starts = ops.int64(segments.starts[relation][nodes - start])
-            counts = ops.int64(segments.ends[relation][nodes - start]) - starts
             count = segments.fanouts[relation][hop] if fanout is None else fanout
+            if types is None:
+                mine = (frontier >= start) & (frontier < stop)
+            else:
+                mine = ops.from_numpy(types == segments.dst_type[relation])
+            if dirty is not None:
+                clean = ops.flatnonzero(mine & ~ops.from_numpy(dirty))
+            else:
+                clean = ops.flatnonzero(mine)
+            if len(clean):
+                nodes = frontier[clean]
+                starts = ops.int64(segments.starts[relation][nodes - start])
+                counts = ops.int64(segments.ends[relation][nodes - start]) - starts
+                rows, neighbours, chosen = self._sample_segments(
+                    self._indices, starts, counts, nodes, hop, count, relation,
+                    nodes_so_far, edges_so_far,
+                )  # fmt: skip
+                edges_so_far += len(neighbours)
+                parts.append((clean[rows], neighbours, chosen, ops.int64(rows) * 0 + relation))
+            if changed is None:
+                continue
+            assert dirty is not None
+            position = np.flatnonzero(ops.to_numpy(mine) & dirty)
+            if not len(position):
+                continue
+            lists = changed_row[position]
+            starts_np, counts_np = changed.segment(lists, relation)
             rows, neighbours, chosen = self._sample_segments(
-                self._indices, starts, counts, nodes, hop, count, relation,
-                nodes_so_far, edges_so_far,
+                ops.from_numpy(changed.indices), ops.from_numpy(starts_np),
+                ops.from_numpy(counts_np), frontier[ops.from_numpy(position)], hop, count,
+                relation, nodes_so_far, edges_so_far,
             )  # fmt: skip
             edges_so_far += len(neighbours)
-            parts.append((position[rows], neighbours, chosen, ops.int64(rows) * 0 + relation))
+            edge_ids = ops.from_numpy(changed.edge_ids)[chosen]
+            parts.append(
+                (
+                    ops.from_numpy(position)[rows],
+                    neighbours,
+                    edge_ids,
+                    ops.int64(rows) * 0 + relation,
+                )
+            )
         if not parts:
             empty = ops.arange(0)
             return empty, empty, empty, empty

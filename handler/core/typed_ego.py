@@ -30,12 +30,9 @@ def typed_answer(
     """The seeds' output rows (and embeddings with ``embedding``) of ``model`` on ``sub``."""
     schema = store.schema
     node = sub.node.cpu().numpy()
-    row_type = np.where(node >= 0, schema.types_of(np.maximum(node, 0)), -1 - node)
+    row_type = np.where(node >= 0, view.types_of(np.maximum(node, 0)), -1 - node)
     edge_ids = sub.edge.cpu().numpy()
-    if store.edge_type is None:
-        relation = np.zeros(len(edge_ids), dtype=np.int64)
-    else:
-        relation = np.asarray(store.edge_type, dtype=np.int64)[edge_ids]
+    relation = view.edge_relations(edge_ids)
     layout = TypedLayout.build(
         torch.from_numpy(row_type).to(device),
         sub.edge_index.to(device),
@@ -52,7 +49,10 @@ def typed_answer(
         if real.any() and node_type.feature_dim:
             x[real] = view.feature_rows(nodes[real])
         features[node_type.name] = torch.from_numpy(x).to(device)
-        local = np.where(real, nodes - node_type.offset, -1)
+        # A node an update added has no stored index within its type (its type has features:
+        # graph_assets.operations refuses to add nodes of a featureless type).
+        stored = real & (nodes < node_type.stop)
+        local = np.where(stored, nodes - node_type.offset, -1)
         n_id[node_type.name] = torch.from_numpy(local).to(device)
     edge_features = {}
     for relation_meta in schema.relations:
