@@ -1,5 +1,7 @@
-"""The built-in node classifiers on a heterogeneous graph: ``sage``, ``gat``, ``gcn``, ``gin``
-(one layer per relation, summed per destination type), ``rgcn`` and ``hgt``.
+"""The built-in recipes on a heterogeneous graph: ``sage``, ``gat``, ``gcn``, ``gin`` (one layer
+per relation, summed per destination type), ``rgcn`` and ``hgt``; node classifiers of their
+``target`` type, and the encoders of link predictors (``model.hetero_link``), which output the
+rows of both ends of a relation (``HeteroSpec.outputs``).
 
 Each type's input is projected to ``hidden_dim`` first: a Linear for a type with features, a
 learned embedding per node (indexed by ``n_id``) for a featureless one, so every layer after it
@@ -80,7 +82,9 @@ class HeteroSpec:
         edge_dims: edge feature width of each relation that has edge features (``gat`` and
             ``gin`` read them; the others read none).
         target: the node type answered for.
-        num_classes: output width.
+        outputs: the node types whose rows the model outputs (a link encoder's relation ends);
+            empty (default): the target only.
+        num_classes: output width (a link encoder's: the embedding width).
         hidden_dim: width of every hidden layer (64); ``heads`` attention heads (2) for
             ``gat`` and ``hgt`` share it.
         num_layers: message-passing layers = hops of the ego-graph (2).
@@ -93,6 +97,7 @@ class HeteroSpec:
     num_nodes: Mapping[str, int] = field(default_factory=dict)
     edge_dims: Mapping[EdgeType, int] = field(default_factory=dict)
     target: str
+    outputs: tuple[str, ...] = ()
     num_classes: int
     hidden_dim: int = 64
     num_layers: int = 2
@@ -104,6 +109,9 @@ class HeteroSpec:
             raise ValueError(f"target {self.target!r} is not a node type of {self.node_types}")
         if not any(dst == self.target for _, _, dst in self.edge_types):
             raise ValueError(f"no relation points to the target type {self.target!r}")
+        unknown_outputs = [key for key in self.outputs if key not in self.node_types]
+        if unknown_outputs:
+            raise ValueError(f"outputs {unknown_outputs} are not node types of {self.node_types}")
         for key in self.node_types:
             if self.in_dims.get(key, 0) == 0 and self.num_nodes.get(key, 0) <= 0:
                 raise ValueError(
@@ -119,8 +127,26 @@ class HeteroSpec:
                 f"num_layers={self.num_layers}, hidden_dim={self.hidden_dim}, heads={self.heads}"
             )
 
+    @property
+    def output_types(self) -> tuple[str, ...]:
+        """The node types the last layer computes: ``outputs``, else the target."""
+        return self.outputs or (self.target,)
 
-def build_hetero_model(arch: str | HeteroArch, spec: HeteroSpec) -> HeteroNodeModel:
+
+class HeteroRecipe(HeteroNodeModel):
+    """A recipe: :meth:`forward_types` gives the rows of every output type from one forward;
+    as a node model it answers its target's."""
+
+    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """``(output, embedding)`` rows of each of ``spec.output_types``."""
+        raise NotImplementedError
+
+    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+        out, embedding = self.forward_types(inputs)
+        return out[self.target], embedding[self.target]
+
+
+def build_hetero_model(arch: str | HeteroArch, spec: HeteroSpec) -> HeteroRecipe:
     """The untrained recipe ``arch`` for the graph and sizes of ``spec``."""
     arch = HeteroArch.parse(arch)
     if arch is HeteroArch.RGCN:
@@ -196,15 +222,15 @@ def inv_sqrt_in_degree(inputs: HeteroInput) -> dict[str, Tensor]:
     return {key: deg.rsqrt().masked_fill_(deg == 0, 0.0) for key, deg in degree.items()}
 
 
-class RelationStack(HeteroNodeModel):
+class RelationStack(HeteroRecipe):
     """``num_layers`` layers of one conv per relation (``sage``, ``gat``, ``gcn``, ``gin``),
     summed per destination type, plus a root Linear per type; ReLU and dropout between layers.
-    The last layer computes the target type only. Embedding: the target's input of the last
-    layer."""
+    The last layer computes the output types only. Embedding: their input of the last layer."""
 
     def __init__(self, arch: HeteroArch, spec: HeteroSpec) -> None:
         super().__init__()
         self.arch, self.target, self.dropout = arch, spec.target, spec.dropout
+        self.outputs = spec.output_types
         reads_edges = arch in (HeteroArch.GAT, HeteroArch.GIN) and any(spec.edge_dims.values())
         self.serving_needs = ServingNeeds(
             edge_input=EdgeInput.EDGE_ATTR if reads_edges else EdgeInput.NONE,
@@ -217,7 +243,7 @@ class RelationStack(HeteroNodeModel):
         for layer in range(spec.num_layers):
             last = layer == spec.num_layers - 1
             out = spec.num_classes if last else hidden
-            types = (spec.target,) if last else spec.node_types
+            types = spec.output_types if last else spec.node_types
             relations = [key for key in spec.edge_types if key[2] in types]
             convs = {
                 key: _relation_conv(arch, spec, hidden, out, last, spec.edge_dims.get(key))
@@ -228,7 +254,7 @@ class RelationStack(HeteroNodeModel):
                 self.convs.append(HeteroConv(convs, aggr="sum"))
             self.roots.append(torch.nn.ModuleDict({key: Linear(hidden, out) for key in types}))
 
-    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         x = self.encoder(inputs)
         extra: dict[str, Any] = {}
         if self.arch is HeteroArch.GCN:
@@ -236,7 +262,7 @@ class RelationStack(HeteroNodeModel):
         elif self.serving_needs.edge_input is EdgeInput.EDGE_ATTR:
             extra["edge_attr_dict"] = inputs.edge_attr_dict
         for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
-            embedding = x[self.target]
+            embedding = {key: x[key] for key in self.outputs}
             messages = conv(x, inputs.edge_index_dict, **extra)
             assert isinstance(roots, torch.nn.ModuleDict)
             x = {
@@ -248,7 +274,7 @@ class RelationStack(HeteroNodeModel):
                     key: F.dropout(value.relu(), self.dropout, self.training)
                     for key, value in x.items()
                 }
-        return x[self.target], embedding
+        return x, embedding
 
 
 def _relation_conv(
@@ -274,14 +300,15 @@ def _relation_conv(
     return GINEConv(mlp, edge_dim=edge_dim) if edge_dim else GINConv(mlp)
 
 
-class HeteroRGCN(HeteroNodeModel):
+class HeteroRGCN(HeteroRecipe):
     """R-GCN (``RGCNConv``, mean per relation, root weight) on the graph's homogeneous form,
     rows of each type in ``node_types`` order; ReLU and dropout between layers. Embedding: the
-    target's input of the last layer."""
+    output types' input of the last layer."""
 
     def __init__(self, spec: HeteroSpec) -> None:
         super().__init__()
         self.target, self.dropout = spec.target, spec.dropout
+        self.outputs = spec.output_types
         self.node_types, self.edge_types = spec.node_types, spec.edge_types
         self.serving_needs = ServingNeeds()
         self.encoder = TypeEncoder(spec)
@@ -291,7 +318,7 @@ class HeteroRGCN(HeteroNodeModel):
             for i in range(spec.num_layers)
         )
 
-    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         x_dict = self.encoder(inputs)
         counts = [x_dict[key].size(0) for key in self.node_types]
         starts = dict(zip(self.node_types, itertools.accumulate([0, *counts[:-1]]), strict=True))
@@ -313,19 +340,22 @@ class HeteroRGCN(HeteroNodeModel):
         for conv in self.convs[:-1]:
             x = F.dropout(conv(x, edge_index, edge_type).relu(), self.dropout, self.training)
         out = self.convs[-1](x, edge_index, edge_type)
-        first = starts[self.target]
-        rows = slice(first, first + x_dict[self.target].size(0))
-        return out[rows], x[rows]
+        rows = {key: slice(starts[key], starts[key] + x_dict[key].size(0)) for key in self.outputs}
+        return (
+            {key: out[part] for key, part in rows.items()},
+            {key: x[part] for key, part in rows.items()},
+        )
 
 
-class HeteroHGT(HeteroNodeModel):
-    """HGT (``HGTConv``) layers, then a Linear to classes on the target's rows. A type no
-    relation points to keeps its rows between layers (HGTConv returns none for it).
-    Embedding: the target's last hidden rows (the Linear's input)."""
+class HeteroHGT(HeteroRecipe):
+    """HGT (``HGTConv``) layers, then a Linear to classes on the output types' rows. A type
+    no relation points to keeps its rows between layers (HGTConv returns none for it).
+    Embedding: the output types' last hidden rows (the Linear's input)."""
 
     def __init__(self, spec: HeteroSpec) -> None:
         super().__init__()
         self.target, self.dropout = spec.target, spec.dropout
+        self.outputs = spec.output_types
         self.serving_needs = ServingNeeds()
         self.encoder = TypeEncoder(spec)
         metadata = (list(spec.node_types), list(spec.edge_types))
@@ -335,7 +365,7 @@ class HeteroHGT(HeteroNodeModel):
         )
         self.head = Linear(spec.hidden_dim, spec.num_classes)
 
-    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         x = self.encoder(inputs)
         for conv in self.convs:
             out = conv(x, inputs.edge_index_dict)
@@ -345,4 +375,6 @@ class HeteroHGT(HeteroNodeModel):
                 else value
                 for key, value in x.items()
             }
-        return self.head(x[self.target]), x[self.target]
+        return {key: self.head(x[key]) for key in self.outputs}, {
+            key: x[key] for key in self.outputs
+        }
