@@ -11,7 +11,9 @@ refusal is one line.
 
 - ``node``: ``forward(x, edge_index[, edge_attr | edge_weight])`` -> one row per node.
 - ``link``: PyG's GAE convention, ``encode(x, edge_index[, edge_attr | edge_weight])`` -> one
-  embedding per node and ``decode(z, edge_label_index)`` -> one score per pair.
+  embedding per node and ``decode(z, edge_label_index)`` -> one score per pair; on a graph of
+  several node types the same on dicts, ``encode(x_dict, edge_index_dict[, edge_attr_dict][,
+  n_id_dict]) -> z_dict`` and ``decode(z_dict, edge_label_index)`` of ``--target-edge-type``.
 - ``graph``: ``forward(x, edge_index, batch[, edge_attr | edge_weight])`` -> one row per graph.
 """
 
@@ -37,8 +39,9 @@ from model.link_assets import LINK_DIR, write_link_assets
 from model.served import choose_edge_input, probe, trims
 from model.served_graph import UserGraphModel, probe_graph
 from model.served_hetero import UserHeteroModel, probe_hetero, small_typed_input
+from model.served_hetero_link import UserHeteroLinkModel
 from model.served_link import UserLinkModel, check_link_methods, decoded_scores, method_of
-from model.typed_graph import hetero_section
+from model.typed_graph import hetero_section, target_relation
 from model.user_model import (
     MODEL_FILE_DIR,
     EdgeInput,
@@ -122,7 +125,7 @@ def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfi
         {t.name: t.feature_dim for t in schema.node_types},
         {r.edge_type.triple: r.edge_feature_dim for r in schema.relations},
     )
-    seen = probe_hetero(module, inputs, schema.target)
+    seen = probe_hetero(module, inputs, UserHeteroModel(module, schema.target))
     hops = _hops(args, seen.steps, f"{name}.forward")
     checked_output(args, name, seen.out_dim, store.num_classes, "node", "the graph")
     embedding = args.embedding_method or ""
@@ -191,12 +194,76 @@ def package_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig
     _print_model(args, name, hops, seen.steps)
     _print_output(config, store, f"{name}.decode scores pairs of {seen.out_dim}-wide embeddings")
     print(f"  embeddings of {meta['num_nodes']} nodes from one full-graph encode -> {LINK_DIR}/")
+    _note_probabilities(config, scores)
+    return config
+
+
+def _note_probabilities(config: UserModelConfig, scores: torch.Tensor) -> None:
+    """Says when logits look like probabilities (they would be served as their sigmoid)."""
     if config.output is Output.LOGITS and bool(((scores >= 0) & (scores <= 1)).all()):
         print(
             "  note: decode's scores on a small test graph all lie in [0, 1]; if decode returns "
             "probabilities (PyG's GAE.decode applies a sigmoid by default), build with "
             "--output probabilities, or the answers are their sigmoid"
         )
+
+
+def package_typed_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
+    """Checks and writes the model directory of a link archive on a graph of several node
+    types: ``encode(x_dict, edge_index_dict[, edge_attr_dict][, n_id_dict]) -> z_dict`` and
+    ``decode(z_dict, edge_label_index)`` on ``--target-edge-type``, with ``link/``."""
+    if args.embedding_method:
+        raise ValueError(
+            "--embedding-method goes with node and graph archives: a link archive's embeddings "
+            "are what encode returns"
+        )
+    if args.edge_input not in ("auto", "edge_attr", "none"):
+        raise ValueError(
+            "--edge-input on a graph of several types: encode takes edge_attr_dict or nothing"
+        )
+    schema = store.schema
+    edge_type = target_relation(schema, args.target_edge_type)
+    assert edge_type is not None
+    loaded = load(args)
+    module, name = loaded.module, loaded.name
+    check_link_methods(module)
+    probing = UserHeteroLinkModel(module, edge_type.triple, Output(args.output))
+    inputs = small_typed_input(
+        {t.name: t.feature_dim for t in schema.node_types},
+        {r.edge_type.triple: r.edge_feature_dim for r in schema.relations},
+    )
+    seen = probe_hetero(module, inputs, lambda i: probing.encode(i)[edge_type.dst], "encode")
+    hops = _hops(args, seen.steps, f"{name}.encode")
+    needs = probing.serving_needs
+    if args.edge_input == "none" and needs.edge_input is not EdgeInput.NONE:
+        raise ValueError(f"--edge-input none: {name}.encode takes edge_attr_dict")
+    config = _config(
+        args,
+        loaded,
+        in_dim=schema.target_type.feature_dim,
+        out_dim=seen.out_dim,
+        num_layers=hops,
+        edge_input=needs.edge_input,
+        boundary_degrees=needs.boundary_degrees,
+        hetero=hetero_section(schema, edge_type.name),
+    )
+    scores = _probe_decode(probing, seen.out_dim)
+    out = Path(args.out)
+    _write(out, loaded, config)
+    meta = write_link_assets(probing.eval(), store, out / LINK_DIR)
+    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
+    print(f"  model {name}: {hops} hops ({how}; --num-hops sets it)")
+    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
+    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
+    print(
+        f"  output {config.output.value}: {name}.decode scores {edge_type.name} pairs of "
+        f"{seen.out_dim}-wide embeddings; edge features: {reads}{degrees}"
+    )
+    print(
+        f"  embeddings of the {edge_type.src} and {edge_type.dst} nodes from one full-graph "
+        f"encode ({meta['num_nodes']} rows) -> {LINK_DIR}/"
+    )
+    _note_probabilities(config, scores)
     return config
 
 
@@ -268,18 +335,21 @@ def labelled_accuracy(model: UserGraphModel, dataset: GraphDataset) -> float:
     return correct / max(1, labelled)
 
 
-def _probe_decode(model: UserLinkModel, width: int) -> torch.Tensor:
+def _probe_decode(model: UserLinkModel | UserHeteroLinkModel, width: int) -> torch.Tensor:
     """``decode`` on three pairs of random embeddings: one score per pair, or a one-line
     refusal naming what it returned."""
     z = torch.randn(4, width, generator=torch.Generator().manual_seed(0))
-    pairs = torch.tensor([[0, 1, 2], [1, 2, 3]])
     name = type(model.module).__name__
+    called = "decode(z, edge_label_index)"
     try:
         with torch.no_grad():
-            scores = method_of(model.module, "decode")(z, pairs)
+            if isinstance(model, UserHeteroLinkModel):
+                called = "decode(z_dict, edge_label_index)"
+                return model.score(z[:3], z[1:])
+            scores = method_of(model.module, "decode")(z, torch.tensor([[0, 1, 2], [1, 2, 3]]))
     except Exception as error:
         raise ValueError(
-            f"{name}.decode(z, edge_label_index) failed on 3 pairs of {width}-wide embeddings: "
+            f"{name}.{called} failed on 3 pairs of {width}-wide embeddings: "
             f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
         ) from None
     return decoded_scores(name, scores, 3)
@@ -407,6 +477,11 @@ def parser() -> argparse.ArgumentParser:
         help="how edge features reach forward (default: what forward takes)",
     )
     parser.add_argument("--embedding-method", help="a method returning node (or graph) embeddings")
+    parser.add_argument(
+        "--target-edge-type",
+        help="--task link on a graph of several node types: the relation predicted, "
+        "src__relation__dst",
+    )
     parser.add_argument("--out", required=True, help="model directory to write")
     return parser
 
@@ -432,14 +507,14 @@ def main(argv: list[str] | None = None) -> int:
                 package_graph(args, open_graph_dataset(Path(args.dataset)))
             else:
                 store = open_store(Path(args.store))
-                if not store.schema.is_homogeneous:
-                    if args.task != Task.NODE.value:
-                        raise ValueError(
-                            f"--task {args.task} on a graph of several node types or "
-                            "relations is not available yet; --task node is"
-                        )
+                if args.task == Task.NODE.value and args.target_edge_type:
+                    raise ValueError("--target-edge-type goes with --task link")
+                if not store.schema.is_homogeneous and args.task == Task.LINK.value:
+                    package_typed_link(args, store)
+                elif not store.schema.is_homogeneous:
                     package_typed(args, store)
                 elif args.task == Task.LINK.value:
+                    target_relation(store.schema, args.target_edge_type)  # refused if given
                     package_link(args, store)
                 else:
                     package(args, store)

@@ -107,7 +107,8 @@ class ModelConfig:
             ``edge_dims`` per relation (``src__relation__dst``) and ``target``, as
             ``model.typed_graph.hetero_section`` writes them from the store; the recipe is then
             the per-relation form of ``arch`` (``model.hetero_recipes``) and ``in_dim`` the
-            target type's width. None (default): a graph of one type.
+            target type's width; ``link`` adds ``target_edge_type`` (``src__relation__dst``,
+            the relation predicted). None (default): a graph of one type.
     """
 
     task: Task = Task.NODE
@@ -133,11 +134,8 @@ class ModelConfig:
                 f"arch {self.arch.value!r} is a relational recipe for a graph of several node "
                 "types or relations; this graph has one (use gcn, sage, gat or gin)"
             )
-        if self.hetero is not None and self.task is not Task.NODE:
-            raise ValueError(
-                "a graph of several node types or relations is served for --task node; link "
-                "and graph tasks on it come in a later release"
-            )
+        if self.hetero is not None:
+            check_hetero_task(self.task, self.hetero)
         self.out_dim = _check_int("out_dim", self.out_dim, minimum=2)
         self.hidden_dim = _check_int("hidden_dim", self.hidden_dim, minimum=1)
         self.num_layers = _check_int("num_layers", self.num_layers, minimum=1)
@@ -193,6 +191,25 @@ class ModelConfig:
                 "the number of classes of the graph"
             )
         return cls(**data)
+
+
+def check_hetero_task(task: Task, hetero: Mapping[str, Any]) -> None:
+    """A graph of several node types serves ``node`` and, for a relation named by
+    ``target_edge_type`` (one of its ``edge_types``), ``link``; ValueError otherwise."""
+    if task is Task.GRAPH:
+        raise ValueError(
+            "a graph of several node types or relations is served for --task node or link; "
+            "graph classification of typed graphs is not available yet"
+        )
+    name = hetero.get("target_edge_type")
+    relations = ["__".join(triple) for triple in hetero.get("edge_types", [])]
+    if task is Task.LINK and name not in relations:
+        raise ValueError(
+            f"a link model of a graph of several node types predicts one of its relations: "
+            f"target_edge_type must be one of {', '.join(relations)}, got {name!r}"
+        )
+    if task is Task.NODE and name is not None:
+        raise ValueError("target_edge_type goes with task 'link'; a node model has none")
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> int:

@@ -14,12 +14,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from graph_assets.schema import EdgeType
 from model.architectures import NodeClassifier
 from model.config import ModelConfig, Task
 from model.registry import build_model
 from model.served import UserNodeModel
 from model.served_graph import UserGraphModel
 from model.served_hetero import UserHeteroModel
+from model.served_hetero_link import UserHeteroLinkModel
 from model.served_link import UserLinkModel
 from model.train import TrainResult
 from model.user_model import (
@@ -132,7 +134,10 @@ def _load_user_model(
     weights = directory / WEIGHTS_FILE
     load_weights(module, read_state_dict(weights), str(weights))
     adapter: torch.nn.Module
-    if config.hetero is not None:
+    if config.hetero is not None and config.task is Task.LINK:
+        edge_type = EdgeType.parse(config.hetero["target_edge_type"]).triple
+        adapter = UserHeteroLinkModel(module, edge_type, config.output, config.boundary_degrees)
+    elif config.hetero is not None:
         adapter = UserHeteroModel(
             module,
             config.hetero["target"],

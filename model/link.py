@@ -94,11 +94,7 @@ class LinkPredictor(torch.nn.Module):
         self.encoder: NodeClassifier = build_node_classifier(
             dataclasses.replace(config, task=Task.NODE)
         )
-        self.decoder: torch.nn.Module
-        if config.decoder is Decoder.DOT:
-            self.decoder = DotDecoder()
-        else:
-            self.decoder = MLPDecoder(config.out_dim, config.hidden_dim, config.dropout)
+        self.decoder = build_decoder(config)
 
     @property
     def decoder_name(self) -> str:
@@ -123,21 +119,31 @@ class LinkPredictor(torch.nn.Module):
         return self.decoder(z_src, z_dst)
 
     def score_against(self, z_src: Tensor, table: Tensor) -> Tensor:
-        """Logits of one node (``z_src``, ``[out_dim]``) against every row of ``table``.
+        """Logits of one node (``z_src``, ``[out_dim]``) against every row of ``table``."""
+        return decode_against(self.decoder, z_src, table)
 
-        Computed in chunks of ``SCORE_CHUNK_ROWS`` rows; the dot decoder is one matrix-vector
-        product per chunk.
-        """
-        parts = []
-        for start in range(0, table.shape[0], SCORE_CHUNK_ROWS):
-            chunk = table[start : start + SCORE_CHUNK_ROWS].to(z_src.device, z_src.dtype)
-            if isinstance(self.decoder, DotDecoder):
-                parts.append(chunk @ z_src)
-            else:
-                parts.append(self.decoder(z_src.expand_as(chunk), chunk))
-        if not parts:
-            return z_src.new_empty(0)
-        return torch.cat(parts)
+
+def build_decoder(config: ModelConfig) -> torch.nn.Module:
+    """The config's pair decoder over ``out_dim``-wide embeddings."""
+    if config.decoder is Decoder.DOT:
+        return DotDecoder()
+    return MLPDecoder(config.out_dim, config.hidden_dim, config.dropout)
+
+
+def decode_against(decoder: torch.nn.Module, z_src: Tensor, table: Tensor) -> Tensor:
+    """``decoder``'s logits of one embedding (``z_src``, ``[D]``) against every row of
+    ``table``, in chunks of ``SCORE_CHUNK_ROWS`` rows; the dot decoder is one matrix-vector
+    product per chunk."""
+    parts = []
+    for start in range(0, table.shape[0], SCORE_CHUNK_ROWS):
+        chunk = table[start : start + SCORE_CHUNK_ROWS].to(z_src.device, z_src.dtype)
+        if isinstance(decoder, DotDecoder):
+            parts.append(chunk @ z_src)
+        else:
+            parts.append(decoder(z_src.expand_as(chunk), chunk))
+    if not parts:
+        return z_src.new_empty(0)
+    return torch.cat(parts)
 
 
 class PairLogit(torch.nn.Module):

@@ -3,11 +3,14 @@
 ``link/`` in the archive holds ``.npy`` arrays that load memory-mapped without pickle:
 
 - ``embeddings.npy``, float32 ``[N, D]``: every node's embedding, from one full-graph forward
-  pass at build time;
+  pass at build time (on a graph of several node types, the rows of the predicted relation's
+  two end types; other types' rows are zeros and never read);
 - ``out_indptr.npy`` (int32/int64 ``[N+1]``) and ``out_indices.npy`` (int32/int64 ``[E]``): CSR,
-  the out-neighbours of ``v`` are ``out_indices[out_indptr[v]:out_indptr[v+1]]``, ascending;
-- ``meta.json``: format version, graph checksum, sizes, build time, and per file its dtype,
-  shape and digests (sha256, blake3).
+  the out-neighbours of ``v`` are ``out_indices[out_indptr[v]:out_indptr[v+1]]``, ascending (on
+  a typed graph over the predicted relation's edges only, ``E`` of them);
+- ``meta.json``: format version, graph checksum, sizes, build time, the predicted relation
+  (``target_edge_type``, typed graphs), and per file its dtype, shape and digests (sha256,
+  blake3).
 
 The embeddings are exactly as fresh as the archive: computed from the archive's graph when it
 was built (``built_at``), and a worker refuses them if the graph's checksum differs. Top-k
@@ -27,7 +30,9 @@ import torch
 
 from graph_assets.errors import StoreError
 from graph_assets.store import GraphStore, file_digests, index_dtype, open_recorded_array
+from model.hetero_link import HeteroLinkModel
 from model.served import serving_needs
+from model.typed_graph import whole_graph_input
 from model.user_model import EdgeInput
 
 LINK_DIR = "link"
@@ -52,11 +57,15 @@ class LinkAssets:
         return str(self.meta["built_at"])
 
 
-def out_csr(store: GraphStore) -> tuple[np.ndarray, np.ndarray]:
-    """The store's edges grouped by source: ``(out_indptr, out_indices)``."""
+def out_csr(store: GraphStore, relation: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The store's edges (those of ``relation`` only, when given) grouped by source:
+    ``(out_indptr, out_indices)``."""
     n = store.num_nodes
     sources = np.asarray(store.indices, dtype=np.int64)
     destinations = np.repeat(np.arange(n, dtype=np.int64), np.diff(store.indptr))
+    if relation is not None and store.edge_type is not None:
+        mine = np.asarray(store.edge_type) == relation
+        sources, destinations = sources[mine], destinations[mine]
     # Stable, so CSC order keeps each source's destinations ascending; torch's radix sort of
     # integer keys is ~3x numpy's merge sort (1.4 s for 10M edges here).
     order = torch.sort(torch.from_numpy(sources), stable=True).indices.numpy()
@@ -67,14 +76,24 @@ def out_csr(store: GraphStore) -> tuple[np.ndarray, np.ndarray]:
 
 
 def full_graph_embeddings(model: torch.nn.Module, store: GraphStore) -> np.ndarray:
-    """Every node's embedding from one forward pass of a link model (``model.link.LinkModel``)
-    over the whole stored graph, with its edge features where the model reads them."""
+    """Every node's embedding from one forward pass of a link model (``model.link.LinkModel``,
+    or on a typed graph ``model.hetero_link.HeteroLinkModel``: its ends' rows at their global
+    indices) over the whole stored graph, with its edge features where the model reads them."""
+    model.eval()
+    if isinstance(model, HeteroLinkModel):
+        with torch.no_grad():
+            z = model.encode(whole_graph_input(store))
+        width = next(iter(z.values())).size(1)
+        table = np.zeros((store.num_nodes, width), dtype=np.float32)
+        for key, rows in z.items():
+            node_type = store.schema.node_type(key)
+            table[node_type.offset : node_type.stop] = rows.float().numpy()
+        return table
     x = torch.from_numpy(np.array(store.features, dtype=np.float32))
     edge_index = torch.from_numpy(store.edge_index())
     edges = {}
     if serving_needs(model).edge_input is not EdgeInput.NONE:
         edges["edge_attr"] = torch.from_numpy(np.array(store.edge_features, dtype=np.float32))
-    model.eval()
     with torch.no_grad():
         return model(x, edge_index, **edges).float().numpy()
 
@@ -84,7 +103,8 @@ def write_link_assets(model: torch.nn.Module, store: GraphStore, out_dir: Path) 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     embeddings = full_graph_embeddings(model, store)
-    indptr, indices = out_csr(store)
+    relation = predicted_relation(model, store)
+    indptr, indices = out_csr(store, relation)
     arrays = {"embeddings.npy": embeddings, "out_indptr.npy": indptr, "out_indices.npy": indices}
     files = {}
     for name, array in arrays.items():
@@ -100,11 +120,22 @@ def write_link_assets(model: torch.nn.Module, store: GraphStore, out_dir: Path) 
         "num_nodes": store.num_nodes,
         "num_edges": store.num_edges,
         "embedding_dim": int(embeddings.shape[1]),
+        **(
+            {} if relation is None else {"target_edge_type": store.schema.edge_type_names[relation]}
+        ),
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "files": files,
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def predicted_relation(model: torch.nn.Module, store: GraphStore) -> int | None:
+    """Index of the relation a typed graph's link model predicts; None for a graph of one
+    type (every edge counts)."""
+    if not isinstance(model, HeteroLinkModel):
+        return None
+    return store.schema.relation_index("__".join(model.edge_type))
 
 
 def open_link_assets(path: Path, store: GraphStore, verify_checksum: bool = True) -> LinkAssets:
@@ -134,10 +165,15 @@ def open_link_assets(path: Path, store: GraphStore, verify_checksum: bool = True
     n = store.num_nodes
     if arrays["embeddings.npy"].shape[0] != n or arrays["out_indptr.npy"].shape != (n + 1,):
         raise StoreError(f"{path}: the arrays are not sized for the graph's {n} nodes")
-    if arrays["out_indices.npy"].shape != (store.num_edges,):
-        raise StoreError(
-            f"{path}: out_indices.npy does not hold the graph's {store.num_edges} edges"
-        )
+    name = meta.get("target_edge_type")
+    edges = store.num_edges
+    if name is not None:
+        try:
+            edges = store.schema.relations[store.schema.relation_index(name)].num_edges
+        except KeyError as error:
+            raise StoreError(f"{meta_path}: {error.args[0]}; {_REBUILD}") from None
+    if arrays["out_indices.npy"].shape != (edges,):
+        raise StoreError(f"{path}: out_indices.npy does not hold the graph's {edges} edges")
     return LinkAssets(
         path=path,
         meta=meta,

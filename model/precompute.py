@@ -47,6 +47,7 @@ from graph_assets.errors import StoreError
 from graph_assets.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
 from model.export import WEIGHTS_FILE
+from model.hetero_link import HeteroLinkModel
 from model.in_closure import closure_chunks, closure_forward, in_closure, store_in_edges
 from model.link import LinkPredictor
 from model.link_assets import out_csr
@@ -124,7 +125,7 @@ def plan_for(model: torch.nn.Module) -> Plan:
             degree=isinstance(model, GCN),
             stored_embedding=True,
         )
-    if isinstance(model, HeteroNodeModel):
+    if isinstance(model, HeteroNodeModel | HeteroLinkModel):
         raise ValueError(
             "--precompute on a graph of several node types or relations is not available yet"
         )

@@ -11,7 +11,7 @@ on a sampled ego-graph.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,11 +182,17 @@ class HeteroProbe:
     out_dim: int
 
 
-def probe_hetero(module: torch.nn.Module, inputs: HeteroInput, target: str) -> HeteroProbe:
-    """Runs ``UserHeteroModel(module, target)`` once on ``inputs``, counting message-passing
-    steps: a per-relation layer (``to_hetero``, ``HeteroConv``: its path names the relation)
-    adds one per call to its relation's count, and the depth is the
-    largest count; a module without per-relation layers counts the layers it calls."""
+def probe_hetero(
+    module: torch.nn.Module,
+    inputs: HeteroInput,
+    run: Callable[[HeteroInput], Tensor],
+    method: str = "forward",
+) -> HeteroProbe:
+    """Runs ``run`` (the adapter of ``module``: ``UserHeteroModel``, a link model's rows of
+    one type) once on ``inputs``, counting ``module``'s message-passing steps: a per-relation
+    layer (``to_hetero``, ``HeteroConv``: its path names the relation) adds one per call to its
+    relation's count, and the depth is the largest count; a module without per-relation layers
+    counts the layers it calls. ``method`` names the method run in the refusal."""
     # to_hetero names a relation's copy src__relation__dst, PyG's ModuleDict (HeteroConv)
     # <src___relation___dst>.
     spellings = {
@@ -209,10 +215,10 @@ def probe_hetero(module: torch.nn.Module, inputs: HeteroInput, target: str) -> H
             handles.append(sub.register_propagate_forward_hook(count))
     try:
         with torch.no_grad():
-            out = UserHeteroModel(module, target)(inputs)
+            out = run(inputs)
     except Exception as error:
         raise ValueError(
-            f"{type(module).__name__}.forward(x_dict, edge_index_dict, ...) failed on a small "
+            f"{type(module).__name__}.{method}(x_dict, edge_index_dict, ...) failed on a small "
             f"typed graph of this graph's types and relations: {type(error).__name__}: "
             f"{str(error).splitlines()[0] if str(error) else ''}"
         ) from None

@@ -1,11 +1,13 @@
 """``python -m model link`` and ``python -m model graph``: train (or package) and export.
 
-    python -m model link --store STORE --out DIR [--decoder dot|mlp] [--weights FILE] ...
+    python -m model link --store STORE --out DIR [--decoder dot|mlp] [--weights FILE]
+        [--target-edge-type SRC__RELATION__DST] ...
     python -m model graph --dataset DSET --out DIR [--arch gin] [--pooling sum] [--weights FILE]
 
 Both write ``model.pt``, ``model_config.json`` and ``metrics.json``; ``link`` also writes
 ``link/`` (the candidate embeddings of the whole graph and its out-neighbour lists, see
-``model.link_assets``) and ``graph`` writes ``classes.json`` (the class names). With
+``model.link_assets``; on a graph of several node types, of ``--target-edge-type``'s ends)
+and ``graph`` writes ``classes.json`` (the class names). With
 ``--weights`` the given state_dict is checked against the architecture (from the file's
 sibling ``model_config.json`` if there is one, else the flags), evaluated the same way, and
 packaged instead of training.
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 
 from graph_assets.graph_dataset import open_graph_dataset
-from graph_assets.store import open_store
+from graph_assets.store import GraphStore, open_store
 from model.config import Arch, Decoder, ModelConfig, Pooling, Task
 from model.export import CONFIG_FILE, check_state_dict, write_model_files
 from model.graph_level import (
@@ -35,10 +37,17 @@ from model.graph_level import (
     as_data,
     train_graph_classifier,
 )
+from model.hetero_link import HeteroLinkModel
 from model.link import LinkPredictor
 from model.link_assets import LINK_DIR, write_link_assets
 from model.link_train import evaluate_link_predictor, split_edges, train_link_predictor
 from model.registry import build_model
+from model.typed_graph import hetero_section, target_relation, whole_graph_input
+from model.typed_link_train import (
+    evaluate_typed_link_predictor,
+    split_relation,
+    train_typed_link_predictor,
+)
 
 # The flags every training command shares (python -m model train|link|graph).
 MODEL_FLAGS = {
@@ -76,6 +85,11 @@ def add_task_commands(commands: Any) -> None:
         choices=[d.value for d in Decoder],
         help="pair decoder: dot product, or an MLP on the element-wise product "
         "(default: %(default)s)",
+    )
+    link.add_argument(
+        "--target-edge-type",
+        help="a graph of several node types or relations: the relation to predict, "
+        "src__relation__dst (required there; refused on a graph of one)",
     )
     link.add_argument(
         "--embedding-dim",
@@ -166,12 +180,15 @@ def _train_options(args: dict[str, Any]) -> dict[str, Any]:
 
 def _link(args: dict[str, Any]) -> str:
     store = open_store(Path(args["store"]))
+    edge_type = target_relation(store.schema, args.get("target_edge_type"))
+    typed = {} if edge_type is None else {"hetero": hetero_section(store.schema, edge_type.name)}
     base = {
         "task": "link",
         "arch": args["arch"],
         "decoder": args["decoder"],
         "in_dim": store.feature_dim,
         "out_dim": args["embedding_dim"],
+        **typed,
     }
     config = _config(args, base, Task.LINK)
     if config.in_dim != store.feature_dim:
@@ -179,33 +196,36 @@ def _link(args: dict[str, Any]) -> str:
             f"the weights' config expects {config.in_dim} features, the graph has "
             f"{store.feature_dim}"
         )
-    x = torch.from_numpy(np.array(store.features, dtype=np.float32))
-    edge_index = torch.from_numpy(store.edge_index())
+    recorded = (config.hetero or {}).get("target_edge_type")
+    wanted = edge_type.name if edge_type else None
+    if recorded != wanted:
+        raise ValueError(
+            f"the weights' model_config.json predicts {recorded or 'a graph of one type'}, "
+            f"not {wanted or 'this graph of one type'}"
+        )
     if args.get("weights"):
         model = _load_weights(args, config)
-        assert isinstance(model, LinkPredictor)
-        seed = args.get("seed", 0)
-        split = split_edges(edge_index, store.num_nodes, seed=seed)
-        test = evaluate_link_predictor(
-            model, x, split.train, split.test_pos, split.test_neg, edge_index, seed=seed
-        )
         metrics: dict[str, Any] = {
             "arch": config.arch.value,
             "decoder": config.decoder.value,
-            **{f"test_{name}": value for name, value in test.items()},
+            **{f"test_{name}": value for name, value in _held_out(model, store, args).items()},
             "weights": Path(args["weights"]).name,
             "note": "weights trained elsewhere: their training may have seen the test pairs",
         }
         state_dict = model.state_dict()
     else:
-        result = train_link_predictor(
-            x, edge_index, config, progress=not args["quiet"], **_train_options(args)
-        )
+        options = {"progress": not args["quiet"], **_train_options(args)}
+        if config.hetero is not None:
+            result = train_typed_link_predictor(whole_graph_input(store), config, **options)
+        else:
+            x = torch.from_numpy(np.array(store.features, dtype=np.float32))
+            result = train_link_predictor(
+                x, torch.from_numpy(store.edge_index()), config, **options
+            )
         metrics, state_dict = result.metrics, result.state_dict
         model = build_model(config)
         model.load_state_dict(state_dict)
     write_model_files(state_dict, config, metrics, args["out"])
-    assert isinstance(model, LinkPredictor)
     link_meta = write_link_assets(model, store, Path(args["out"]) / LINK_DIR)
     return (
         f"test AUC {metrics['test_auc']:.3f}, hits@10 {metrics['test_hits@10']:.3f}, "
@@ -213,6 +233,25 @@ def _link(args: dict[str, Any]) -> str:
         f"({metrics['test_ranked_pairs']} held-out links ranked among "
         f"{metrics['test_ranking_candidates']} candidates); embeddings of "
         f"{link_meta['num_nodes']} nodes -> {args['out']}"
+    )
+
+
+def _held_out(model: torch.nn.Module, store: GraphStore, args: dict[str, Any]) -> dict[str, float]:
+    """Test metrics of given weights on the split training would make (``--seed``)."""
+    seed = args.get("seed", 0)
+    if isinstance(model, HeteroLinkModel):
+        inputs = whole_graph_input(store)
+        held = split_relation(inputs, model.edge_type, seed=seed)
+        known = inputs.edge_index_dict[model.edge_type]
+        return evaluate_typed_link_predictor(
+            model, held.message, held.test_pos, held.test_neg, known, seed=seed
+        )
+    assert isinstance(model, LinkPredictor)
+    x = torch.from_numpy(np.array(store.features, dtype=np.float32))
+    edge_index = torch.from_numpy(store.edge_index())
+    split = split_edges(edge_index, store.num_nodes, seed=seed)
+    return evaluate_link_predictor(
+        model, x, split.train, split.test_pos, split.test_neg, edge_index, seed=seed
     )
 
 

@@ -1,7 +1,8 @@
 """A stored graph of several node types or relations as the heterogeneous models read it.
 
 :func:`hetero_section` is the store's schema as ``ModelConfig.hetero`` records it (what the
-recipe is sized by); :func:`hetero_spec` rebuilds the recipe's spec from a config;
+recipe is sized by); :func:`target_relation` checks the relation a link archive predicts;
+:func:`hetero_spec` rebuilds the recipe's spec from a config;
 :func:`whole_graph_input` is the whole graph as one ``HeteroInput``, for training and for the
 full-graph forward every served answer is held to.
 """
@@ -13,15 +14,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph_assets.schema import GraphSchema
+from graph_assets.schema import EdgeType, GraphSchema
 from graph_assets.store import GraphStore
-from model.config import ModelConfig
+from model.config import ModelConfig, Task
 from model.hetero_recipes import HeteroSpec
 from model.typed_batch import HeteroInput
 
 
-def hetero_section(schema: GraphSchema) -> dict[str, Any]:
-    """``ModelConfig.hetero`` for a graph of this schema."""
+def hetero_section(schema: GraphSchema, target_edge_type: str | None = None) -> dict[str, Any]:
+    """``ModelConfig.hetero`` for a graph of this schema (a link model's with the relation it
+    predicts)."""
+    link = {} if target_edge_type is None else {"target_edge_type": target_edge_type}
     return {
         "node_types": schema.node_type_names,
         "edge_types": [list(r.edge_type.triple) for r in schema.relations],
@@ -29,7 +32,33 @@ def hetero_section(schema: GraphSchema) -> dict[str, Any]:
         "num_nodes": {t.name: t.num_nodes for t in schema.node_types if t.feature_dim == 0},
         "edge_dims": {r.name: r.edge_feature_dim for r in schema.relations if r.edge_feature_dim},
         "target": schema.target,
+        **link,
     }
+
+
+def target_relation(schema: GraphSchema, name: str | None) -> EdgeType | None:
+    """The relation a link archive predicts (``--target-edge-type``): required on a graph of
+    several node types or relations, refused on a graph of one; ValueError listing the
+    graph's relations otherwise. None on a graph of one type."""
+    relations = ", ".join(schema.edge_type_names)
+    if schema.is_homogeneous:
+        if name is not None:
+            raise ValueError(
+                f"--target-edge-type {name}: this graph has one node type and one relation "
+                f"({relations}); leave --target-edge-type out"
+            )
+        return None
+    if name is None:
+        raise ValueError(
+            "--task link on a graph of several node types or relations predicts one of them: "
+            f"give --target-edge-type, one of {relations}"
+        )
+    if name not in schema.edge_type_names:
+        raise ValueError(
+            f"--target-edge-type {name}: this graph has no such relation; its relations are "
+            f"{relations}"
+        )
+    return EdgeType.parse(name)
 
 
 def hetero_spec(config: ModelConfig) -> HeteroSpec:
@@ -41,13 +70,18 @@ def hetero_spec(config: ModelConfig) -> HeteroSpec:
     try:
         edge_types = tuple(tuple(triple) for triple in section["edge_types"])
         by_name = {"__".join(triple): triple for triple in edge_types}
+        target, outputs = section["target"], ()
+        if config.task is Task.LINK:  # the encoder outputs both ends of the relation
+            src, _, target = by_name[section["target_edge_type"]]
+            outputs = tuple(dict.fromkeys((src, target)))
         return HeteroSpec(
             node_types=tuple(section["node_types"]),
             edge_types=edge_types,
             in_dims=dict(section["in_dims"]),
             num_nodes=dict(section.get("num_nodes", {})),
             edge_dims={by_name[name]: dim for name, dim in section.get("edge_dims", {}).items()},
-            target=section["target"],
+            target=target,
+            outputs=outputs,
             num_classes=config.out_dim,
             hidden_dim=config.hidden_dim,
             num_layers=config.num_layers,

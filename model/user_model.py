@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from model.config import Task
+from model.config import Task, check_hetero_task
 from model.weights import key_mismatch
 
 # The archive's copy of a model file lives here, beside model_config.json.
@@ -84,7 +84,8 @@ class UserModelConfig:
             ``forward(x_dict, edge_index_dict[, edge_attr_dict])``): the graph's schema as
             ``model.typed_graph.hetero_section`` writes it, whose ``target`` is the type
             answered for; ``embedding`` then names a submodule whose input holds the embedding.
-            None: a graph of one type.
+            A link model's (``encode(x_dict, ...)`` and ``decode(z_dict, edge_label_index)``)
+            adds ``target_edge_type``, the relation it predicts. None: a graph of one type.
     """
 
     task: Task = Task.NODE
@@ -106,6 +107,8 @@ class UserModelConfig:
         self.task = Task.parse(self.task)
         self.output = Output(self.output)
         self.edge_input = EdgeInput(self.edge_input)
+        if self.hetero is not None:
+            check_hetero_task(self.task, self.hetero)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
