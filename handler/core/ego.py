@@ -115,24 +115,28 @@ class EgoGraphs:
             return self.live.overlay
         return self.store
 
-    def find(self, node_ids: Sequence[NodeId]) -> np.ndarray:
-        """Internal indices of ``node_ids``, -1 for an ID the graph lacks (an int outside int64
-        cannot be an ID, so it is reported missing rather than overflowing)."""
-        view = self.view()
+    def find(self, node_ids: Sequence[NodeId], node_type: str | None = None) -> np.ndarray:
+        """Internal indices of ``node_ids`` (IDs of ``node_type``; default: the graph's
+        target type), -1 for an ID the graph lacks (an int outside int64 cannot be an ID, so
+        it is reported missing rather than overflowing)."""
+        look = self.view().lookup
+        if node_type is not None:  # typed graphs take no live updates: the stored graph is all
+            look = functools.partial(self.store.lookup, node_type=node_type)
         in_range = [not isinstance(n, int) or _INT64_MIN <= n <= _INT64_MAX for n in node_ids]
         nodes = np.full(len(node_ids), -1, dtype=np.int64)
         if all(in_range):
-            nodes[:] = view.lookup(node_ids)
+            nodes[:] = look(node_ids)
         elif any(in_range):
-            nodes[np.array(in_range)] = view.lookup(
+            nodes[np.array(in_range)] = look(
                 [node for node, ok in zip(node_ids, in_range, strict=True) if ok]
             )
         return nodes
 
-    def lookup(self, node_ids: Sequence[NodeId]) -> np.ndarray:
-        """Internal indices of ``node_ids``; NodeNotFound lists the IDs the graph lacks."""
-        nodes = self.find(node_ids)
-        error = missing_nodes(node_ids, nodes)
+    def lookup(self, node_ids: Sequence[NodeId], node_type: str | None = None) -> np.ndarray:
+        """Internal indices of ``node_ids`` (of ``node_type``, as :meth:`find`); NodeNotFound
+        lists the IDs the graph lacks (naming ``node_type`` when given)."""
+        nodes = self.find(node_ids, node_type)
+        error = missing_nodes(node_ids, nodes, node_type)
         if error is not None:
             raise error
         return nodes
@@ -195,15 +199,19 @@ class OnEgoGraphs:
         return self.ego.live
 
 
-def missing_nodes(node_ids: Sequence[NodeId], nodes: np.ndarray) -> NodeNotFound | None:
-    """The 404 for the IDs ``find`` did not find, listing the first few; None if none."""
+def missing_nodes(
+    node_ids: Sequence[NodeId], nodes: np.ndarray, node_type: str | None = None
+) -> NodeNotFound | None:
+    """The 404 for the IDs ``find`` did not find, listing the first few (and the type they
+    were looked up in, when named); None if none."""
     if nodes.size == 0 or nodes.min() >= 0:
         return None
     missing = [node for node, index in zip(node_ids, nodes, strict=True) if index < 0]
     listed = ", ".join(show(node) for node in missing[:_MAX_LISTED_MISSING])
     more = len(missing) - _MAX_LISTED_MISSING
     suffix = f" and {more} more" if more > 0 else ""
-    return NodeNotFound(f"node(s) not in the graph: {listed}{suffix}")
+    kind = "node(s)" if node_type is None else f"{node_type} node(s)"
+    return NodeNotFound(f"{kind} not in the graph: {listed}{suffix}")
 
 
 def seed_rows(seeds: torch.Tensor, nodes: np.ndarray) -> list[int]:

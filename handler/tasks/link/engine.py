@@ -12,6 +12,12 @@
   and, unless ``exclude_neighbors`` is false, its in- and out-neighbours are left out, and the
   ``k`` best are returned with their scores.
 
+On a graph of several node types the archive predicts one relation (``model.hetero_link``): a
+pair is ``[source-type ID, destination-type ID]`` (an ID of the wrong type is a 404 naming
+it), each end type's seeds get their own ego-graph through ``handler.core.typed_ego``, and
+top-k searches the destination type, leaving out the source's neighbours on that relation
+(``handler.tasks.link.ends``).
+
 A precomputed archive (``--precompute``) answers both from its stored output rows instead, which
 its live updates keep equal to the full-graph forward of the version served: pair scores without
 sampling, and top-k over the current nodes (added ones included, removed ones left out).
@@ -20,18 +26,22 @@ sampling, and top-k over the current nodes (added ones included, removed ones le
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 
 from handler.core.arrays import readonly_tensor
 from handler.core.batch import Batch, BatchEngine, Group, timed
-from handler.core.ego import EgoGraphs, OnEgoGraphs, seed_rows
+from handler.core.ego import EgoGraphs, OnEgoGraphs, plain_module, seed_rows
 from handler.core.sampler import SampledSubgraph
-from handler.protocol.errors import ApiError
+from handler.core.typed_ego import typed_answer
+from handler.protocol.body import NodeId
+from handler.protocol.errors import ApiError, NodeNotFound
 from handler.protocol.kserve_v2 import ids_datatype, inference_response, output
+from handler.tasks.link.ends import LinkEnds
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
+from model.hetero_link import HeteroLinkModel, TypeRows
 from model.link import LinkModel, answer_scores
 from model.link_assets import LinkAssets
 from model.served import serving_needs
@@ -51,13 +61,28 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
     def __init__(
         self, ego: EgoGraphs, assets: LinkAssets, model_version: str, model_name: str = "link"
     ) -> None:
-        if not isinstance(ego.model, LinkModel):
+        model = plain_module(ego.model)
+        if not isinstance(model, HeteroLinkModel | LinkModel):
             raise TypeError(
                 f"a link archive needs a link model (forward, score, score_against), got "
                 f"{type(ego.model).__name__}"
             )
         self.ego = ego
-        self.predictor = ego.model
+        # Both protocols score alike: score(z_src, z_dst) and score_against(z_src, table).
+        self.predictor = cast(LinkModel, ego.model)
+        self.ends = LinkEnds.of(ego.store, model)
+        recorded = assets.meta.get("target_edge_type")
+        if self.ends.typed and recorded != self.ends.relation:
+            raise ValueError(
+                f"link/ holds embeddings for {recorded!r}, the model predicts "
+                f"{self.ends.relation!r}; rebuild the archive"
+            )
+        # One type's rows of a typed model: what each end's ego-graph is run through.
+        self.type_rows = (
+            {key: TypeRows(model, key) for key in (self.ends.src_type, self.ends.dst_type)}
+            if isinstance(model, HeteroLinkModel)
+            else {}
+        )
         self.output = serving_needs(ego.model).output
         self.assets = assets
         self.device = ego.device
@@ -74,9 +99,20 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         settings = self.ego.settings
         request = parse_link_request(item, settings.max_ids_per_request, settings.max_top_k)
         if isinstance(request, TopKRequest):
-            return ResolvedLink(request, self.ego.lookup([request.src]))
-        ids = [node for pair in request.pairs for node in pair]
-        return ResolvedLink(request, self.ego.lookup(ids).reshape(-1, 2))
+            return ResolvedLink(request, self._lookup([request.src], self.ends.src_type))
+        sources = self._lookup([src for src, _ in request.pairs], self.ends.src_type)
+        targets = self._lookup([dst for _, dst in request.pairs], self.ends.dst_type)
+        return ResolvedLink(request, np.stack([sources, targets], axis=1))
+
+    def _lookup(self, ids: list[NodeId], node_type: str) -> np.ndarray:
+        """Internal indices of ``ids`` of ``node_type`` (any ID on a graph of one type); a
+        404 lists the missing ones, and on a typed graph what a pair is."""
+        if not self.ends.typed:
+            return self.ego.lookup(ids)
+        try:
+            return self.ego.lookup(ids, node_type)
+        except NodeNotFound as error:
+            raise NodeNotFound(f"{error.message} ({self.ends.hint})") from None
 
     def plan(
         self, positions: list[int], outcomes: list[ResolvedLink | ApiError]
@@ -86,12 +122,22 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         return ([pairs] if pairs else []) + [[p] for p in positions if p not in pairs]
 
     def make_group(self, positions: list[int], outcomes: list[ResolvedLink | ApiError]) -> Any:
+        """Top-k: nothing to sample. Pairs: ``{node type: (seeds, ego-graph)}``, one ego-graph
+        per end type (one on a graph of one type)."""
         if isinstance(_link(outcomes[positions[0]]).request, TopKRequest):
             return None
-        nodes = np.concatenate([_link(outcomes[p]).nodes.ravel() for p in positions])
-        if self.ego.precomputed is not None:  # the stored embeddings: nothing to sample
-            return torch.from_numpy(np.unique(nodes)), None
-        return self.ego.sample(nodes)
+        pairs = np.concatenate([_link(outcomes[p]).nodes for p in positions])
+        by_type: dict[str, list[np.ndarray]] = {}
+        for end, node_type in enumerate((self.ends.src_type, self.ends.dst_type)):
+            by_type.setdefault(node_type, []).append(pairs[:, end])
+        groups: dict[str, tuple[torch.Tensor, SampledSubgraph | None]] = {}
+        for node_type, parts in by_type.items():
+            nodes = np.concatenate(parts)
+            if self.ego.precomputed is not None:  # the stored embeddings: nothing to sample
+                groups[node_type] = (torch.from_numpy(np.unique(nodes)), None)
+            else:
+                groups[node_type] = self.ego.sample(nodes)
+        return groups
 
     def run_group(self, group: Group, batch: Batch[ResolvedLink]) -> None:
         if group.payload is None:
@@ -103,30 +149,50 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             )
             stop()
             return
-        seeds, sub = group.payload
-        batch.times.seed_nodes += int(seeds.numel())
-        z = self._embeddings(seeds, sub, batch)
+        embedded = {}
+        for node_type, (seeds, sub) in group.payload.items():
+            batch.times.seed_nodes += int(seeds.numel())
+            embedded[node_type] = (seeds, self._embeddings(node_type, seeds, sub, batch))
+        (src_seeds, z_src), (dst_seeds, z_dst) = (
+            embedded[self.ends.src_type],
+            embedded[self.ends.dst_type],
+        )
         stop = timed(batch.times, "forward")
         with torch.inference_mode():
             for position in group.positions:
                 nodes = _link(batch.outcomes[position]).nodes
-                src, dst = seed_rows(seeds, nodes[:, 0]), seed_rows(seeds, nodes[:, 1])
-                scores = answer_scores(self.predictor.score(z[src], z[dst]), self.output)
+                src, dst = seed_rows(src_seeds, nodes[:, 0]), seed_rows(dst_seeds, nodes[:, 1])
+                scores = answer_scores(self.predictor.score(z_src[src], z_dst[dst]), self.output)
                 batch.results[position] = scores.cpu().tolist()
         stop()
 
     def _embeddings(
-        self, seeds: torch.Tensor, sub: SampledSubgraph | None, batch: Batch[ResolvedLink]
+        self,
+        node_type: str,
+        seeds: torch.Tensor,
+        sub: SampledSubgraph | None,
+        batch: Batch[ResolvedLink],
     ) -> torch.Tensor:
         """The seeds' embeddings: stored rows (precomputed), or one encoder pass over their
-        ego-graph."""
-        stop = timed(batch.times, "gather")
+        ego-graph (a typed model's rows of ``node_type``, the seeds' type)."""
         rows = self.ego.precomputed
         if sub is None:
+            stop = timed(batch.times, "gather")
             assert rows is not None
             z = torch.from_numpy(rows.rows(rows.num_layers, seeds.numpy())).to(self.device)
             stop()
             return z
+        if self.type_rows:  # per-type features and per-relation edges, gathered there
+            batch.times.sampled_nodes += sub.num_nodes
+            batch.times.sampled_edges += sub.num_edges
+            stop = timed(batch.times, "forward")
+            with torch.inference_mode():
+                view = self.ego.view()
+                model = self.type_rows[node_type]
+                z, _ = typed_answer(self.store, view, model, sub, self.device)
+            stop()
+            return z
+        stop = timed(batch.times, "gather")
         with torch.inference_mode():
             x, degree = self.ego.gather(sub.node)
             edge_attr = self.ego.edge_features(sub.edge)
@@ -135,8 +201,8 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         batch.times.sampled_edges += sub.num_edges
         stop = timed(batch.times, "forward")
         with torch.inference_mode():
-            edges = {} if edge_attr is None else {"edge_attr": edge_attr}
-            z = self.predictor(x, sub.edge_index, degree=degree, **edges)[: sub.num_seeds]
+            z = self.predictor(x, sub.edge_index, degree=degree, edge_attr=edge_attr)
+            z = z[: sub.num_seeds]
         stop()
         return z
 
@@ -145,29 +211,33 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         self.ego.sync()
 
     def top_k(self, node: int, k: int, exclude_neighbors: bool) -> list[tuple[int, float]]:
-        """The ``k`` best ``(node index, score)`` for ``node`` over the whole graph (the
-        version served: a precomputed archive's rows follow its live updates)."""
+        """The ``k`` best ``(node index, score)`` for ``node`` over the candidates (the whole
+        graph, or a typed graph's destination type; the version served: a precomputed
+        archive's rows follow its live updates)."""
         with torch.inference_mode():
             logits = self._scores_against_every_node(node)
+            start = self.ends.candidates[0]
             excluded = [np.array([node])]
             if exclude_neighbors:
                 excluded += self._neighbours(node)
-            drop = torch.from_numpy(np.concatenate(excluded).astype(np.int64)).to(logits.device)
+            drop = np.concatenate(excluded).astype(np.int64) - start
+            drop = drop[(drop >= 0) & (drop < len(logits))]
             allowed = torch.isfinite(logits)
-            allowed[drop] = False
+            allowed[torch.from_numpy(drop).to(logits.device)] = False
             logits = logits.masked_fill(~allowed, float("-inf"))
             count = min(k, int(allowed.sum()))
             best = torch.topk(logits, count)
             scores = answer_scores(best.values, self.output).cpu().tolist()
-            return list(zip(best.indices.cpu().tolist(), scores, strict=True))
+            return list(zip((best.indices + start).cpu().tolist(), scores, strict=True))
 
     def _scores_against_every_node(self, node: int) -> torch.Tensor:
-        """Scores (before :func:`answer_scores`) of ``node`` against every internal index;
-        ``-inf`` for removed nodes."""
+        """Scores (before :func:`answer_scores`) of ``node`` against every candidate, from
+        the first (``ends.candidates``); ``-inf`` for removed nodes."""
         rows = self.ego.precomputed
         if rows is None:
             z_src = self.table[node].to(self.device)
-            return self.predictor.score_against(z_src, self.table).float()
+            start, stop = self.ends.candidates
+            return self.predictor.score_against(z_src, self.table[start:stop]).float()
         z_src = torch.from_numpy(rows.rows(rows.num_layers, np.array([node]))[0]).to(self.device)
         logits = self.predictor.score_against(z_src, self.table).float()
         changed = rows.current(rows.num_layers)
@@ -186,15 +256,12 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         return every
 
     def _neighbours(self, node: int) -> list[np.ndarray]:
-        """``node``'s in- and out-neighbours on the graph version served."""
+        """``node``'s in- and out-neighbours on the graph version served (on a typed graph,
+        on the relation predicted)."""
         rows = self.ego.precomputed
         if rows is not None and self.ego.live is not None:
             return [rows.in_list(node), rows.exact_out_neighbours(node)]
-        store, assets = self.ego.store, self.assets
-        return [
-            np.asarray(store.indices[store.indptr[node] : store.indptr[node + 1]]),
-            np.asarray(assets.out_indices[assets.out_indptr[node] : assets.out_indptr[node + 1]]),
-        ]
+        return self.ends.neighbours(self.ego.store, self.assets, node)
 
     def body(self, request: ResolvedLink, result: Any) -> dict[str, Any]:
         inner = request.request
@@ -240,6 +307,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             "embedding_dim": int(self.table.shape[1]),
             "embeddings_built_at": self.assets.built_at,
             "max_top_k": self.ego.settings.max_top_k,
+            **({"target_edge_type": self.ends.relation} if self.ends.typed else {}),
         }
 
 

@@ -30,6 +30,10 @@ class PairExplanation(EgoExplanation):
     """Explains one pair per request."""
 
     def parse(self, item: Any) -> PairTarget:
+        if not self.ego.store.schema.is_homogeneous:
+            raise BadRequest(
+                "explanations are not available yet on a graph of several node types or relations"
+            )
         settings = self.settings
         request = parse_link_request(item, settings.max_ids_per_request, settings.max_top_k)
         if isinstance(request, PairRequest) and request.protocol == "v2":

@@ -1,6 +1,6 @@
 """Model classes a user might ship in a model file (loaded by the tests with --model-file): node
-models, GAE-style link models (encode and decode), graph-level models, and node models of a
-graph of several node types."""
+models, GAE-style link models (encode and decode), graph-level models, and node and link models of
+a graph of several node types."""
 
 from __future__ import annotations
 
@@ -289,6 +289,12 @@ class FraudHeteroConv(torch.nn.Module):
     def forward(
         self, x_dict: dict, edge_index_dict: dict, edge_attr_dict: dict, n_id_dict: dict
     ) -> dict:
+        x_dict = self.encode(x_dict, edge_index_dict, edge_attr_dict, n_id_dict)
+        return {"user": self.head(x_dict["user"])}
+
+    def encode(
+        self, x_dict: dict, edge_index_dict: dict, edge_attr_dict: dict, n_id_dict: dict
+    ) -> dict:
         x_dict = _fraud_embed(self.inputs, x_dict, n_id_dict)
         for conv in self.convs:
             x_dict = {
@@ -300,7 +306,24 @@ class FraudHeteroConv(torch.nn.Module):
                     ).items()
                 },
             }
-        return {"user": self.head(x_dict["user"])}
+        return x_dict
+
+
+class FraudPaysLink(FraudHeteroConv):
+    """A user's link model of user__pays__merchant in PyG's heterogeneous link convention:
+    ``FraudHeteroConv``'s encoder, and ``decode(z_dict, edge_label_index)`` an MLP on the
+    pair's user and merchant rows (``examples/hetero/movie_lens_sage.py``'s EdgeDecoder)."""
+
+    def __init__(self, devices: int, hidden: int, edge_dim: int) -> None:
+        super().__init__(devices, hidden, 1, edge_dim)
+        self.pair = torch.nn.Sequential(
+            torch.nn.Linear(2 * hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 1)
+        )
+
+    def decode(self, z_dict: dict, edge_label_index: Tensor) -> Tensor:
+        row, col = edge_label_index
+        z = torch.cat([z_dict["user"][row], z_dict["merchant"][col]], dim=-1)
+        return self.pair(z).view(-1)
 
 
 class _FraudSage(torch.nn.Module):
