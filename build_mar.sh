@@ -50,6 +50,12 @@ Model
                           scores and top-k) or graph (graph classification of inline graphs)
   --arch NAME             gcn | sage | gat | gin (default sage; gin for --task graph); on a
                           typed graph their per-relation forms, or rgcn | hgt
+  --target-edge-type REL  --task link on a typed graph (required there, refused on a graph of
+                          one type): the relation to predict, src__relation__dst, e.g.
+                          user__buys__item; pairs are [src ID, dst ID], top-k searches the dst
+                          type and exclude_neighbors leaves out the src's neighbours on REL
+                          (both directions where --undirected added rev_<relation>). The graph
+                          is served for the src type unless --target-node-type says otherwise
   --decoder dot|mlp       --task link: pair decoder (default dot)
   --embedding-dim N       --task link: node embedding width (default 64)
   --pooling sum|mean|max  --task graph: global pooling (default sum)
@@ -70,7 +76,10 @@ Your own model (docs/models.md; every task)
                           conventions: --task node: forward(x, edge_index[, edge_attr |
                           edge_weight]) -> one row per node; --task link: encode(x,
                           edge_index[, edge_attr | edge_weight]) -> one embedding per node
-                          and decode(z, edge_label_index) -> one score per pair (GAE);
+                          and decode(z, edge_label_index) -> one score per pair (GAE); on a
+                          typed graph encode(x_dict, edge_index_dict[, edge_attr_dict][,
+                          n_id_dict]) -> z_dict and decode(z_dict, edge_label_index), row 0
+                          indexing z_dict[src], row 1 z_dict[dst] of --target-edge-type;
                           --task graph: forward(x, edge_index, batch) -> one row per graph
                           (the dataset only sizes it: nothing is trained)
   --model-file FILE       the Python file that defines the class; it goes into the archive
@@ -170,6 +179,7 @@ graph_location=""; referenced=""; precompute=""
 name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""; graph_given=""
 synthetic_graphs=""; model_args=(); train_args=(); synth_args=(); yaml_args=(); task_args=()
 own_args=(); model_class=""; graph_args=(); verify_tolerance=1e-5; verify=1
+target_edge_type=""; target_node_type=""
 
 need() { [ $# -ge 2 ] || die "$1 needs a value (see --help)"; }
 while [ $# -gt 0 ]; do
@@ -186,7 +196,8 @@ while [ $# -gt 0 ]; do
     --feature-dim|--num-classes) need "$@"; synth_args+=("$1" "$2"); shift 2 ;;
     --undirected) undirected=(--undirected); shift ;;
     --drop-self-loops|--drop-duplicate-edges) graph_args+=("$1"); shift ;;
-    --target-node-type) need "$@"; graph_args+=("$1" "$2"); shift 2 ;;
+    --target-node-type) need "$@"; target_node_type="$2"; graph_args+=("$1" "$2"); shift 2 ;;
+    --target-edge-type) need "$@"; target_edge_type="$2"; shift 2 ;;
     --model-class) need "$@"; model_class="$2"; own_args+=("$1" "$2"); shift 2 ;;
     --model-file|--model-args|--model-args-file|--output|--num-hops|--edge-input|--embedding-method)
       need "$@"; own_args+=("$1" "$2"); shift 2 ;;
@@ -221,6 +232,19 @@ case "$task" in
   *) die "--task must be node, link or graph (got '$task')" ;;
 esac
 if [ -z "$arch" ]; then if [ "$task" = graph ]; then arch=gin; else arch=sage; fi; fi
+relation=()
+if [ "$task" = link ] && [ -z "$target_edge_type" ] && [ -n "$graph_given" ] && [ -d "$graph/nodes" ]; then
+  given_relations="$(find "$graph/edges" -maxdepth 1 -type f -printf '%f\n' | sed -E 's/\.[a-z]+$//' | sort | paste -sd, | sed 's/,/, /g')"
+  die "--task link on a graph of several node types predicts one relation: give --target-edge-type, one of $given_relations"
+fi
+if [ -n "$target_edge_type" ]; then
+  [ "$task" = link ] || die "--target-edge-type goes with --task link (the relation a link archive predicts)"
+  relation=(--target-edge-type "$target_edge_type")
+  # A typed graph is served for the relation's source type unless told otherwise.
+  if [ -z "$target_node_type" ] && [ -d "$graph/nodes" ]; then
+    graph_args+=(--target-node-type "${target_edge_type%%__*}")
+  fi
+fi
 [[ "$name" =~ ^[A-Za-z0-9][A-Za-z0-9_-]*$ ]] || die "--name must be letters, digits, '_' or '-' (got '$name')"
 [[ "$version" =~ ^[0-9A-Za-z][0-9A-Za-z._-]*$ ]] || die "--version must look like 1.0 (got '$version')"
 [ -x "$PYTHON" ] || die "no Python environment at $PYTHON; run 'make install' first"
@@ -295,7 +319,7 @@ if [ -n "$model_class" ]; then
   step "2/5 packaging your $task model $model_class with the weights $weights"
   source=(--store "$graph_store"); [ "$task" != graph ] || source=(--dataset "$graph_meta")
   "$PYTHON" -m archive_build.own_model --task "$task" "${source[@]}" --weights "$weights" \
-    --out "$work/model" "${own_args[@]}" || exit 1
+    --out "$work/model" "${own_args[@]}" "${relation[@]}" || exit 1
   if [ -d "$work/model/user_model" ]; then cp -R "$work/model/user_model" "$stage/"; fi
   if [ "$task" = link ]; then cp -R "$work/model/link" "$stage/link"; fi
   if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
@@ -305,7 +329,7 @@ elif [ "$task" != node ]; then
   if [ -n "$weights" ]; then given=(--weights "$weights"); action=packaging; fi
   step "2/5 $action a $arch $task model"
   "$PYTHON" -m model "$task" "${source[@]}" --arch "$arch" --out "$work/model" "${given[@]}" \
-    "${model_args[@]}" "${task_args[@]}" "${train_args[@]}"
+    "${model_args[@]}" "${task_args[@]}" "${train_args[@]}" "${relation[@]}"
   if [ "$task" = link ]; then cp -R "$work/model/link" "$stage/link"; fi
   if [ "$task" = graph ]; then cp "$work/model/classes.json" "$stage/"; fi
 elif [ -n "$weights" ]; then

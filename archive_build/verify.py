@@ -6,7 +6,9 @@ in process and compared with the model's own answer, for every task:
   the model's full-graph forward;
 - link: pairs (a seeded random sample plus pairs touching the hubs) scored by the link engine
   with full neighbourhoods, and the hubs' top-k over the archive's stored embeddings, against
-  ``decode(encode(whole graph), pairs)`` (the preset's ``score``);
+  ``decode(encode(whole graph), pairs)`` (the preset's ``score``); on a graph of several node
+  types, pairs of the predicted relation's ends and the source type's hubs' top-k over the
+  destination type, against ``decode(encode(whole typed graph))``;
 - graph: dataset graphs answered in TorchServe-sized batches by the graph engine, against each
   graph's own forward alone: the locality that batching inline graphs relies on.
 
@@ -39,11 +41,13 @@ from graph_assets.store import GraphStore
 from handler.core.ego import EgoGraphs
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
+from handler.tasks.link.ends import LinkEnds
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.config import Task
 from model.export import CONFIG_FILE, WEIGHTS_FILE, load_model
 from model.graph_level import GraphModel, as_data
+from model.hetero_link import HeteroLinkModel
 from model.in_closure import in_closure, store_in_edges
 from model.link import LinkModel, answer_scores
 from model.link_assets import LINK_DIR, LinkAssets, open_link_assets
@@ -51,6 +55,7 @@ from model.precompute import Precomputed, open_precomputed, weights_digest
 from model.served import UserNodeModel, answer_rows, edge_kwargs, serving_needs
 from model.served_graph import UserGraphModel
 from model.served_hetero import HeteroNodeModel, UserHeteroModel
+from model.served_hetero_link import UserHeteroLinkModel
 from model.served_link import UserLinkModel, decoded_scores, method_of
 from model.typed_graph import whole_graph_input
 from model.user_model import EdgeInput, Output
@@ -134,6 +139,7 @@ class LinkVerification(Checked):
     top_k_pairs: int
     worst_pair: list[Any]  # [src ID, dst ID]
     boundary_degrees: bool
+    target_edge_type: str = ""  # a typed graph's relation predicted
 
     def failure(self) -> str:
         src, dst = self.worst_pair
@@ -141,9 +147,11 @@ class LinkVerification(Checked):
 
     def lines(self) -> list[str]:
         src, dst = self.worst_pair
+        relation = f"{self.target_edge_type} " if self.target_edge_type else ""
         return [
-            f"  verified {self.pairs} pairs ({RANDOM_PAIRS} random and {2 * HUB_NODES} touching "
-            f"the {HUB_NODES} highest in-degree nodes) with full neighbourhoods and the hubs' "
+            f"  verified {self.pairs} {relation}pairs ({RANDOM_PAIRS} random and "
+            f"{2 * HUB_NODES} touching the {HUB_NODES} highest in-degree nodes) with full "
+            "neighbourhoods and the hubs' "
             f"top-{TOP_K} ({self.top_k_pairs} pairs): worst |served - decode(encode(whole "
             f"graph))| {self.worst_abs_diff:.2e} (pair {src}, {dst}); {self.seconds:.1f} s"
         ]
@@ -172,11 +180,11 @@ class GraphVerification(Checked):
         ]
 
 
-def hub_nodes(store: GraphStore, count: int | None = None) -> np.ndarray:
-    """The ``HUB_NODES`` highest in-degree nodes among the first ``count`` (default: all),
-    highest first."""
-    degree = np.asarray(store.in_degree[: store.num_nodes if count is None else count])
-    return np.argsort(-degree, kind="stable")[: min(HUB_NODES, len(degree))]
+def hub_nodes(store: GraphStore, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """The ``HUB_NODES`` highest in-degree nodes of the global range ``[start, stop)``
+    (default: all), highest first."""
+    degree = np.asarray(store.in_degree[start : store.num_nodes if stop is None else stop])
+    return start + np.argsort(-degree, kind="stable")[: min(HUB_NODES, len(degree))]
 
 
 def verification_nodes(store: GraphStore, seed: int = 0) -> np.ndarray:
@@ -185,21 +193,23 @@ def verification_nodes(store: GraphStore, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     n = store.schema.target_type.num_nodes
     chosen = rng.choice(n, size=min(RANDOM_NODES, n), replace=False)
-    return np.unique(np.concatenate([chosen, hub_nodes(store, n)]))
+    return np.unique(np.concatenate([chosen, hub_nodes(store, 0, n)]))
 
 
-def verification_pairs(store: GraphStore, seed: int = 0) -> np.ndarray:
-    """``[P, 2]``: ``RANDOM_PAIRS`` random pairs, then each hub as source and as destination
-    of a pair with a random node."""
+def verification_pairs(store: GraphStore, ends: LinkEnds, seed: int = 0) -> np.ndarray:
+    """``[P, 2]``: ``RANDOM_PAIRS`` random pairs, then each source-type hub as source and each
+    destination-type hub as destination of a pair with a random node (pairs of ``ends``: any
+    two nodes of a graph of one type, a source and a destination node of a typed graph's
+    relation)."""
     rng = np.random.default_rng(seed)
-    n = store.num_nodes
-    hubs = hub_nodes(store)
-    others = rng.integers(0, n, size=(2, len(hubs)))
+    (s0, s1), (d0, d1) = ends.sources, ends.candidates
+    sources, targets = hub_nodes(store, s0, s1), hub_nodes(store, d0, d1)
+    others = [rng.integers(d0, d1, size=len(sources)), rng.integers(s0, s1, size=len(targets))]
     return np.concatenate(
         [
-            rng.integers(0, n, size=(RANDOM_PAIRS, 2)),
-            np.stack([hubs, others[0]], axis=1),
-            np.stack([others[1], hubs], axis=1),
+            rng.integers([s0, d0], [s1, d1], size=(RANDOM_PAIRS, 2)),
+            np.stack([sources, others[0]], axis=1),
+            np.stack([others[1], targets], axis=1),
         ]
     ).astype(np.int64)
 
@@ -264,6 +274,8 @@ def reference_scores(
 ) -> torch.Tensor:
     """``decode(encode(whole graph), pairs)`` (the preset's ``score``) of ``pairs`` ``[P, 2]``,
     as answers carry them."""
+    if isinstance(model, HeteroLinkModel):
+        return typed_reference_scores(model, store, pairs)
     z, rows = reference_outputs(model, store, np.unique(pairs), hops)
     index = torch.from_numpy(np.searchsorted(rows, pairs).T.copy())
     with torch.inference_mode():
@@ -274,6 +286,30 @@ def reference_scores(
         else:
             assert isinstance(model, LinkModel)
             scores = model.score(z[index[0]], z[index[1]])
+    return answer_scores(scores, serving_needs(model).output)
+
+
+def typed_reference_scores(
+    model: HeteroLinkModel, store: GraphStore, pairs: np.ndarray
+) -> torch.Tensor:
+    """``decode(encode(whole typed graph), pairs)`` of global ``[P, 2]`` pairs of the
+    relation's ends: the user's ``decode`` on the whole ``z_dict``, or the recipe's
+    ``score``; as answers carry them."""
+    src, _, dst = model.edge_type
+    schema = store.schema
+    index = torch.from_numpy(
+        np.stack(
+            [pairs[:, 0] - schema.node_type(src).offset, pairs[:, 1] - schema.node_type(dst).offset]
+        )
+    )
+    with torch.inference_mode():
+        z = model.encode(whole_graph_input(store))
+        if isinstance(model, UserHeteroLinkModel):
+            name = type(model.module).__name__
+            scores = method_of(model.module, "decode")(z, index)
+            scores = decoded_scores(name, scores, index.size(1))
+        else:
+            scores = model.score(z[src][index[0]], z[dst][index[1]])
     return answer_scores(scores, serving_needs(model).output)
 
 
@@ -369,18 +405,16 @@ def served_top_k(
     embeddings (neighbours included), or its precomputed rows when they are given."""
     ego = EgoGraphs.create(store, model, settings, torch.device("cpu"), precomputed=precomputed)
     engine = LinkEngine(ego, assets, "verify")
-    hubs = hub_nodes(store)
+    hubs = hub_nodes(store, *engine.ends.sources)
     requests = [
         {"body": {"src": node_id, "top_k": TOP_K, "exclude_neighbors": False}}
         for node_id in store.external_ids(hubs)
     ]
     pairs, scores = [], []
     for hub, body in zip(hubs, _answered(engine, requests), strict=True):
-        found = body["recommendations"]
-        pairs.append(
-            np.stack([np.full(len(found), hub), store.lookup([r["dst"] for r in found])], axis=1)
-        )
-        scores += [r["score"] for r in found]
+        found = store.lookup([r["dst"] for r in body["recommendations"]], engine.ends.dst_type)
+        pairs.append(np.stack([np.full(len(found), hub), found], axis=1))
+        scores += [r["score"] for r in body["recommendations"]]
     return np.concatenate(pairs).astype(np.int64), np.array(scores, dtype=np.float64)
 
 
@@ -489,7 +523,8 @@ def verify_link(
     assets = open_link_assets(model_dir / LINK_DIR, store)
     exact = exact_settings(settings, hops)
     top_pairs, top_scores = served_top_k(model, store, assets, exact)
-    pairs = verification_pairs(store)
+    ends = LinkEnds.of(store, model)
+    pairs = verification_pairs(store, ends)
     checked = np.concatenate([pairs, top_pairs])
     full = reference_scores(model, store, checked, hops).double().numpy()
 
@@ -543,6 +578,7 @@ def verify_link(
         worst_abs_diff=result.worst,
         worst_pair=list(result.worst_node),
         boundary_degrees=boundary,
+        target_edge_type=ends.relation if ends.typed else "",
         seconds=round(time.perf_counter() - started, 2),
         cause=cause,
     )
