@@ -119,9 +119,7 @@ class EgoGraphs:
         """Internal indices of ``node_ids`` (IDs of ``node_type``; default: the graph's
         target type), -1 for an ID the graph lacks (an int outside int64 cannot be an ID, so
         it is reported missing rather than overflowing)."""
-        look = self.view().lookup
-        if node_type is not None:  # typed graphs take no live updates: the stored graph is all
-            look = functools.partial(self.store.lookup, node_type=node_type)
+        look = functools.partial(self.view().lookup, node_type=node_type)
         in_range = [not isinstance(n, int) or _INT64_MIN <= n <= _INT64_MAX for n in node_ids]
         nodes = np.full(len(node_ids), -1, dtype=np.int64)
         if all(in_range):
