@@ -11,7 +11,8 @@ The graph stays as given: ``add_edge`` may add a self-loop, and adding a pair th
 a parallel edge. Every edge has an ID: a base edge keeps its CSC position, an added edge gets
 ``base.num_edges + k`` (the ``k``-th edge an update added; never reused) and its features live
 here, as do features that ``set_edge_features`` set on base edges. A dirty node's in-list holds
-its sources in ascending order, a run of parallel edges in ascending edge ID, so ``remove_edge``
+its sources grouped by relation as stored ones are, ascending within a relation, a run of
+parallel edges in ascending edge ID, so ``remove_edge``
 takes the pair's edge with the highest ID: the one added last.
 """
 
@@ -242,7 +243,8 @@ class GraphOverlay:
         return relations
 
     def in_list(self, node: int) -> np.ndarray:
-        """The current in-neighbours of ``node`` (int64, ascending; a source once per edge)."""
+        """The current in-neighbours of ``node`` (int64, grouped by relation, ascending within
+        one; a source once per edge)."""
         if node in self.in_lists:
             return self.in_lists[node]
         return self._base_in_list(node)
@@ -466,10 +468,17 @@ class GraphOverlay:
 
         undo.append(forget)
 
+    def _holds(self, sources: np.ndarray, node: int) -> bool:
+        """Whether an in-list holds ``node``: a binary search on one relation's ascending
+        sources; with several relations the list is ascending per relation only."""
+        if len(self.schema.relations) == 1:
+            return _contains(sources, node)
+        return bool((sources == node).any())
+
     def _remove_node(self, node: int, undo: list[Callable[[], None]]) -> None:
         for target in self._out_neighbours(node).tolist():
             current = self.in_list(target)
-            if _contains(current, node):
+            if self._holds(current, node):
                 kept = current != node
                 self._set_in_list(target, current[kept], self.in_list_edge_ids(target)[kept], undo)
         none = np.empty(0, dtype=np.int64)
@@ -482,7 +491,7 @@ class GraphOverlay:
         nodes whose overlay in-list holds it. The scan over dirty lists makes a removal cost
         O(overlay edges); keeping no out-lists halves the overlay's memory, and removals are
         rare next to edge additions."""
-        found = {target for target, sources in self.in_lists.items() if _contains(sources, node)}
+        found = {target for target, sources in self.in_lists.items() if self._holds(sources, node)}
         if node < self.base.num_nodes:
             order, indptr = self._reverse_index()
             positions = order[indptr[node] : indptr[node + 1]]

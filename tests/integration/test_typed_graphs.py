@@ -7,6 +7,7 @@ a type the archive does not answer is a 400 naming the types."""
 from __future__ import annotations
 
 import json
+import random
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,8 +20,10 @@ import torch
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.synthetic_typed import fraud_graph, write_fraud_graph_csv
+from handler.live.live_graph import LiveGraph, UpdateRequest
 from model.export import load_model
 from model.typed_graph import whole_graph_input
+from tests.typed_live_reference import materialized_typed, random_typed_update
 from tests.unit.archive_build import user_models
 
 from .archives import build_archive
@@ -29,6 +32,7 @@ pytestmark = pytest.mark.integration
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
 # The user's HeteroConv stack reading the payments' edge features (tests' model file).
 HETERO_CONV = {"devices": 60, "hidden": 8, "classes": 2, "edge_dim": 2}
+SECRET = "typed-update-secret-42"
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +55,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--model-file", user_models.__file__, "--model-args", json.dumps(HETERO_CONV),
         "--weights", str(root / "own.pt"), "--fanouts", "-1,-1", "--embedding-method", "head",
     )  # fmt: skip
+    build_archive(
+        store, graph, "--undirected", "--arch", "gat", "--name", "live", "--epochs", "5",
+        "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--enable-updates",
+        "--update-state-dir", str(root / "state"), "--min-workers", "2", "--max-workers", "2",
+    )  # fmt: skip
     fanouts = root / "fanouts.json"
     fanouts.write_text(json.dumps({"merchant__rev_pays__user": [1, 1]}))
     build_archive(
@@ -62,8 +71,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    models = ",".join(f"{name}={name}.mar" for name in [*ARCHS, "own", "sage_sampled"])
-    with serve(built / "store", models, name="typed") as started:
+    models = ",".join(f"{name}={name}.mar" for name in [*ARCHS, "own", "sage_sampled", "live"])
+    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
+    with serve(built / "store", models, name="typed", env=env) as started:
         yield started
 
 
@@ -135,3 +145,39 @@ def test_the_user_models_embedding_is_the_input_of_the_submodule_it_names(server
     assert {p["node_type"] for p in predictions} == {"user"}
     refused = post(server, "sage", {"new_node": {"x": [0.0] * 8, "neighbors": [ids[0]]}})
     assert refused.status_code == 400 and "not available yet" in refused.json()["message"]
+
+
+def test_typed_updates_through_the_server_are_exact_on_both_workers(server, built, tmp_path):
+    """A random stream of typed updates through TorchServe and into a reference live graph,
+    then every user's answer equals the model's forward on the updated graph."""
+    work = built / "unpacked_live"
+    if not work.exists():
+        zipfile.ZipFile(built / "store" / "live.mar").extractall(work)
+    model, _ = load_model(work)
+    live = LiveGraph(open_store(work / "graph"), tmp_path / "reference.log")
+    headers = {**server.auth("inference"), "X-Gnnserve-Update-Key": SECRET}
+    rng, counter = random.Random(21), [0]
+    try:
+        for _ in range(40):
+            operations = random_typed_update(rng, live, counter)
+            answer = requests.post(
+                f"{server.inference_url}/predictions/live",
+                json={"op": "update", "operations": operations},
+                headers=headers,
+                timeout=60,
+            )
+            assert answer.status_code == 200, answer.text
+            live.update(UpdateRequest(operations))
+        ids, inputs = materialized_typed(live)
+    finally:
+        live.close()
+    with torch.no_grad():
+        expected = torch.softmax(model(inputs), dim=-1)
+    for _ in range(2):  # batches land on either worker
+        served = []
+        for start in range(0, len(ids), 25):
+            response = post(server, "live", {"node_ids": ids[start : start + 25]})
+            assert response.status_code == 200, response.text
+            assert response.json()["graph_version"].endswith("+40")
+            served += [p["probabilities"] for p in response.json()["predictions"]]
+        assert float((torch.tensor(served) - expected).abs().max()) <= 1e-5

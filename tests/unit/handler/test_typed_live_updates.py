@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -168,3 +169,18 @@ def test_sampled_answers_after_updates_agree_on_every_worker(store, tmp_path):
     bodies = [{"body": {"node_ids": ids[start : start + 20]}} for start in range(0, len(ids), 20)]
     first, second = ([r.body for r in engine.handle(bodies)] for engine in engines)
     assert first == second
+
+
+def test_removing_a_node_removes_its_edges_of_every_relation(store, tmp_path):
+    """A device's edges into users (device__rev_uses__user) go with it, wherever they sit in
+    the users' in-lists (grouped by relation, not ascending over all of them)."""
+    model = recipe(store, "sage")
+    live = LiveGraph(store, tmp_path / "updates.log")
+    [engine] = workers(store, model, [live], [-1, -1])
+    device = int(store.schema.node_type("device").offset)
+    [device_id] = store.external_ids(np.array([device]))
+    users = live.overlay._out_neighbours(device)
+    assert len(users), "the test needs a device that some user uses"
+    live.update(UpdateRequest([{"type": "remove_node", "id": device_id, "node_type": "device"}]))
+    assert all(device not in live.overlay.in_list(int(user)).tolist() for user in users)
+    check_exact([engine], [live], model, 1)
