@@ -255,6 +255,8 @@ class RelationStack(HeteroRecipe):
             self.roots.append(torch.nn.ModuleDict({key: Linear(hidden, out) for key in types}))
 
     def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        if inputs.num_sampled_nodes_dict is not None and self.arch is not HeteroArch.GCN:
+            return self._trimmed(inputs)
         x = self.encoder(inputs)
         extra: dict[str, Any] = {}
         if self.arch is HeteroArch.GCN:
@@ -270,6 +272,46 @@ class RelationStack(HeteroRecipe):
                 for key in roots
             }
             if layer < len(self.convs) - 1:
+                x = {
+                    key: F.dropout(value.relu(), self.dropout, self.training)
+                    for key, value in x.items()
+                }
+        return x, embedding
+
+    def _trimmed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """The same layers on a sampled ego-graph, each computing only the rows a seed's
+        answer reads (PyG's ``trim_to_layer``): layer ``l`` of ``L`` reads the rows within
+        ``L - l`` hops and computes those within ``L - l - 1``, from the edges into them (rows
+        and edges are in hop order, so each is a prefix of its type's or relation's)."""
+        nodes, edges = inputs.num_sampled_nodes_dict, inputs.num_sampled_edges_dict
+        assert nodes is not None and edges is not None
+        within = {key: list(itertools.accumulate(counts)) for key, counts in nodes.items()}
+        edges_within = {key: list(itertools.accumulate(counts)) for key, counts in edges.items()}
+        x = self.encoder(inputs)
+        reads_edges = self.serving_needs.edge_input is EdgeInput.EDGE_ATTR
+        layers = len(self.convs)
+        for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
+            depth = layers - layer - 1  # the hop of the deepest row this layer computes
+            embedding = {key: x[key][: within[key][depth]] for key in self.outputs}
+            assert isinstance(roots, torch.nn.ModuleDict) and isinstance(conv, HeteroConv)
+            messages: dict[str, list[Tensor]] = {}
+            for triple, relation_conv in conv.convs.items():
+                src, _, dst = triple
+                count = edges_within[triple][depth]
+                pair = (x[src][: within[src][depth + 1]], x[dst][: within[dst][depth]])
+                kwargs = {}
+                if reads_edges and triple in inputs.edge_attr_dict:
+                    kwargs["edge_attr"] = inputs.edge_attr_dict[triple][:count]
+                message = relation_conv(pair, inputs.edge_index_dict[triple][:, :count], **kwargs)
+                messages.setdefault(dst, []).append(message)
+            x = {  # summed as HeteroConv sums them, then the root as the whole-graph pass adds it
+                key: roots[key](x[key][: within[key][depth]])
+                + torch.stack(messages[key]).sum(dim=0)
+                if key in messages
+                else roots[key](x[key][: within[key][depth]])
+                for key in roots
+            }
+            if layer < layers - 1:
                 x = {
                     key: F.dropout(value.relu(), self.dropout, self.training)
                     for key, value in x.items()

@@ -11,7 +11,7 @@ on a sampled ego-graph.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,12 +53,15 @@ def answer_seeds(
     edge_features: Mapping[EdgeType, Tensor],
     num_seeds: int,
     embedding: bool = False,
+    hops: tuple[Sequence[int], Tensor] | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The seeds' output rows (and embeddings with ``embedding``) on a sampled ego-graph.
 
     The seeds are its first ``num_seeds`` rows and all of ``model.target``: the target's rows
     are ascending, so they are its first positions. ``features``, ``n_id`` and
-    ``edge_features`` as :meth:`TypedLayout.inputs` takes them."""
+    ``edge_features`` as :meth:`TypedLayout.inputs` takes them; ``hops``, the ego-graph's
+    ``(level_sizes, edge_index)``, lets a recipe compute each layer for the rows that need it
+    only."""
     target_rows = layout.rows[model.target]
     if target_rows.numel() < num_seeds or (
         num_seeds and int(target_rows[num_seeds - 1]) != num_seeds - 1
@@ -67,7 +70,8 @@ def answer_seeds(
             f"the first {num_seeds} rows must be seeds of the model's target type "
             f"{model.target!r}; the ego-graph has {target_rows.numel()} rows of that type"
         )
-    inputs = layout.inputs(features, n_id, edge_features)
+    level_sizes, edge_index = hops if hops is not None else (None, None)
+    inputs = layout.inputs(features, n_id, edge_features, level_sizes, edge_index)
     if not embedding:
         return model(inputs)[:num_seeds], None
     out, emb = model.forward_with_embedding(inputs)

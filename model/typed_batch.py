@@ -29,12 +29,19 @@ class HeteroInput:
             learned embeddings of featureless types. A boundary row holds 0: no answer a seed
             reads depends on its values, only on the edges it adds.
         edge_attr_dict: ``[E_r, D_r]`` edge features of the relations that have them.
+        num_sampled_nodes_dict: on a sampled ego-graph, each type's rows per hop (hop 0
+            first: its rows are in hop order), as PyG's ``trim_to_layer`` takes them; None on a
+            whole graph.
+        num_sampled_edges_dict: each relation's edges per hop of their destination (likewise
+            in hop order); None on a whole graph.
     """
 
     x_dict: dict[str, Tensor]
     edge_index_dict: dict[EdgeType, Tensor]
     n_id_dict: dict[str, Tensor]
     edge_attr_dict: dict[EdgeType, Tensor]
+    num_sampled_nodes_dict: dict[str, list[int]] | None = None
+    num_sampled_edges_dict: dict[EdgeType, list[int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -130,10 +137,14 @@ class TypedLayout:
         features: Mapping[str, Tensor],
         n_id: Mapping[str, Tensor],
         edge_features: Mapping[EdgeType, Tensor],
+        level_sizes: Sequence[int] | None = None,
+        edge_index: Tensor | None = None,
     ) -> HeteroInput:
         """The model's input from each type's feature rows and node indices (in the order of
         :attr:`rows`) and each featured relation's edge-feature rows (in the order of
-        :attr:`edges`); shapes are checked here, not mid-forward."""
+        :attr:`edges`); shapes are checked here, not mid-forward. With the ego-graph's
+        ``level_sizes`` (rows per hop) and its ``edge_index`` (rows), the per-hop counts
+        a layer-wise trim reads."""
         for key in self.node_types:
             count = self.rows[key].numel()
             for name, given in (("features", features), ("n_id", n_id)):
@@ -149,12 +160,37 @@ class TypedLayout:
                     f"edge_features[{key}] must have {self.edges[key].numel()} rows; got "
                     f"{list(attr.shape)}"
                 )
+        nodes_per_hop, edges_per_hop = None, None
+        if level_sizes is not None and edge_index is not None:
+            nodes_per_hop, edges_per_hop = self._per_hop(level_sizes, edge_index)
         return HeteroInput(
             x_dict={key: features[key] for key in self.node_types},
             edge_index_dict=dict(self.edge_index_dict),
             n_id_dict={key: _real_node(n_id[key]) for key in self.node_types},
             edge_attr_dict=dict(edge_features),
+            num_sampled_nodes_dict=nodes_per_hop,
+            num_sampled_edges_dict=edges_per_hop,
         )
+
+    def _per_hop(
+        self, level_sizes: Sequence[int], edge_index: Tensor
+    ) -> tuple[dict[str, list[int]], dict[EdgeType, list[int]]]:
+        """Each type's rows and each relation's edges (by their destination's hop) per hop."""
+        ends = torch.cumsum(torch.tensor(list(level_sizes)), 0).to(edge_index.device)
+        hops = len(level_sizes)
+        nodes = {
+            key: torch.bincount(torch.bucketize(rows, ends, right=True), minlength=hops).tolist()[
+                :hops
+            ]
+            for key, rows in self.rows.items()
+        }
+        edges = {
+            key: torch.bincount(
+                torch.bucketize(edge_index[1, part], ends, right=True), minlength=hops
+            ).tolist()[:hops]
+            for key, part in self.edges.items()
+        }
+        return nodes, edges
 
 
 def take_rows(table: Tensor, index: Tensor) -> Tensor:

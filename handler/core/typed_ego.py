@@ -61,4 +61,7 @@ def typed_answer(
         triple = relation_meta.edge_type.triple
         ids = edge_ids[layout.edges[triple].cpu().numpy()]
         edge_features[triple] = torch.from_numpy(view.edge_feature_rows(ids)).to(device)
-    return answer_seeds(model, layout, features, n_id, edge_features, sub.num_seeds, embedding)
+    hops = (sub.level_sizes, sub.edge_index.to(device))
+    return answer_seeds(
+        model, layout, features, n_id, edge_features, sub.num_seeds, embedding, hops
+    )

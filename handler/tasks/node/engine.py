@@ -64,6 +64,9 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         self.model_name = model_name
         self.model_version = model_version
         self.output = serving_needs(ego.model).output
+        # Each type has its own IDs: on a graph of several, answers say which (set once).
+        typed = not ego.store.schema.is_homogeneous
+        self._answer_type = {"node_type": ego.served_node_type} if typed else {}
 
     @classmethod
     def create(
@@ -236,9 +239,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         return request
 
     def _prediction(self, node_id: NodeId, row: list[float]) -> dict[str, Any]:
-        answer: dict[str, Any] = {"node_id": node_id}
-        if not self.store.schema.is_homogeneous:  # each type has its own IDs: say which
-            answer["node_type"] = self.ego.served_node_type
+        answer: dict[str, Any] = {"node_id": node_id, **self._answer_type}
         answer.update(node_answer(row, self.output, self.store.class_names))
         answer["model_version"] = self.model_version
         if self.live is not None:
