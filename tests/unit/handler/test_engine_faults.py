@@ -137,10 +137,10 @@ def test_a_lookup_failure_is_isolated_per_request(int_store, monkeypatch):
     engine = make_engine(int_store)
     lookup = type(int_store).lookup
 
-    def failing(store, ids):
+    def failing(store, ids, node_type=None):
         if poisoned in list(ids):
             raise RuntimeError("corrupt ID page")
-        return lookup(store, ids)
+        return lookup(store, ids, node_type)
 
     monkeypatch.setattr(type(int_store), "lookup", failing)
     payloads = [{"body": {"node_id": node}} for node in [others[0], poisoned, others[1]]]
