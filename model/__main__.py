@@ -47,9 +47,7 @@ from model.typed_graph import hetero_section, whole_graph_input
 
 def _parser() -> argparse.ArgumentParser:
     model_defaults = {f.name: f.default for f in fields(ModelConfig)}
-    train_defaults = {
-        name: p.default for name, p in inspect.signature(fit).parameters.items()
-    }
+    train_defaults = {name: p.default for name, p in inspect.signature(fit).parameters.items()}
     parser = argparse.ArgumentParser(prog="python -m model", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
