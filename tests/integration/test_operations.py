@@ -203,7 +203,8 @@ def test_versions_with_one_graph_map_the_same_files(ops_server):
     mapped = set()
     for worker in worker_processes(ops_server):
         maps = Path(f"/proc/{worker.pid}/maps").read_text()
-        mapped |= {line.split()[-1] for line in maps.splitlines() if line.endswith("/features.npy")}
+        files = maps.splitlines()
+        mapped |= {line.split()[-1] for line in files if line.endswith("/features.0.npy")}
     assert len(worker_processes(ops_server)) >= 2
     assert len(mapped) == 1, mapped  # both versions' workers map one cached copy
     assert "gnnserve-graph-cache" in next(iter(mapped))
