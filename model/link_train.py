@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -202,52 +202,102 @@ def train_link_predictor(
         torch.manual_seed(seed)
         model = build_model(config)
         assert isinstance(model, LinkPredictor)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        early = EarlyStopping(patience)
-        bar = tqdm(
-            range(1, epochs + 1),
-            desc=f"train {config.arch.value} link",
-            disable=None if progress else True,  # None: off when stderr is not a terminal
-        )
-        for epoch in bar:
-            model.train()
-            optimizer.zero_grad()
+
+        def loss() -> Tensor:
             z = model(x, split.train)
             negatives = negative_sampling(
                 both_directions(split.train),
                 num_nodes=num_nodes,
                 num_neg_samples=split.train.shape[1],
             )
-            logits = torch.cat(
-                [
-                    model.score(z[split.train[0]], z[split.train[1]]),
-                    model.score(z[negatives[0]], z[negatives[1]]),
-                ]
+            return pair_loss(
+                model.score(z[split.train[0]], z[split.train[1]]),
+                model.score(z[negatives[0]], z[negatives[1]]),
             )
-            labels = torch.cat([torch.ones(split.train.shape[1]), torch.zeros(negatives.shape[1])])
-            loss = F.binary_cross_entropy_with_logits(logits, labels)
-            loss.backward()
-            optimizer.step()
-            val_auc = _auc(model, x, split.train, split.val_pos, split.val_neg)
-            stop = early.update(model, epoch, val_auc)
-            bar.set_postfix(loss=f"{loss.item():.4f}", val_auc=f"{val_auc:.3f}")
-            if stop:
-                break
-        bar.close()
+
+        early, epochs_run = fit_pairs(
+            model,
+            loss,
+            lambda: _auc(model, x, split.train, split.val_pos, split.val_neg),
+            epochs=epochs,
+            patience=patience,
+            lr=lr,
+            desc=f"train {config.arch.value} link",
+            progress=progress,
+        )
     seconds = time.perf_counter() - start
     model.load_state_dict(early.best_state)
     test = evaluate_link_predictor(
         model, x, split.train, split.test_pos, split.test_neg, edge_index, seed=seed
     )
+    return link_result(config, test, early, split, epochs_run, seconds)
+
+
+def fit_pairs(
+    model: torch.nn.Module,
+    loss: Callable[[], Tensor],
+    val_auc: Callable[[], float],
+    *,
+    epochs: int,
+    patience: int,
+    lr: float,
+    desc: str,
+    progress: bool,
+) -> tuple[EarlyStopping, int]:
+    """The epoch loop of link training, on a graph of one type or several: Adam on
+    ``loss()`` (drawn afresh each epoch), early stopping on ``val_auc()``. Returns the
+    stopping state (best weights and score) and the epochs run."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    early = EarlyStopping(patience)
+    bar = tqdm(
+        range(1, epochs + 1),
+        desc=desc,
+        disable=None if progress else True,  # None: off when stderr is not a terminal
+    )
+    epoch = 0
+    for epoch in bar:
+        model.train()
+        optimizer.zero_grad()
+        value = loss()
+        value.backward()
+        optimizer.step()
+        score = val_auc()
+        stop = early.update(model, epoch, score)
+        bar.set_postfix(loss=f"{value.item():.4f}", val_auc=f"{score:.3f}")
+        if stop:
+            break
+    bar.close()
+    return early, epoch
+
+
+def pair_loss(positive: Tensor, negative: Tensor) -> Tensor:
+    """Binary cross-entropy of edges' logits (label 1) and unlinked pairs' (label 0)."""
+    logits = torch.cat([positive, negative])
+    labels = torch.cat([torch.ones(positive.shape[0]), torch.zeros(negative.shape[0])])
+    return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+def link_result(
+    config: ModelConfig,
+    test: dict[str, Any],
+    early: EarlyStopping,
+    split: Any,
+    epochs_run: int,
+    seconds: float,
+    **extra: Any,
+) -> LinkTrainResult:
+    """The best epoch's weights and the metrics link training reports (``split``: its
+    ``train``, ``val_pos`` and ``test_pos`` edges)."""
     metrics: dict[str, Any] = {
         "arch": config.arch.value,
         "decoder": config.decoder.value,
+        **extra,
         **{f"test_{name}": value for name, value in test.items()},
         "val_auc": early.best_score,
         "train_edges": int(split.train.shape[1]),
         "val_pairs": int(split.val_pos.shape[1]),
         "test_pairs": int(split.test_pos.shape[1]),
-        "epochs_run": epoch,
+        "epochs_run": epochs_run,
         "best_epoch": early.best_epoch,
         "seconds": seconds,
     }

@@ -14,20 +14,24 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.typing import EdgeType
 from torch_geometric.utils import negative_sampling
-from tqdm import tqdm
 
 from graph_assets.schema import REVERSE_PREFIX
 from model.config import ModelConfig
-from model.early_stopping import EarlyStopping, check_schedule
+from model.early_stopping import check_schedule
 from model.hetero_link import HeteroLinkModel
-from model.link_train import HITS_AT, LinkTrainResult, seeded_python_random
+from model.link_train import (
+    HITS_AT,
+    LinkTrainResult,
+    fit_pairs,
+    link_result,
+    pair_loss,
+    seeded_python_random,
+)
 from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
 from model.registry import build_model
 from model.typed_batch import HeteroInput
@@ -219,31 +223,24 @@ def train_typed_link_predictor(
         assert isinstance(model, HeteroLinkModel)
         split = split_relation(inputs, model.edge_type, val_fraction, test_fraction, seed)
         ends = Ends.of(inputs, model.edge_type)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        early = EarlyStopping(patience)
-        bar = tqdm(
-            range(1, epochs + 1),
-            desc=f"train {config.arch.value} link",
-            disable=None if progress else True,  # None: off when stderr is not a terminal
-        )
-        for epoch in bar:
-            model.train()
-            optimizer.zero_grad()
+
+        def loss() -> Tensor:
             z = model.encode(split.message)
             negatives = negative_sampling(
                 split.train, num_nodes=ends.sizes, num_neg_samples=split.train.shape[1]
             )
-            logits = torch.cat([_scores(model, z, split.train), _scores(model, z, negatives)])
-            labels = torch.cat([torch.ones(split.train.shape[1]), torch.zeros(negatives.shape[1])])
-            loss = F.binary_cross_entropy_with_logits(logits, labels)
-            loss.backward()
-            optimizer.step()
-            val_auc = _auc(model, split.message, split.val_pos, split.val_neg)
-            stop = early.update(model, epoch, val_auc)
-            bar.set_postfix(loss=f"{loss.item():.4f}", val_auc=f"{val_auc:.3f}")
-            if stop:
-                break
-        bar.close()
+            return pair_loss(_scores(model, z, split.train), _scores(model, z, negatives))
+
+        early, epochs_run = fit_pairs(
+            model,
+            loss,
+            lambda: _auc(model, split.message, split.val_pos, split.val_neg),
+            epochs=epochs,
+            patience=patience,
+            lr=lr,
+            desc=f"train {config.arch.value} link",
+            progress=progress,
+        )
     seconds = time.perf_counter() - start
     model.load_state_dict(early.best_state)
     test = evaluate_typed_link_predictor(
@@ -254,20 +251,8 @@ def train_typed_link_predictor(
         inputs.edge_index_dict[model.edge_type],
         seed=seed,
     )
-    metrics: dict[str, Any] = {
-        "arch": config.arch.value,
-        "decoder": config.decoder.value,
-        "target_edge_type": "__".join(model.edge_type),
-        **{f"test_{name}": value for name, value in test.items()},
-        "val_auc": early.best_score,
-        "train_edges": int(split.train.shape[1]),
-        "val_pairs": int(split.val_pos.shape[1]),
-        "test_pairs": int(split.test_pos.shape[1]),
-        "epochs_run": epoch,
-        "best_epoch": early.best_epoch,
-        "seconds": seconds,
-    }
-    return LinkTrainResult(state_dict=early.best_state, metrics=metrics)
+    relation = {"target_edge_type": "__".join(model.edge_type)}
+    return link_result(config, test, early, split, epochs_run, seconds, **relation)
 
 
 def _scores(model: HeteroLinkModel, z: dict[str, Tensor], pairs: Tensor) -> Tensor:

@@ -6,7 +6,6 @@ verified exact against its full-graph forward; a link model of one relation (``e
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -16,13 +15,12 @@ import torch
 
 from archive_build import own_model
 from archive_build.verify import LinkVerification, Verification, verify
-from graph_assets import GraphStore, open_store, write_store
-from graph_assets.synthetic_typed import fraud_graph
-from graph_assets.typed_input import RawRelation
+from graph_assets import GraphStore
 from handler.settings import ServingSettings
 from model.export import load_model
 from model.served_hetero import UserHeteroModel
 from model.served_hetero_link import UserHeteroLinkModel
+from tests.typed_graphs import fraud_store
 from tests.unit.archive_build import user_models
 
 DEVICES = 40
@@ -45,14 +43,7 @@ PAYS = ("user", "pays", "merchant")
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
-    graph = fraud_graph(100, 20, DEVICES, 300, seed=5)
-    reverses = tuple(
-        RawRelation(r.edge_type.reverse(), r.dst, r.src, r.edge_features, r.edge_feature_names)
-        for r in graph.relations
-    )
-    path = tmp_path_factory.mktemp("own_typed") / "store"
-    write_store(dataclasses.replace(graph, relations=graph.relations + reverses), path)
-    return open_store(path)
+    return fraud_store(tmp_path_factory.mktemp("own_typed") / "store", 100, 20, DEVICES, 300, 5)
 
 
 def package(tmp_path: Path, store: GraphStore, name: str, *extra: str) -> int:

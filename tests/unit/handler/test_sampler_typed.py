@@ -4,34 +4,21 @@ in-list sampled with its own fanout, deterministic per (node, hop, relation), ev
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from graph_assets import GraphStore, open_store, write_store
-from graph_assets.synthetic_typed import fraud_graph
-from graph_assets.typed_input import RawRelation, TypedGraph
+from graph_assets import GraphStore
 from handler.core.sampler import SampledSubgraph, boundary_node, sampler_for
 from handler.settings import ServingSettings
+from tests.typed_graphs import fraud_store
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
-    path = tmp_path_factory.mktemp("typed") / "store"
-    write_store(with_reverses(fraud_graph(200, 30, 80, 700, seed=2)), path)
-    return open_store(path)
-
-
-def with_reverses(graph: TypedGraph) -> TypedGraph:
-    """The fraud graph with each relation's reverse (messages reach users too)."""
-    reverses = tuple(
-        RawRelation(r.edge_type.reverse(), r.dst, r.src, r.edge_features, r.edge_feature_names)
-        for r in graph.relations
-    )
-    return dataclasses.replace(graph, relations=graph.relations + reverses)
+    return fraud_store(tmp_path_factory.mktemp("typed") / "store", 200, 30, 80, 700, seed=2)
 
 
 def relation_of(store: GraphStore, sub: SampledSubgraph) -> np.ndarray:

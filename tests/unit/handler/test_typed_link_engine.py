@@ -25,9 +25,8 @@ from model.hetero_link import HeteroLinkModel
 from model.link_assets import open_link_assets, write_link_assets
 from model.served_hetero_link import UserHeteroLinkModel
 from model.typed_graph import hetero_section, whole_graph_input
+from tests.typed_graphs import with_reverses
 from tests.unit.archive_build import user_models
-
-from .test_sampler_typed import with_reverses
 
 # Each recipe with one of the two decoders.
 RECIPES = [("sage", "dot"), ("gat", "mlp"), ("gcn", "dot"), ("gin", "mlp"), ("rgcn", "mlp"),

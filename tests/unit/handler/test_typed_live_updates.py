@@ -12,45 +12,25 @@ import numpy as np
 import pytest
 import torch
 
-from graph_assets import GraphStore, open_store, write_store
+from graph_assets import GraphStore
 from graph_assets.redis_log import RedisLogConfig
-from graph_assets.synthetic_typed import fraud_graph
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import ApiError
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
-from model import ModelConfig, build_model
-from model.typed_graph import hetero_section
+from tests.typed_graphs import fraud_store, node_recipe
 from tests.typed_live_reference import materialized_typed, random_typed_update
-
-from .test_sampler_typed import with_reverses
 
 UPDATES = 60
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
-    path = tmp_path_factory.mktemp("typed_live") / "store"
-    write_store(with_reverses(fraud_graph(80, 15, 30, 250, seed=6)), path)
-    return open_store(path)
+    return fraud_store(tmp_path_factory.mktemp("typed_live") / "store", 80, 15, 30, 250, 6)
 
 
 def recipe(store: GraphStore, arch: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        arch=arch,
-        in_dim=store.feature_dim,
-        out_dim=2,
-        hidden_dim=8,
-        heads=2,
-        hetero=hetero_section(store.schema),
-    )
-    model = build_model(config).eval()
-    with torch.no_grad():  # amounts are ~100: keep gat's attention from saturating
-        for sub in model.modules():
-            if isinstance(getattr(sub, "lin_edge", None), torch.nn.Module):
-                sub.lin_edge.weight.mul_(1e-3)
-    return model
+    return node_recipe(store, arch, hidden=8)
 
 
 def workers(

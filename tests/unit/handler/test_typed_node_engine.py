@@ -9,37 +9,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from graph_assets import GraphStore, open_store, write_store
-from graph_assets.synthetic_typed import fraud_graph
+from graph_assets import GraphStore
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
-from model import ModelConfig, build_model
-from model.typed_graph import hetero_section, whole_graph_input
-
-from .test_sampler_typed import with_reverses
+from model.typed_graph import whole_graph_input
+from tests.typed_graphs import fraud_store, node_recipe
 
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
-    path = tmp_path_factory.mktemp("typed_engine") / "store"
-    write_store(with_reverses(fraud_graph(120, 20, 50, 400, seed=3)), path)
-    return open_store(path)
+    return fraud_store(tmp_path_factory.mktemp("typed_engine") / "store", 120, 20, 50, 400, 3)
 
 
 def recipe(store: GraphStore, arch: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = ModelConfig(
-        arch=arch,
-        in_dim=store.feature_dim,
-        out_dim=2,
-        hidden_dim=16,
-        heads=2,
-        hetero=hetero_section(store.schema),
-    )
-    return build_model(config).eval()
+    return node_recipe(store, arch)
 
 
 def engine(
