@@ -78,6 +78,39 @@ def answer_seeds(
     return out[:num_seeds], emb[:num_seeds]
 
 
+class DictCall:
+    """How a user's method takes PyG's typed inputs: ``(x_dict, edge_index_dict)`` plus
+    ``edge_attr_dict`` and ``n_id_dict`` where its signature names them; the one rule for every
+    typed adapter (node and link)."""
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        parameters = inspect.signature(method).parameters
+        self.method = method
+        self.takes_edge_attr = "edge_attr_dict" in parameters
+        self.takes_n_id = "n_id_dict" in parameters
+
+    def __call__(self, inputs: HeteroInput) -> Any:
+        kwargs: dict[str, Any] = {}
+        if self.takes_edge_attr:
+            kwargs["edge_attr_dict"] = inputs.edge_attr_dict
+        if self.takes_n_id:
+            kwargs["n_id_dict"] = inputs.n_id_dict
+        return self.method(inputs.x_dict, inputs.edge_index_dict, **kwargs)
+
+    def needs(
+        self, module: torch.nn.Module, output: Output, boundary_degrees: bool | None
+    ) -> ServingNeeds:
+        """What the ego-graph must carry for it; ``boundary_degrees`` None: found in
+        ``module`` (:func:`normalises_by_source_degree`)."""
+        if boundary_degrees is None:
+            boundary_degrees = normalises_by_source_degree(module)
+        return ServingNeeds(
+            output=output,
+            edge_input=EdgeInput.EDGE_ATTR if self.takes_edge_attr else EdgeInput.NONE,
+            boundary_degrees=boundary_degrees,
+        )
+
+
 class UserHeteroModel(HeteroNodeModel):
     """The user's heterogeneous module (its weights under ``module.``): PyG's
     ``forward(x_dict, edge_index_dict[, edge_attr_dict][, n_id_dict])`` returning a dict of
@@ -105,26 +138,13 @@ class UserHeteroModel(HeteroNodeModel):
         super().__init__()
         self.module = module
         self.target = target
-        parameters = inspect.signature(module.forward).parameters
-        self._takes_edge_attr = "edge_attr_dict" in parameters
-        self._takes_n_id = "n_id_dict" in parameters
-        if boundary_degrees is None:
-            boundary_degrees = normalises_by_source_degree(module)
-        self.serving_needs = ServingNeeds(
-            output=output,
-            edge_input=EdgeInput.EDGE_ATTR if self._takes_edge_attr else EdgeInput.NONE,
-            boundary_degrees=boundary_degrees,
-        )
+        self._call = DictCall(module.forward)
+        self.serving_needs = self._call.needs(module, output, boundary_degrees)
         self._embedding = module.get_submodule(embedding) if embedding else None
 
     def forward(self, inputs: HeteroInput) -> Tensor:
         """The target type's rows of the module's output."""
-        kwargs: dict[str, Any] = {}
-        if self._takes_edge_attr:
-            kwargs["edge_attr_dict"] = inputs.edge_attr_dict
-        if self._takes_n_id:
-            kwargs["n_id_dict"] = inputs.n_id_dict
-        out = self.module(inputs.x_dict, inputs.edge_index_dict, **kwargs)
+        out = self._call(inputs)
         rows = out.get(self.target) if isinstance(out, Mapping) else out
         count = inputs.n_id_dict[self.target].numel()
         if not isinstance(rows, Tensor) or rows.dim() != 2 or rows.size(0) != count:

@@ -12,9 +12,7 @@ into it, so a ``decode`` that reads the pairs' rows scores them as on the whole 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -22,11 +20,10 @@ from torch_geometric.typing import EdgeType
 
 from model.hetero_link import HeteroLinkModel
 from model.link import SCORE_CHUNK_ROWS
-from model.served import ServingNeeds
-from model.served_hetero import normalises_by_source_degree
+from model.served_hetero import DictCall
 from model.served_link import decoded_scores, method_of
 from model.typed_batch import HeteroInput
-from model.user_model import EdgeInput, Output
+from model.user_model import Output
 
 
 class UserHeteroLinkModel(HeteroLinkModel):
@@ -52,16 +49,8 @@ class UserHeteroLinkModel(HeteroLinkModel):
         super().__init__()
         self.module = module
         self.edge_type = edge_type
-        parameters = inspect.signature(method_of(module, "encode")).parameters
-        self._takes_edge_attr = "edge_attr_dict" in parameters
-        self._takes_n_id = "n_id_dict" in parameters
-        if boundary_degrees is None:
-            boundary_degrees = normalises_by_source_degree(module)
-        self.serving_needs = ServingNeeds(
-            output=output,
-            edge_input=EdgeInput.EDGE_ATTR if self._takes_edge_attr else EdgeInput.NONE,
-            boundary_degrees=boundary_degrees,
-        )
+        self._encode = DictCall(method_of(module, "encode"))
+        self.serving_needs = self._encode.needs(module, output, boundary_degrees)
 
     @property
     def decoder_name(self) -> str:
@@ -69,12 +58,7 @@ class UserHeteroLinkModel(HeteroLinkModel):
 
     def encode(self, inputs: HeteroInput) -> dict[str, Tensor]:
         """``encode``'s rows of both ends of the relation (checked: one per row)."""
-        kwargs: dict[str, Any] = {}
-        if self._takes_edge_attr:
-            kwargs["edge_attr_dict"] = inputs.edge_attr_dict
-        if self._takes_n_id:
-            kwargs["n_id_dict"] = inputs.n_id_dict
-        z = method_of(self.module, "encode")(inputs.x_dict, inputs.edge_index_dict, **kwargs)
+        z = self._encode(inputs)
         ends = dict.fromkeys((self.edge_type[0], self.edge_type[2]))
         for key in ends:
             rows = z.get(key) if isinstance(z, Mapping) else None

@@ -18,7 +18,7 @@ from model import ModelConfig
 from model.__main__ import main
 from model.typed_graph import hetero_section, target_relation, whole_graph_input
 from model.typed_link_train import split_relation, train_typed_link_predictor
-from tests.unit.handler.test_sampler_typed import with_reverses
+from tests.typed_graphs import with_reverses
 
 PAYS = ("user", "pays", "merchant")
 
