@@ -128,7 +128,7 @@ def read_graph_dir(path: Path, undirected: bool = False) -> RawGraph:
     feature_names = [c for c in nodes.column_names if c not in ("id", "label")]
     features = _features(nodes, feature_names, nodes_file.name)
     labels, class_names = _labels(nodes, nodes_file.name)
-    src, dst = _edges(edges, node_ids, edges_file.name)
+    src, dst = _edges(edges, node_ids, node_ids, edges_file.name)
     edge_feature_names = [c for c in edges.column_names if c not in ("src", "dst")]
     edge_features = _numbers(edges, edge_feature_names, edges_file.name, "edge feature")
     if undirected:
@@ -319,12 +319,17 @@ def _positions(column: pa.ChunkedArray, nodes: _NodeIds, file: str, name: str) -
     return np.asarray(pc.fill_null(found, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _edges(edges: pa.Table, nodes: _NodeIds, file: str) -> tuple[np.ndarray, np.ndarray]:
-    src = _positions(edges["src"], nodes, file, "src")
-    dst = _positions(edges["dst"], nodes, file, "dst")
+def _edges(
+    edges: pa.Table, sources: _NodeIds, destinations: _NodeIds, file: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of each edge's ``src`` among ``sources`` and ``dst`` among ``destinations``
+    (one nodes file for both on a graph of one type); the first row naming an unknown or
+    empty endpoint stops the read."""
+    src = _positions(edges["src"], sources, file, "src")
+    dst = _positions(edges["dst"], destinations, file, "dst")
     row = _first((src < 0) | (dst < 0))
     if row is not None:
-        name = "src" if src[row] < 0 else "dst"
+        name, nodes = ("src", sources) if src[row] < 0 else ("dst", destinations)
         value = edges[name][row].as_py()
         if value is None or value == "":
             raise GraphInputError(file, row + 1, f"{name} is empty; every edge needs both ends")

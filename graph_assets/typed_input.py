@@ -18,12 +18,11 @@ import pyarrow as pa
 from graph_assets.errors import GraphInputError
 from graph_assets.reader import (
     RawGraph,
-    _first,
+    _edges,
     _labels,
     _node_ids,
     _NodeIds,
     _numbers,
-    _positions,
     _read_table,
     _require_columns,
     _to_numpy_ids,
@@ -188,8 +187,7 @@ def read_typed_graph_dir(
         edge_type = _edge_type(name, shown, tables)
         table = _read_table(file, ("src", "dst"), _TYPED_EDGES_EXPECTED)
         _require_columns(table, ("src", "dst"), shown, _TYPED_EDGES_EXPECTED)
-        src = _endpoints(table, "src", tables[edge_type.src][1], shown)
-        dst = _endpoints(table, "dst", tables[edge_type.dst][1], shown)
+        src, dst = _edges(table, tables[edge_type.src][1], tables[edge_type.dst][1], shown)
         names = [c for c in table.column_names if c not in ("src", "dst")]
         features = _numbers(table, names, shown, "edge feature")
         relations.append(RawRelation(edge_type, src, dst, features, names))
@@ -269,23 +267,6 @@ def _edge_type(name: str, shown: str, tables: dict[str, Any]) -> EdgeType:
                 f"are {', '.join(sorted(tables))})",
             )
     return edge_type
-
-
-def _endpoints(table: pa.Table, column: str, nodes: _NodeIds, shown: str) -> np.ndarray:
-    """Positions of the ``column`` endpoints in their type's nodes file."""
-    found = _positions(table[column], nodes, shown, column)
-    row = _first(found < 0)
-    if row is not None:
-        value = table[column][row].as_py()
-        if value is None or value == "":
-            raise GraphInputError(shown, row + 1, f"{column} is empty; every edge needs both ends")
-        raise GraphInputError(
-            shown,
-            row + 1,
-            f"{column} {value!r} is not a node id in {nodes.file}; every {column} must be "
-            f"listed there",
-        )
-    return found
 
 
 def _with_reverses(relations: list[RawRelation], edges_dir: Path) -> list[RawRelation]:
