@@ -456,12 +456,7 @@ def verify(
         rows = served_rows(candidate, store, exact_settings(settings, hops), nodes)
         return compare(full, rows, store, nodes)
 
-    result = served(model)
-    boundary = serving_needs(model).boundary_degrees
-    if result.worst > tolerance:
-        model, result, boundary = retry_with_boundary_degrees(
-            model_dir, model, result, served, tolerance
-        )
+    model, result, boundary = served_with_boundary_retry(model_dir, model, served, tolerance)
     cause = ""
     if result.worst > tolerance:
         cause = likely_cause(
@@ -537,12 +532,7 @@ def verify_link(
         scores = served_scores(candidate, store, assets, exact_settings(settings, hops), pairs)
         return against_full(scores, top_scores)
 
-    result = served(model)
-    boundary = serving_needs(model).boundary_degrees
-    if result.worst > tolerance:
-        model, result, boundary = retry_with_boundary_degrees(
-            model_dir, model, result, served, tolerance
-        )
+    model, result, boundary = served_with_boundary_retry(model_dir, model, served, tolerance)
     cause = ""
     if result.worst > tolerance:
         again = reference_scores(model, store, checked, hops).double().numpy()
@@ -599,16 +589,16 @@ def decodes_per_pair(
     return bool(torch.allclose(whole, parts, atol=1e-6))
 
 
-def retry_with_boundary_degrees(
-    model_dir: Path,
-    model: torch.nn.Module,
-    result: Comparison,
-    served: Any,
-    tolerance: float,
+def served_with_boundary_retry(
+    model_dir: Path, model: torch.nn.Module, served: Any, tolerance: float
 ) -> tuple[torch.nn.Module, Comparison, bool]:
-    """A user's model that failed without boundary degrees is tried with them (a layer that
-    normalises by its sources' degrees which the build did not recognise); if that passes,
-    ``model_config.json`` records them. Returns ``(model, result, boundary_degrees)``."""
+    """``served(model)``; a user's model that fails it without boundary degrees is tried with
+    them (a layer that normalises by its sources' degrees which the build did not recognise)
+    and, if that passes, ``model_config.json`` records them. Returns ``(model, result,
+    boundary_degrees)``."""
+    result = served(model)
+    if result.worst <= tolerance:
+        return model, result, serving_needs(model).boundary_degrees
     if not isinstance(model, UserNodeModel | UserLinkModel) or model.config.boundary_degrees:
         return model, result, serving_needs(model).boundary_degrees
     config = dataclasses.replace(model.config, boundary_degrees=True)

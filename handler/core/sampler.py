@@ -418,7 +418,7 @@ class NeighbourSampler:
         assert segments is not None
         live = overlay is not None and not overlay.is_empty
         nodes_np = ops.to_numpy(frontier)
-        dirty = overlay.dirty_mask(nodes_np.copy()) if live and overlay else None
+        dirty = overlay.dirty_mask(nodes_np) if live and overlay else None
         types = overlay.types_of(nodes_np) if live and overlay else None
         changed = None
         if dirty is not None and dirty.any():
