@@ -94,8 +94,10 @@ class EgoGraphs:
 
     def check_node_type(self, node_type: str | None) -> None:
         """BadRequest unless ``node_type`` is None or the type this archive answers for."""
+        if node_type is None:  # every request of a one-type client: nothing to look up
+            return
         served = self.served_node_type
-        if node_type is not None and node_type != served:
+        if node_type != served:
             types = ", ".join(self.store.schema.node_type_names)
             raise BadRequest(
                 f"node_type {node_type!r}: this archive answers for {served!r} nodes (the "
