@@ -40,9 +40,11 @@ from model.export import (
 )
 from model.precompute import Mode, plan_for, precompute, weights_digest
 from model.registry import build_model
+from model.served import serving_needs
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
 from model.train import fit, train_node_classifier, train_typed_node_classifier
 from model.typed_graph import hetero_section, whole_graph_input
+from model.user_model import EdgeInput
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -232,18 +234,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(summary)
-    if store.schema.is_homogeneous and store.edge_feature_dim:
-        print(unread_edge_features(store))
+    unread = unread_edge_features(store, load_model(Path(args["out"]))[0])
+    if unread:
+        print(unread)
     return 0
 
 
-def unread_edge_features(store: GraphStore) -> str:
-    """Says that a preset reads none of the graph's edge features (they stay in the store)."""
-    names = ", ".join(store.edge_feature_names)
+def unread_edge_features(store: GraphStore, model: torch.nn.Module) -> str | None:
+    """Says which of the graph's edge features the model does not read (they stay in the
+    store), or None when it reads them or the graph has none: never silently dropped."""
+    if serving_needs(model).edge_input is not EdgeInput.NONE:
+        return None
+    featured = [r for r in store.schema.relations if r.edge_feature_dim]
+    if not featured:
+        return None
+    if store.schema.is_homogeneous:
+        names = ", ".join(store.edge_feature_names)
+        return (
+            f"note: the presets read no edge features; the graph's {store.edge_feature_dim} "
+            f"({names}) are stored but not used by this model (--model-class serves a model "
+            "that reads them)"
+        )
+    listed = "; ".join(f"{r.name} ({', '.join(r.edge_feature_names)})" for r in featured)
     return (
-        f"note: the presets read no edge features; the graph's {store.edge_feature_dim} "
-        f"({names}) are stored but not used by this model (--model-class serves a model that "
-        "reads them)"
+        f"note: this model reads no edge features; those of {listed} are stored but not used "
+        "(--arch gat or gin, or --model-class, serve a model that reads them)"
     )
 
 

@@ -13,6 +13,7 @@ import pytest
 import model.__main__ as cli
 from graph_assets.schema import GraphSchema
 from model.export import load_model
+from tests.typed_graphs import fraud_store
 
 
 def fake_store(graph, num_classes=None):
@@ -96,3 +97,13 @@ def test_real_synthetic_store(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("test accuracy ")
     _, config = load_model(tmp_path / "m")
     assert (config.in_dim, config.out_dim) == (128, 8)
+
+
+@pytest.mark.parametrize(("arch", "noted"), [("sage", True), ("gat", False)])
+def test_a_typed_model_that_reads_no_edge_features_says_so(tmp_path, capsys, arch, noted):
+    store = fraud_store(tmp_path / "store", 60, 10, 20, 150, seed=8)
+    argv = ["train", "--store", str(store.path), "--arch", arch, "--epochs", "2"]
+    assert cli.main([*argv, "--hidden-dim", "8", "--out", str(tmp_path / "m"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert ("user__pays__merchant (amount, hour)" in out) is noted
+    assert ("reads no edge features" in out) is noted
