@@ -42,6 +42,7 @@ from torch_geometric.nn import (
 from torch_geometric.nn.dense import Linear
 from torch_geometric.nn.models import MLP
 from torch_geometric.typing import EdgeType
+from torch_geometric.utils import scatter
 
 from model.served import ServingNeeds
 from model.served_hetero import HeteroNodeModel
@@ -288,35 +289,92 @@ class RelationStack(HeteroRecipe):
         within = {key: list(itertools.accumulate(counts)) for key, counts in nodes.items()}
         edges_within = {key: list(itertools.accumulate(counts)) for key, counts in edges.items()}
         x = self.encoder(inputs)
-        reads_edges = self.serving_needs.edge_input is EdgeInput.EDGE_ATTR
         layers = len(self.convs)
         for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
             depth = layers - layer - 1  # the hop of the deepest row this layer computes
             embedding = {key: x[key][: within[key][depth]] for key in self.outputs}
             assert isinstance(roots, torch.nn.ModuleDict) and isinstance(conv, HeteroConv)
-            messages: dict[str, list[Tensor]] = {}
-            for triple, relation_conv in conv.convs.items():
-                src, _, dst = triple
-                count = edges_within[triple][depth]
-                pair = (x[src][: within[src][depth + 1]], x[dst][: within[dst][depth]])
-                kwargs = {}
-                if reads_edges and triple in inputs.edge_attr_dict:
-                    kwargs["edge_attr"] = inputs.edge_attr_dict[triple][:count]
-                message = relation_conv(pair, inputs.edge_index_dict[triple][:, :count], **kwargs)
-                messages.setdefault(dst, []).append(message)
-            x = {  # summed as HeteroConv sums them, then the root as the whole-graph pass adds it
-                key: roots[key](x[key][: within[key][depth]])
-                + torch.stack(messages[key]).sum(dim=0)
-                if key in messages
-                else roots[key](x[key][: within[key][depth]])
-                for key in roots
+            x_dst = {key: x[key][: within[key][depth]] for key in roots}
+            into = {
+                triple: inputs.edge_index_dict[triple][:, : edges_within[triple][depth]]
+                for triple, _conv in conv.convs.items()
             }
+            if self.arch is HeteroArch.SAGE:
+                x = _sage_layer(conv, roots, x, x_dst, into)
+            else:
+                x = self._summed_layer(
+                    conv, roots, x, x_dst, into, inputs, within, edges_within, depth
+                )
             if layer < layers - 1:
                 x = {
                     key: F.dropout(value.relu(), self.dropout, self.training)
                     for key, value in x.items()
                 }
         return x, embedding
+
+    def _summed_layer(
+        self,
+        conv: HeteroConv,
+        roots: torch.nn.ModuleDict,
+        x: dict[str, Tensor],
+        x_dst: dict[str, Tensor],
+        edges: dict[EdgeType, Tensor],
+        inputs: HeteroInput,
+        within: dict[str, list[int]],
+        edges_within: dict[EdgeType, list[int]],
+        depth: int,
+    ) -> dict[str, Tensor]:
+        """Each relation's conv on its trimmed edges, summed per destination as HeteroConv
+        sums them, plus the root as the whole-graph pass adds it."""
+        reads_edges = self.serving_needs.edge_input is EdgeInput.EDGE_ATTR
+        messages: dict[str, list[Tensor]] = {}
+        for triple, relation_conv in conv.convs.items():
+            src, _, dst = triple
+            kwargs = {}
+            if reads_edges and triple in inputs.edge_attr_dict:
+                kwargs["edge_attr"] = inputs.edge_attr_dict[triple][: edges_within[triple][depth]]
+            sources = x[src][: within[src][depth + 1]]
+            message = relation_conv((sources, x_dst[dst]), edges[triple], **kwargs)
+            messages.setdefault(dst, []).append(message)
+        return {
+            key: root(x_dst[key]) + torch.stack(messages[key]).sum(dim=0)
+            if key in messages
+            else root(x_dst[key])
+            for key, root in roots.items()
+        }
+
+
+def _sage_layer(
+    conv: HeteroConv,
+    roots: torch.nn.ModuleDict,
+    x: dict[str, Tensor],
+    x_dst: dict[str, Tensor],
+    edges: dict[EdgeType, Tensor],
+) -> dict[str, Tensor]:
+    """A layer of ``SAGEConv`` per relation summed per destination, plus its root, as one
+    matrix product per destination type: each relation's mean of its sources (SAGEConv's own
+    aggregation) and the destination's rows side by side, times the relations' ``lin_l``
+    weights and the sum of their ``lin_r`` and the root's. The per-relation sum up to float
+    rounding, in a few operations instead of five per relation (the served path's cost)."""
+    out = {}
+    for key, root in roots.items():
+        parts, weights = [], []
+        own, bias = root.weight, root.bias
+        assert isinstance(bias, Tensor)
+        for triple, relation_conv in conv.convs.items():
+            src, _, dst = triple
+            if dst != key:
+                continue
+            source, target = edges[triple]
+            rows = x[src].index_select(0, source)
+            parts.append(scatter(rows, target, 0, x_dst[key].size(0), reduce="mean"))
+            weights.append(relation_conv.lin_l.weight)
+            own = own + relation_conv.lin_r.weight
+            bias = bias + relation_conv.lin_l.bias
+        parts.append(x_dst[key])
+        weights.append(own)
+        out[key] = F.linear(torch.cat(parts, dim=1), torch.cat(weights, dim=1), bias)
+    return out
 
 
 def _relation_conv(
