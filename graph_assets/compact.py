@@ -8,10 +8,12 @@ BASE plus its log: nothing running is touched. Build the next version from it wi
 in (its meta.json ``update_log``), so both versions see every update sent to either, before and
 after ``set-default``; compacting NEW again keeps that log (one log per lineage).
 
-Edge features are carried through: every edge still in the graph keeps its current row (a base
-edge its stored one or the one ``set_edge_features`` gave it, an edge added by an update the
-``attr`` it was added with). Parallel edges keep their order, so a ``remove_edge`` after the
-compaction takes the same edge on either version.
+A graph of several node types and relations is compacted as a one-type graph is (the one-type
+case of the same code): each type keeps its own IDs, features and removed IDs, each relation
+its edges and edge features. Edge features are carried through: every edge still in the graph
+keeps its current row (a base edge its stored one or the one ``set_edge_features`` gave it, an
+edge added by an update the ``attr`` it was added with). Parallel edges keep their order, so a
+``remove_edge`` after the compaction takes the same edge on either version.
 """
 
 from __future__ import annotations
@@ -71,75 +73,144 @@ def replay(store_dir: Path, log: Path | RedisLogConfig) -> Replayed:
 
 def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
     """Writes the graph ``replayed`` describes as a store at ``out_dir`` that continues the
-    same update log after the records folded into it."""
+    same update log after the records folded into it: each node type's live nodes (added ones
+    included, in sorted ID order as a build writes them), each relation's live edges with
+    their current features, the target type's labels, and every ID removed so far."""
     overlay, base = replayed.overlay, replayed.overlay.base
-    if not base.schema.is_homogeneous:
-        raise StoreError(
-            "compaction of a store with several node types or relations is not available yet"
-        )
-    live = np.array(
-        [n for n in range(overlay.num_nodes) if n not in overlay.removed], dtype=np.int64
-    )
-    keys = _external_keys(overlay, live)
-    order = np.argsort(keys, kind="stable")
-    nodes = live[order]
+    schema = base.schema
+    _check_indices_kept(overlay)
+    types = _live_nodes(overlay)
+    nodes = np.concatenate([t.nodes for t in types])
     position = np.full(overlay.num_nodes, -1, dtype=np.int64)
     position[nodes] = np.arange(len(nodes))
     src, dst, edge_ids = _edges(overlay, nodes)
-    edge_features = overlay.edge_feature_rows(edge_ids) if base.edge_feature_dim else None
-    labels = np.array(
-        [
-            int(base.labels[n]) if n < base.num_nodes else overlay.new_labels[n - base.num_nodes]
-            for n in nodes.tolist()
-        ],
-        dtype=np.int64,
-    )
-    node = NodeTypeInput(base.schema.target, keys[order], base.feature_dim)
-    with StoreBuilder(out_dir, [node]) as builder:
-        step = feature_block_rows(base.feature_dim)
-        for start in range(0, len(nodes), step):
-            builder.add_features(overlay.feature_rows(nodes[start : start + step]))
-        relation = base.schema.relations[0]
-        edges = RelationInput(
-            relation.edge_type,
-            position[src],
-            position[dst],
-            edge_features,
-            relation.edge_feature_names,
-        )
+    edge_relations = overlay.edge_relations(edge_ids)
+    inputs = [
+        NodeTypeInput(node_type.name, t.ids, node_type.feature_dim)
+        for node_type, t in zip(schema.node_types, types, strict=True)
+    ]
+    with StoreBuilder(out_dir, inputs) as builder:
+        for index, (node_type, t) in enumerate(zip(schema.node_types, types, strict=True)):
+            if not node_type.feature_dim:
+                continue
+            step = feature_block_rows(node_type.feature_dim)
+            for start in range(0, len(t.nodes), step):
+                builder.add_features(overlay.feature_rows(t.nodes[start : start + step]), index)
+        relations = []
+        for r, relation in enumerate(schema.relations):
+            mine = edge_relations == r
+            relations.append(
+                RelationInput(
+                    relation.edge_type,
+                    position[src[mine]],
+                    position[dst[mine]],
+                    _edge_features(overlay, edge_ids[mine], relation.edge_feature_dim),
+                    relation.edge_feature_names,
+                )
+            )
         return builder.commit(
-            [edges],
-            labels,
+            relations,
+            _labels(overlay, types[0].nodes),
             num_classes=base.num_classes,
             class_names=base.class_names,
             undirected=bool(base.meta["stats"].get("undirected", False)),
             continues=LogContinuation(
                 update_log={"base": base.log_base, "seq": overlay.seq, "offset": replayed.log_end},
-                removed_ids=(_removed_ids(overlay),),
+                removed_ids=_removed_ids(overlay),
             ),
         )
 
 
-def _removed_ids(overlay: GraphOverlay) -> np.ndarray:
-    """Every ID removed in the lineage so far, sorted: the base's and the overlay's."""
+def _check_indices_kept(overlay: GraphOverlay) -> None:
+    """Refuses a log that removed nodes of a featureless type: a model tells such nodes apart
+    by their index within the type (an embedding row), which dropping some would shift, so
+    the compacted store would answer otherwise than base + log."""
     removed = np.array(sorted(overlay.removed), dtype=np.int64)
-    return np.unique(
-        np.concatenate((np.asarray(overlay.base.removed_ids), _external_keys(overlay, removed)))
+    types = overlay.types_of(removed)
+    for index, node_type in enumerate(overlay.schema.node_types):
+        gone = removed[types == index]
+        if node_type.feature_dim == 0 and len(gone):
+            [first] = overlay.external_ids(gone[:1])
+            raise StoreError(
+                f"the update log removed {len(gone)} {node_type.name} node(s) (first: "
+                f"{first!r}); {node_type.name} has no features, so a model tells its nodes "
+                "apart by their index within the type, which compaction would shift: keep "
+                "serving this store with its log"
+            )
+
+
+@dataclass(frozen=True)
+class _TypeNodes:
+    """One node type's live nodes (overlay indices) in the new store's order, and their IDs
+    as the store keeps them (int64 or UTF-8 bytes), ascending."""
+
+    nodes: np.ndarray
+    ids: np.ndarray
+
+
+def _live_nodes(overlay: GraphOverlay) -> list[_TypeNodes]:
+    """Each node type's live nodes, base and added, sorted by ID (schema order: target first)."""
+    every = np.arange(overlay.num_nodes, dtype=np.int64)
+    live = ~np.isin(every, np.fromiter(overlay.removed, dtype=np.int64))
+    types = overlay.types_of(every)
+    found = []
+    for index in range(len(overlay.schema.node_types)):
+        nodes = every[live & (types == index)]
+        keys = _external_keys(overlay, nodes, index)
+        order = np.argsort(keys, kind="stable")
+        found.append(_TypeNodes(nodes[order], keys[order]))
+    return found
+
+
+def _labels(overlay: GraphOverlay, targets: np.ndarray) -> np.ndarray:
+    """The class index of each target-type node: stored, or given by the update that added it."""
+    stored = overlay.base.num_nodes
+    added = targets >= stored
+    labels = np.empty(len(targets), dtype=np.int64)
+    labels[~added] = overlay.base.labels[targets[~added]]  # the target type starts at 0
+    labels[added] = np.asarray(overlay.new_labels, dtype=np.int64)[targets[added] - stored]
+    return labels
+
+
+def _edge_features(overlay: GraphOverlay, edge_ids: np.ndarray, width: int) -> np.ndarray | None:
+    """The current features of one relation's edges (None for a relation without any)."""
+    if not width:
+        return None
+    if not len(edge_ids):  # the view cannot tell the relation of no edges, nor its width
+        return np.empty((0, width), dtype=np.float32)
+    return overlay.edge_feature_rows(edge_ids)
+
+
+def _removed_ids(overlay: GraphOverlay) -> tuple[np.ndarray, ...]:
+    """Per node type, every ID removed in the lineage so far, sorted: the base's and the
+    overlay's."""
+    removed = np.array(sorted(overlay.removed), dtype=np.int64)
+    types = overlay.types_of(removed)
+    return tuple(
+        np.unique(
+            np.concatenate(
+                (
+                    np.asarray(overlay.base.tables[index].removed_ids),
+                    _external_keys(overlay, removed[types == index], index),
+                )
+            )
+        )
+        for index in range(len(overlay.schema.node_types))
     )
 
 
-def _external_keys(overlay: GraphOverlay, nodes: np.ndarray) -> np.ndarray:
-    base = overlay.base
+def _external_keys(overlay: GraphOverlay, nodes: np.ndarray, node_type: int) -> np.ndarray:
+    """The IDs of ``nodes`` (all of ``node_type``) as a store keeps them."""
     values = overlay.external_ids(np.asarray(nodes, dtype=np.int64))
-    if base.id_kind == "int":
+    if overlay.schema.node_types[node_type].id_kind == "int":
         return np.array(values, dtype=np.int64)
     return np.array([str(v).encode("utf-8") for v in values], dtype=np.bytes_)
 
 
 def _edges(overlay: GraphOverlay, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """All current edges as ``(src, dst, edge ID)``: clean nodes' from the base CSC
-    (vectorized; an edge's ID is its position), dirty ones' from the overlay, each in-list in
-    its order (ascending source, parallel edges in ascending ID)."""
+    """All current edges into ``nodes`` as ``(src, dst, edge ID)``: clean nodes' from the base
+    CSC (vectorized; an edge's ID is its position), dirty ones' from the overlay, each in-list
+    in its order (by relation, ascending source within one, parallel edges in ascending ID)."""
     base = overlay.base
     dirty = overlay.dirty_mask(nodes)
     clean = nodes[~dirty]

@@ -321,7 +321,8 @@ class GraphOverlay:
         added = edge_ids >= stored
         width = self.schema.relations[relation].edge_feature_dim
         rows = np.empty((len(edge_ids), width), dtype=np.float32)
-        rows[~added] = self.base.edge_feature_rows(edge_ids[~added])
+        if not added.all():  # asked for no edges, the base gives relation 0's width
+            rows[~added] = self.base.edge_feature_rows(edge_ids[~added])
         if added.any():
             slots = np.asarray(self._added_slot, dtype=np.int64)[edge_ids[added] - stored]
             rows[added] = self._added_rows[relation][slots]

@@ -1028,7 +1028,7 @@ def _check_removed_ids(file: Path, ids: np.ndarray, removed: np.ndarray) -> None
     hint = "compact the source store again with `python -m graph_assets.compact`"
     if not np.all(removed[1:] > removed[:-1]):
         raise StoreError(f"{file}: removed IDs must be sorted ascending without duplicates; {hint}")
-    if len(removed):
+    if len(removed) and len(ids):  # a type whose every node was removed has no ids
         pos = np.minimum(np.searchsorted(ids, removed), len(ids) - 1)
         both = removed[ids[pos] == removed]
         if len(both):
