@@ -282,10 +282,18 @@ def v2_response(
     model_version: str,
     node_ids: list[int | str],
     probabilities: list[list[float]],
+    node_type: str | None = None,
 ) -> dict[str, Any]:
-    """A node archive's v2 answer: the node IDs echoed, classes, probabilities."""
+    """A node archive's v2 answer: the node IDs echoed, classes, probabilities; on a graph of
+    several node types a ``node_type`` output too, each ID's type (an output, not a parameter:
+    TorchServe's gRPC response converter copies outputs only)."""
     ids = output("node_id", ids_datatype(node_ids), [len(node_ids)], node_ids)
-    outputs = [ids, *class_outputs(probabilities)]
+    types = (
+        []
+        if node_type is None
+        else [output("node_type", "BYTES", [len(node_ids)], [node_type] * len(node_ids))]
+    )
+    outputs = [ids, *types, *class_outputs(probabilities)]
     return inference_response(request_id, model_name, model_version, outputs)
 
 

@@ -221,6 +221,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
                 self.model_version,
                 list(inner.node_ids),
                 result.tolist(),
+                self._answer_type.get("node_type"),
             )
         predictions = [
             self._prediction(node_id, row)

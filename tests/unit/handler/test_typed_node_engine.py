@@ -124,7 +124,7 @@ def test_embeddings_come_from_the_typed_forward_and_the_rest_is_refused(store: G
     assert explained.status == 400 and "not available yet" in explained.body["message"]
 
 
-def test_kserve_v2_requests_name_the_type_as_a_request_or_input_parameter(
+def test_kserve_v2_requests_name_the_type_as_a_parameter_and_answers_name_it_as_an_output(
     store: GraphStore,
 ) -> None:
     served = engine(store, recipe(store, "sage"), [2, 2])
@@ -145,7 +145,14 @@ def test_kserve_v2_requests_name_the_type_as_a_request_or_input_parameter(
         ],
     )
     assert (status, tensor_level, grpc) == (200, 200, 200), body
-    assert body["outputs"][0]["data"] == ["u1", "u2"]
+    outputs = {tensor["name"]: tensor for tensor in body["outputs"]}
+    assert outputs["node_id"]["data"] == ["u1", "u2"]
+    assert outputs["node_type"] == {
+        "name": "node_type",
+        "datatype": "BYTES",
+        "shape": [2],
+        "data": ["user", "user"],
+    }
     [(wrong, message), (twice, conflict)] = answers(
         served, [v2({"node_type": "merchant"}, {}), v2({"node_type": "user"}, {"node_type": "x"})]
     )
