@@ -38,7 +38,7 @@ from model.export import (
     preset_keys,
     write_model_files,
 )
-from model.precompute import Mode, plan_for, precompute, weights_digest
+from model.precompute import Mode, plan_for, precompute, stored_rows, weights_digest
 from model.registry import build_model
 from model.served import serving_needs
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
@@ -109,8 +109,8 @@ def _add_model_flags(command: argparse.ArgumentParser, defaults: dict[str, Any])
 def _precompute(args: dict[str, Any], store: GraphStore) -> str:
     """Writes ``--out``; returns the summary line."""
     model_dir = Path(args["model_dir"])
-    model, _ = load_model(model_dir)
-    print(f"  {plan_for(model).reason}", flush=True)
+    model, config = load_model(model_dir)
+    print(f"  {plan_for(model, config.num_layers).reason}", flush=True)
     started = time.perf_counter()
     meta = precompute(
         model,
@@ -118,14 +118,17 @@ def _precompute(args: dict[str, Any], store: GraphStore) -> str:
         Path(args["out"]),
         weights_digest(model_dir / WEIGHTS_FILE),
         progress=not args["quiet"],
+        hops=config.num_layers,
     )
+    kind = "" if store.schema.is_homogeneous else f"{store.schema.target} "
     what = (
         f"{meta['num_layers']} layers (widths {meta['dims']})"
         if meta["mode"] == Mode.LAYERS.value
         else f"the output (width {meta['dims'][0]})"
     )
     return (
-        f"  precomputed {what} of {store.num_nodes} nodes in {time.perf_counter() - started:.1f} s"
+        f"  precomputed {what} of {stored_rows(store)} {kind}nodes in "
+        f"{time.perf_counter() - started:.1f} s"
     )
 
 

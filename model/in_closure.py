@@ -13,7 +13,9 @@ Precomputed archives of a model that is not a stack of by-rows layers store ever
 computed this way (model.precompute), and recompute the outputs an update reaches the same way
 (handler.core.precomputed): one rule for both. The graph is read through an
 :data:`InEdgeReader`, so the stored graph, the live one and a graph with a cold-start node
-added are read alike.
+added are read alike. On a graph of several node types the in-edges are those of every
+relation, and :func:`typed_closure_forward` runs the heterogeneous model on the closure split
+by type (``model.typed_rows``, the rule a typed ego-graph is answered with).
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ import torch
 from torch import Tensor
 
 from graph_assets.errors import SubgraphTooLarge
+from graph_assets.graph_view import GraphView
+from graph_assets.schema import GraphSchema
 from graph_assets.store import GraphStore
 from model.embedding import forward_with_embedding
 from model.served import serving_needs
+from model.served_hetero import HeteroNodeModel
+from model.typed_rows import typed_rows
 from model.user_model import EdgeInput
 
 UNLIMITED = 1 << 62
@@ -181,3 +187,31 @@ def closure_forward(
         else:
             out, vectors = model(features, edge_index, edge_attr=attr), None
         return out[: closure.seeds].float().cpu().numpy(), vectors
+
+
+def typed_closure_forward(
+    model: HeteroNodeModel,
+    closure: Closure,
+    schema: GraphSchema,
+    view: GraphView,
+    with_embedding: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(rows, embeddings or None)`` of the seeds (nodes of the model's target type): the
+    heterogeneous model's own forward on ``closure``, each type's features and each
+    relation's edge features read through ``view`` (the graph version the closure was read
+    from)."""
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        out, embedding = typed_rows(
+            schema,
+            view,
+            model,
+            closure.nodes,
+            closure.edge_index,
+            closure.edge_ids,
+            closure.seeds,
+            device,
+            with_embedding,
+        )
+        vectors = None if embedding is None else embedding.float().cpu().numpy()
+        return out.float().cpu().numpy(), vectors

@@ -16,10 +16,13 @@
   one layer below, here and when a live update refreshes the rows it reaches
   (``handler.core.precomputed``): one rule, so a refreshed row equals a rebuilt one.
 - **Every node's output** (``output`` mode), for any other model (custom modules, jumping
-  knowledge, degree-normalising layers, PNA, a user's link model's ``encode``): ``output.npy``,
-  float32 ``[N, C]``, the model's own forward on the whole graph when it is small, else on each
-  chunk's whole in-neighbourhood (``model.in_closure``), the rule live updates recompute
-  outputs with.
+  knowledge, degree-normalising layers, PNA, a user's link model's ``encode``, every model of a
+  graph of several node types): ``output.npy``, float32 ``[N, C]``, the model's own forward on
+  the whole graph when it is small, else on each chunk's whole in-neighbourhood
+  (``model.in_closure``), the rule live updates recompute outputs with. ``N`` counts the nodes
+  of the graph's target type, the type answers are for: on a graph of one type every node; on
+  a typed graph the target's nodes, its first global indices, each from its in-neighbourhood
+  over every relation, split by type as a typed ego-graph is (``model.typed_rows``).
 
 Beside them: ``out_indptr.npy`` / ``out_indices.npy``, the graph's edges grouped by source
 (CSR), which an update follows to find the rows it reaches; ``meta.json``: format version,
@@ -48,7 +51,14 @@ from graph_assets.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
 from model.export import WEIGHTS_FILE
 from model.hetero_link import HeteroLinkModel
-from model.in_closure import closure_chunks, closure_forward, in_closure, store_in_edges
+from model.in_closure import (
+    Closure,
+    closure_chunks,
+    closure_forward,
+    in_closure,
+    store_in_edges,
+    typed_closure_forward,
+)
 from model.link import LinkPredictor
 from model.link_assets import out_csr
 from model.served import UserNodeModel, serving_needs
@@ -109,10 +119,20 @@ class Plan:
         return self.hops if self.mode is Mode.LAYERS else 1
 
 
-def plan_for(model: torch.nn.Module) -> Plan:
+def plan_for(model: torch.nn.Module, hops: int | None = None) -> Plan:
     """Per-layer rows for a stack of by-rows layers (the presets, a link preset's encoder, a
-    user's qualifying ``BasicGNN``), every node's output for any other node model and every
-    node's embedding (``encode``) for a user's link model."""
+    user's qualifying ``BasicGNN``), every node's output for any other node model (a typed
+    graph's included) and every node's embedding (``encode``) for a user's link model.
+    ``hops``: the receptive field of a typed graph's model, which does not carry it (its
+    config's ``num_layers``); the others say their own. ValueError, one line, for a model
+    whose rows are not precomputed."""
+    if isinstance(model, HeteroNodeModel):
+        return _typed_plan(model, hops)
+    if isinstance(model, HeteroLinkModel):
+        raise ValueError(
+            "--precompute of a link archive of a graph of several node types is not available "
+            "yet: build it without --precompute (its top-k reads link/'s embeddings)"
+        )
     if isinstance(model, LinkPredictor):
         model = model.encoder
     if isinstance(model, NodeClassifier):
@@ -124,10 +144,6 @@ def plan_for(model: torch.nn.Module) -> Plan:
             stack=model,
             degree=isinstance(model, GCN),
             stored_embedding=True,
-        )
-    if isinstance(model, HeteroNodeModel | HeteroLinkModel):
-        raise ValueError(
-            "--precompute on a graph of several node types or relations is not available yet"
         )
     if not isinstance(model, UserNodeModel | UserLinkModel):
         raise TypeError(f"{type(model).__name__} has no node-level rows to precompute")
@@ -166,6 +182,28 @@ def plan_for(model: torch.nn.Module) -> Plan:
     )
 
 
+def _typed_plan(model: HeteroNodeModel, hops: int | None) -> Plan:
+    """Every target node's output of a typed graph's model, recomputed from its whole
+    in-neighbourhood over every relation."""
+    if hops is None or hops < 1:
+        raise ValueError(
+            f"the hops of {type(model).__name__} must be given (its config's num_layers, >= 1); "
+            f"got {hops}"
+        )
+    degree = serving_needs(model).boundary_degrees
+    return Plan(
+        mode=Mode.OUTPUT,
+        reason=(
+            f"every {model.target} node's output: {type(model).__name__} reads a graph of "
+            f"several node types; an update recomputes the {model.target} outputs within "
+            f"{hops} hops downstream of what it changed (over every relation), each from its "
+            f"whole {hops}-hop in-neighbourhood"
+        ),
+        hops=hops,
+        degree=degree,
+    )
+
+
 def _not_by_layers(
     module: torch.nn.Module, edge_input: EdgeInput, boundary_degrees: bool
 ) -> str | None:
@@ -190,8 +228,9 @@ def _not_by_layers(
 
 def check_plan(precomputed: Precomputed, model: torch.nn.Module) -> Plan:
     """The model's plan, which must be the one the rows were built with (StoreError, one
-    line ending in the rebuild command, otherwise)."""
-    plan = plan_for(model)
+    line ending in the rebuild command, otherwise); a typed model's hops are the ones the rows
+    were built with."""
+    plan = plan_for(model, precomputed.hops)
     if plan.mode is not precomputed.mode or plan.arrays != precomputed.num_layers:
         raise StoreError(
             f"{precomputed.path}: holds {_stored(precomputed.mode, precomputed.num_layers)}, "
@@ -293,10 +332,12 @@ def precompute(
     weights_sha256: str,
     chunk_edges: int = CHUNK_EDGES,
     progress: bool = True,
+    hops: int | None = None,
 ) -> dict[str, Any]:
-    """Writes ``out_dir`` (the archive's ``precomputed/``); returns its meta.json content."""
+    """Writes ``out_dir`` (the archive's ``precomputed/``); returns its meta.json content.
+    ``hops``: a typed graph's model's (:func:`plan_for`)."""
     model.eval()
-    plan = plan_for(model)
+    plan = plan_for(model, hops)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plan.mode is Mode.LAYERS:
@@ -389,41 +430,56 @@ def _precompute_output(
     chunk_edges: int,
     progress: bool,
 ) -> tuple[list[str], list[int]]:
-    """``output.npy``: the whole graph's forward when it has at most ``chunk_edges`` edges,
-    else chunks of consecutive nodes, each on its whole in-neighbourhood with the in-edges of
-    its ``hops``-hop nodes too (``model.in_closure``: exact whether or not the model reads its
-    sources' degrees, so the stored rows do not depend on that being detected), each
-    neighbourhood within ``chunk_edges`` edges unless one node's alone is larger."""
-    n = store.num_nodes
-    reads_edges = serving_needs(model).edge_input is not EdgeInput.NONE
-    if store.num_edges <= chunk_edges:
-        whole = np.arange(n, dtype=np.int64)
-        closure = in_closure(store_in_edges(store), whole, 1)
-        x = np.array(store.features)
-        attr = store.edge_feature_rows(closure.edge_ids) if reads_edges else None
-        rows, _ = closure_forward(model, closure, x, attr)
-        np.save(out / OUTPUT_FILE, rows.astype(np.float32), allow_pickle=False)
-        return [OUTPUT_FILE], [int(rows.shape[1])]
+    """``output.npy``: the forward of the whole graph (every node's in-edges) when it has at
+    most ``chunk_edges`` edges, else chunks of consecutive nodes, each on its whole
+    in-neighbourhood with the in-edges of its ``hops``-hop nodes too (``model.in_closure``:
+    exact whether or not the model reads its sources' degrees, so the stored rows do not
+    depend on that being detected), each neighbourhood within ``chunk_edges`` edges unless one
+    node's alone is larger. The nodes are the target type's (:func:`stored_rows`)."""
+    n = stored_rows(store)
+    seeds = np.arange(n, dtype=np.int64)
+    read, levels = store_in_edges(store), plan.hops + 1
+    parts: Iterator[Closure] = (
+        iter([in_closure(read, seeds, levels)])
+        if store.num_edges <= chunk_edges
+        else closure_chunks(read, seeds, levels, chunk_edges)
+    )
     stored: np.memmap | None = None
     bar = tqdm(total=n, desc="precompute outputs", disable=None if progress else True)
-    every = np.arange(n, dtype=np.int64)
-    for closure in closure_chunks(store_in_edges(store), every, plan.hops + 1, chunk_edges):
-        x = np.take(store.features, closure.nodes, axis=0)
-        attr = store.edge_feature_rows(closure.edge_ids) if reads_edges else None
-        rows, _ = closure_forward(model, closure, x, attr)
+    for closure in parts:
+        rows = _closure_rows(model, closure, store)
         if stored is None:
             stored = np.lib.format.open_memmap(
                 out / OUTPUT_FILE, mode="w+", dtype=np.float32, shape=(n, rows.shape[1])
             )
-        seeds = closure.nodes[: closure.seeds]  # consecutive nodes
-        stored[int(seeds[0]) : int(seeds[-1]) + 1] = rows
-        bar.update(len(seeds))
+        first = int(closure.nodes[0])  # the seeds are consecutive nodes
+        stored[first : first + closure.seeds] = rows
+        bar.update(closure.seeds)
     bar.close()
     assert stored is not None
     width = int(stored.shape[1])
     stored.flush()
     del stored
     return [OUTPUT_FILE], [width]
+
+
+def _closure_rows(model: torch.nn.Module, closure: Closure, store: GraphStore) -> np.ndarray:
+    """The seeds' output rows of the model's own forward on ``closure`` of the stored graph
+    (a typed graph's model on the closure split by type)."""
+    if isinstance(model, HeteroNodeModel):
+        rows, _ = typed_closure_forward(model, closure, store.schema, store)
+        return rows
+    x = np.take(store.features, closure.nodes, axis=0)
+    reads_edges = serving_needs(model).edge_input is not EdgeInput.NONE
+    attr = store.edge_feature_rows(closure.edge_ids) if reads_edges else None
+    rows, _ = closure_forward(model, closure, x, attr)
+    return rows
+
+
+def stored_rows(store: GraphStore) -> int:
+    """Rows of every stored array: one per node of the target type, the type answers are for
+    (every node of a graph of one type; a typed graph's target holds its first indices)."""
+    return store.schema.target_type.num_nodes
 
 
 @dataclass(frozen=True, eq=False)
@@ -444,6 +500,11 @@ class Precomputed:
     @property
     def mode(self) -> Mode:
         return Mode(self.meta.get("mode", Mode.LAYERS.value))
+
+    @property
+    def hops(self) -> int:
+        """The receptive field the rows were built with (meta.json's ``hops``)."""
+        return int(self.meta["hops"])
 
 
 def open_archive_precomputed(
@@ -496,10 +557,15 @@ def open_precomputed(
         name: open_recorded_array(path / name, files[name], _REBUILD, verify_checksum)
         for name in files
     }
-    n = store.num_nodes
+    rows, n = stored_rows(store), store.num_nodes
     for name in names:
-        if arrays[name].ndim != 2 or arrays[name].shape[0] != n:
-            raise StoreError(f"{path / name}: not one row per node of the graph; {_REBUILD}")
+        if arrays[name].ndim != 2 or arrays[name].shape[0] != rows:
+            raise StoreError(
+                f"{path / name}: not one row per {store.schema.target} node of the graph; "
+                f"{_REBUILD}"
+            )
+    if not isinstance(meta.get("hops"), int) or meta["hops"] < 1:
+        raise StoreError(f"{meta_path}: hops must be a whole number >= 1; {_REBUILD}")
     if arrays["out_indptr.npy"].shape != (n + 1,) or arrays["out_indices.npy"].shape != (
         store.num_edges,
     ):

@@ -12,7 +12,9 @@ from graph_assets import GraphStore, open_store, write_store
 from graph_assets.synthetic_typed import fraud_graph
 from graph_assets.typed_input import RawRelation, TypedGraph
 from model import ModelConfig, build_model
+from model.served_hetero import UserHeteroModel
 from model.typed_graph import hetero_section
+from tests.unit.archive_build import user_models
 
 
 def with_reverses(graph: TypedGraph) -> TypedGraph:
@@ -51,3 +53,17 @@ def node_recipe(store: GraphStore, arch: str, hidden: int = 16) -> torch.nn.Modu
             if isinstance(getattr(sub, "lin_edge", None), torch.nn.Module):
                 sub.lin_edge.weight.mul_(1e-3)
     return model
+
+
+def hetero_conv_model(store: GraphStore) -> UserHeteroModel:
+    """The user's seeded HeteroConv stack (tests' ``FraudHeteroConv``: GATConv on payments
+    reading their amounts, SAGEConv on device use, learned device embeddings) as a worker
+    loads it, embedding named; its edge-feature maps scaled down as ``node_recipe``'s are."""
+    torch.manual_seed(0)
+    devices = store.schema.node_type("device").num_nodes
+    module = user_models.FraudHeteroConv(devices=devices, hidden=8, classes=2, edge_dim=2)
+    with torch.no_grad():
+        for sub in module.modules():
+            if isinstance(getattr(sub, "lin_edge", None), torch.nn.Module):
+                sub.lin_edge.weight.mul_(1e-3)
+    return UserHeteroModel(module, store.schema.target, embedding="head").eval()

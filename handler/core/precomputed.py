@@ -22,6 +22,12 @@ reached when a node within ``r`` hops upstream was reached in the array below, o
   with degrees). A marked output is recomputed by the model's own forward on the node's whole
   in-neighbourhood at the current version (``model.in_closure``), the rule the build used.
 
+Rows are kept for the nodes of the graph's target type (``model.precompute.stored_rows``): on
+a graph of several node types, "downstream" follows out-edges of every relation, through nodes
+of any type, and the rows marked are the target nodes it reaches (nodes of that type an update
+added included); a typed model runs on each in-neighbourhood split by type
+(``model.in_closure.typed_closure_forward``).
+
 A marked row is recomputed before anything reads it: a read recomputes the marked rows it needs
 (and, first, the marked rows those need), and the live graph's follower recomputes the rest in
 the background, a bounded number of rows at a time, between batches. So no answer ever reads a
@@ -52,6 +58,7 @@ from model.in_closure import (
     closure_chunks,
     closure_forward,
     in_closure,
+    typed_closure_forward,
 )
 from model.precompute import (
     CHUNK_EDGES,
@@ -62,6 +69,7 @@ from model.precompute import (
     layer_rows,
 )
 from model.served import serving_needs
+from model.served_hetero import HeteroNodeModel
 from model.user_model import EdgeInput
 
 # Marked rows the follower recomputes per step between batches (a few ms of holding the graph).
@@ -95,6 +103,7 @@ class PrecomputedRows:
         self.store = store
         self.overlay = overlay
         self.num_layers = precomputed.num_layers
+        self._target = store.schema.type_index(store.schema.target)  # the type rows are kept for
         # How far one array's change reaches in the next (module docstring).
         self.reach = 1 if self.plan.mode is Mode.LAYERS else self.plan.hops
         self.changed: list[dict[int, np.ndarray]] = [{} for _ in range(self.num_layers)]
@@ -216,7 +225,12 @@ class PrecomputedRows:
         new_edge_rows: np.ndarray | None = None,
         with_embedding: bool = False,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The model on ``closure`` (its features and edge features gathered)."""
+        """The model on ``closure`` (its features and edge features gathered; a typed model's
+        per type and relation)."""
+        if isinstance(self.model, HeteroNodeModel):
+            return typed_closure_forward(
+                self.model, closure, self.store.schema, self.view, with_embedding
+            )
         nodes = closure.nodes
         known = nodes >= 0
         x = np.empty((len(nodes), self.store.feature_dim), dtype=np.float32)
@@ -268,6 +282,7 @@ class PrecomputedRows:
         for layer in range(1, self.num_layers + 1):
             dirty = np.union1d(self.downstream(reached, self.reach), structural)
             dirty = dirty[~np.isin(dirty, removed)]
+            dirty = dirty[self.view.types_of(dirty) == self._target]
             self.pending[layer - 1].update(dirty.tolist())
             self.stats.marked += int(dirty.size)
             reached = dirty

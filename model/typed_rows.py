@@ -1,0 +1,75 @@
+"""A subgraph of a graph of several node types, in the graph's global index space, as a
+heterogeneous model reads it: the one rule for a sampled ego-graph (``handler.core.typed_ego``)
+and for a node's whole in-neighbourhood (``model.in_closure``, which precomputed rows are built
+and refreshed with), so both gather and split alike.
+
+A row's type is the type whose range holds its node (a boundary row ``-1 - t`` is of type
+``t``), an edge's relation the one its edge ID has; :func:`typed_rows` splits rows and edges by
+type (``model.typed_batch``), gathers each type's features and each relation's edge features
+through the graph view (the stored graph or its live overlay) and runs the model on the seeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from graph_assets.graph_view import GraphView
+from graph_assets.schema import GraphSchema
+from model.served_hetero import HeteroNodeModel, answer_seeds
+from model.typed_batch import TypedLayout
+
+
+def typed_rows(
+    schema: GraphSchema,
+    view: GraphView,
+    model: HeteroNodeModel,
+    node: np.ndarray,
+    edge_index: Tensor,
+    edge_ids: np.ndarray,
+    num_seeds: int,
+    device: torch.device,
+    embedding: bool = False,
+    hops: Sequence[int] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The seeds' output rows (and embeddings with ``embedding``) of ``model`` on the
+    subgraph whose row ``i`` is global node ``node[i]`` (seeds first, of the model's target
+    type) and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID ``edge_ids[k]``;
+    ``hops``, a sampled ego-graph's rows per hop, lets a recipe compute each layer for the rows
+    that need it only."""
+    row_type = np.where(node >= 0, view.types_of(np.maximum(node, 0)), -1 - node)
+    relation = view.edge_relations(edge_ids)
+    edge_index = edge_index.to(device)
+    layout = TypedLayout.build(
+        torch.from_numpy(row_type).to(device),
+        edge_index,
+        torch.from_numpy(relation).to(device),
+        tuple(schema.node_type_names),
+        tuple(r.edge_type.triple for r in schema.relations),
+    )
+    features, n_id = {}, {}
+    for node_type in schema.node_types:
+        rows = layout.rows[node_type.name].cpu().numpy()
+        nodes = node[rows]
+        real = nodes >= 0
+        x = np.zeros((len(rows), node_type.feature_dim), dtype=np.float32)
+        if real.any() and node_type.feature_dim:
+            x[real] = view.feature_rows(nodes[real])
+        features[node_type.name] = torch.from_numpy(x).to(device)
+        # A node an update added has no stored index within its type (its type has features:
+        # graph_assets.operations refuses to add nodes of a featureless type).
+        stored = real & (nodes < node_type.stop)
+        local = np.where(stored, nodes - node_type.offset, -1)
+        n_id[node_type.name] = torch.from_numpy(local).to(device)
+    edge_features = {}
+    for relation_meta in schema.relations:
+        if not relation_meta.edge_feature_dim:
+            continue
+        triple = relation_meta.edge_type.triple
+        ids = edge_ids[layout.edges[triple].cpu().numpy()]
+        edge_features[triple] = torch.from_numpy(view.edge_feature_rows(ids)).to(device)
+    levels = None if hops is None else (hops, edge_index)
+    return answer_seeds(model, layout, features, n_id, edge_features, num_seeds, embedding, levels)

@@ -1,0 +1,44 @@
+"""The build's check of a precomputed archive of a graph of several node types
+(archive_build.verify): its stored user rows are what it answers from, compared with the
+model's forward on the whole typed graph; rows that are not are refused as a bug."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from archive_build import verify as verification
+from graph_assets import GraphStore
+from handler.settings import ServingSettings
+from model import __main__ as model_cli
+from model.precompute import open_precomputed
+from tests.typed_graphs import fraud_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    return fraud_store(tmp_path_factory.mktemp("verify_typed") / "store", 80, 15, 30, 250, 6)
+
+
+def test_stored_rows_are_verified_and_wrong_ones_refused(
+    store: GraphStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model_dir, rows = tmp_path / "model", tmp_path / "precomputed"
+    train = ["train", "--store", str(store.path), "--arch", "gat", "--out", str(model_dir)]
+    assert model_cli.main([*train, "--epochs", "1", "--hidden-dim", "8", "--quiet"]) == 0
+    argv = ["precompute", "--store", str(store.path), "--model-dir", str(model_dir)]
+    assert model_cli.main([*argv, "--out", str(rows), "--quiet"]) == 0
+    settings = ServingSettings(fanouts=(2, 2))
+    result = verification.verify(model_dir, store, settings, 1e-5, precomputed_dir=rows)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+
+    def doubled(*opened: Any) -> Any:  # not a shift: softmax ignores those
+        stored = open_precomputed(*opened)
+        return dataclasses.replace(stored, layers=[stored.layers[0] * 2.0])
+
+    monkeypatch.setattr(verification, "open_precomputed", doubled)
+    result = verification.verify(model_dir, store, settings, 1e-5, precomputed_dir=rows)
+    assert not result.passed and "precomputed rows" in result.cause

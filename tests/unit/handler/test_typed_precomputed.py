@@ -1,0 +1,134 @@
+"""Precomputed archives of a graph of several node types (handler.core.precomputed): a seeded
+random stream of typed updates (nodes and edges of several relations added and removed,
+features and edge features set) taken by two workers on one log, then every live user's stored
+answer equals the model's forward on the whole updated graph, on both workers and on a worker
+started after the updates, for every recipe and a user's HeteroConv model; embeddings too; an
+update marks the user rows it reaches over every relation, and only those."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from graph_assets import GraphStore
+from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.settings import ServingSettings
+from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.extras import NodeExtrasEngine
+from model.precompute import open_precomputed, precompute
+from tests.typed_graphs import fraud_store, hetero_conv_model, node_recipe
+from tests.typed_live_reference import materialized_typed, random_typed_update
+
+UPDATES = 60
+HOPS = 2
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    return fraud_store(tmp_path_factory.mktemp("typed_precomputed") / "store", 80, 15, 30, 250, 6)
+
+
+def model_of(store: GraphStore, name: str) -> torch.nn.Module:
+    return hetero_conv_model(store) if name == "own" else node_recipe(store, name, hidden=8)
+
+
+def worker(
+    store: GraphStore, model: torch.nn.Module, rows: Path, log: Path
+) -> tuple[NodeClassificationEngine, LiveGraph]:
+    """A worker of a precomputed archive with sampled fanouts (the stored rows make answers
+    exact); the rows are built in chunks of 64 edges."""
+    if not rows.exists():
+        precompute(model, store, rows, "weights", chunk_edges=64, progress=False, hops=HOPS)
+    live = LiveGraph(store, log)
+    settings = ServingSettings.from_yaml_section({"fanouts": [2, 1]})
+    engine = NodeClassificationEngine.create(
+        store,
+        model,
+        settings,
+        torch.device("cpu"),
+        "1.0",
+        live,
+        precomputed=open_precomputed(rows, store, "weights"),
+    )
+    return engine, live
+
+
+def served(engine: NodeClassificationEngine, ids: list, steps: int) -> torch.Tensor:
+    answers = engine.handle(
+        [
+            {"body": {"node_ids": ids[i : i + 20], "node_type": "user"}}
+            for i in range(0, len(ids), 20)
+        ]
+    )
+    assert all(a.status == 200 for a in answers), [a.body for a in answers if a.status != 200]
+    assert all(a.body["graph_version"].endswith(f"+{steps}") for a in answers)
+    return torch.tensor([p["probabilities"] for a in answers for p in a.body["predictions"]])
+
+
+@pytest.mark.parametrize("name", ["sage", "gat", "gcn", "gin", "rgcn", "hgt", "own"])
+def test_exact_after_typed_updates_on_two_workers(store, tmp_path, name):
+    model = model_of(store, name)
+    log = tmp_path / "updates.log"
+    first, live = worker(store, model, tmp_path / "rows", log)
+    second, second_live = worker(store, model, tmp_path / "rows", log)
+    rng, counter = random.Random(17), [0]
+    for step in range(UPDATES):
+        taker = live if step % 2 else second_live
+        taker.update(UpdateRequest(random_typed_update(rng, taker, counter)))
+        if step % 20 == 19:  # reads between updates refresh the rows they need, not all
+            live.sync()
+            ids, _ = materialized_typed(live)
+            served(first, rng.sample(ids, 10), step + 1)
+    live.sync()
+    ids, inputs = materialized_typed(live)
+    with torch.no_grad():
+        expected = torch.softmax(model(inputs), dim=-1)
+    late, _ = worker(store, model, tmp_path / "rows", log)  # replays the whole log at start
+    for engine in (first, second, late):
+        assert float((served(engine, ids, UPDATES) - expected).abs().max()) <= 1e-5
+    rows = first.ego.precomputed
+    assert rows is not None and rows.stats.rows > 0 and rows.stats.reads_refreshed > 0
+    if name == "own":  # the embedding of the submodule it names, from the updated graph
+        with torch.no_grad():
+            _, embedding = model.forward_with_embedding(inputs)
+        picked = ids[::8]
+        (answer,) = NodeExtrasEngine(first.ego, "1.0").handle(
+            [{"body": {"node_ids": picked, "return_embedding": True}}]
+        )
+        assert answer.status == 200, answer.body
+        got = torch.tensor([p["embedding"] for p in answer.body["predictions"]])
+        want = embedding[[ids.index(i) for i in picked]]
+        assert float((got - want).abs().max()) <= 1e-5
+
+
+def test_an_update_marks_the_user_rows_it_reaches_over_every_relation(store, tmp_path):
+    """A merchant's features reach, within two hops downstream, the users that pay it (over
+    merchant__rev_pays__user) and then merchants and devices only: exactly those users' rows
+    are marked, and the next read recomputes them."""
+    model = model_of(store, "sage")
+    engine, live = worker(store, model, tmp_path / "rows", tmp_path / "updates.log")
+    merchant = store.schema.node_type("merchant")
+    node = merchant.offset + int(
+        np.argmax(np.asarray(store.in_degree[merchant.offset : merchant.stop]))
+    )
+    payers = np.unique(live.overlay._out_neighbours(node))
+    assert len(payers) > 1 and (store.types_of(payers) == 0).all()
+    [merchant_id] = store.external_ids(np.array([node]))
+    x = [0.5] * merchant.feature_dim
+    live.update(
+        UpdateRequest(
+            [{"type": "set_features", "id": merchant_id, "node_type": "merchant", "x": x}]
+        )
+    )
+    rows = engine.ego.precomputed
+    assert rows is not None
+    assert rows.pending[0] == set(payers.tolist())
+    ids, inputs = materialized_typed(live)
+    with torch.no_grad():
+        expected = torch.softmax(model(inputs), dim=-1)
+    assert float((served(engine, ids, 1) - expected).abs().max()) <= 1e-5
+    assert rows.pending_rows == 0 and rows.stats.rows == len(payers)
