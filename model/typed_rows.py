@@ -6,46 +6,65 @@ and refreshed with), so both gather and split alike.
 A row's type is the type whose range holds its node (a boundary row ``-1 - t`` is of type
 ``t``), an edge's relation the one its edge ID has; :func:`typed_rows` splits rows and edges by
 type (``model.typed_batch``), gathers each type's features and each relation's edge features
-through the graph view (the stored graph or its live overlay) and runs the model on the seeds.
+through the graph view (the stored graph or its live overlay) and runs the model on the seeds;
+:func:`gather_typed` is that gathering alone, for explanations, which differentiate through it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch import Tensor
+from torch_geometric.typing import EdgeType
 
 from graph_assets.graph_view import GraphView
 from graph_assets.schema import GraphSchema
 from model.served_hetero import HeteroNodeModel, answer_seeds
-from model.typed_batch import TypedLayout
+from model.typed_batch import HeteroInput, TypedLayout
 
 
-def typed_rows(
+@dataclass(frozen=True)
+class TypedSubgraph:
+    """A subgraph's per-type tensors, as :func:`gather_typed` reads them.
+
+    Attributes:
+        layout: where each row and edge goes in the per-type dicts.
+        row_type: ``[n]`` each row's node type index; ``edge_relation``: ``[E]`` each edge's
+            relation index (schema order).
+        features, n_id, edge_features: as :meth:`TypedLayout.inputs` takes them.
+    """
+
+    layout: TypedLayout
+    row_type: np.ndarray
+    edge_relation: np.ndarray
+    features: dict[str, Tensor]
+    n_id: dict[str, Tensor]
+    edge_features: dict[EdgeType, Tensor]
+
+    def inputs(self) -> HeteroInput:
+        """The model's input on the whole subgraph (every layer computes every row)."""
+        return self.layout.inputs(self.features, self.n_id, self.edge_features)
+
+
+def gather_typed(
     schema: GraphSchema,
     view: GraphView,
-    model: HeteroNodeModel,
     node: np.ndarray,
     edge_index: Tensor,
     edge_ids: np.ndarray,
-    num_seeds: int,
     device: torch.device,
-    embedding: bool = False,
-    hops: Sequence[int] | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """The seeds' output rows (and embeddings with ``embedding``) of ``model`` on the
-    subgraph whose row ``i`` is global node ``node[i]`` (seeds first, of the model's target
-    type) and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID ``edge_ids[k]``;
-    ``hops``, a sampled ego-graph's rows per hop, lets a recipe compute each layer for the rows
-    that need it only."""
+) -> TypedSubgraph:
+    """The per-type tensors on ``device`` of the subgraph whose row ``i`` is global node
+    ``node[i]`` and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID
+    ``edge_ids[k]``, read through ``view``."""
     row_type = np.where(node >= 0, view.types_of(np.maximum(node, 0)), -1 - node)
     relation = view.edge_relations(edge_ids)
-    edge_index = edge_index.to(device)
     layout = TypedLayout.build(
         torch.from_numpy(row_type).to(device),
-        edge_index,
+        edge_index.to(device),
         torch.from_numpy(relation).to(device),
         tuple(schema.node_type_names),
         tuple(r.edge_type.triple for r in schema.relations),
@@ -71,5 +90,36 @@ def typed_rows(
         triple = relation_meta.edge_type.triple
         ids = edge_ids[layout.edges[triple].cpu().numpy()]
         edge_features[triple] = torch.from_numpy(view.edge_feature_rows(ids)).to(device)
+    return TypedSubgraph(layout, row_type, relation, features, n_id, edge_features)
+
+
+def typed_rows(
+    schema: GraphSchema,
+    view: GraphView,
+    model: HeteroNodeModel,
+    node: np.ndarray,
+    edge_index: Tensor,
+    edge_ids: np.ndarray,
+    num_seeds: int,
+    device: torch.device,
+    embedding: bool = False,
+    hops: Sequence[int] | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The seeds' output rows (and embeddings with ``embedding``) of ``model`` on the
+    subgraph whose row ``i`` is global node ``node[i]`` (seeds first, of the model's target
+    type) and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID ``edge_ids[k]``;
+    ``hops``, a sampled ego-graph's rows per hop, lets a recipe compute each layer for the rows
+    that need it only."""
+    edge_index = edge_index.to(device)
+    typed = gather_typed(schema, view, node, edge_index, edge_ids, device)
     levels = None if hops is None else (hops, edge_index)
-    return answer_seeds(model, layout, features, n_id, edge_features, num_seeds, embedding, levels)
+    return answer_seeds(
+        model,
+        typed.layout,
+        typed.features,
+        typed.n_id,
+        typed.edge_features,
+        num_seeds,
+        embedding,
+        levels,
+    )
