@@ -22,7 +22,9 @@ What is explained: node archives the predicted class's logit of ``{"node_id": a}
 archives the pair's logit of ``{"src": a, "dst": b}``; graph archives the predicted class's
 logit of ``{"graph": ...}``. Attributions are summed per node over its features (and over its
 copies at different hops), per edge over its copies, and per feature over all nodes; the
-``explain_top_k`` largest in absolute value are listed.
+``explain_top_k`` largest in absolute value are listed. On a graph of several node types or
+relations (``handler.core.typed_explain``) the listing names each node's type, each edge's
+relation and each feature's node type (:class:`Naming`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import importlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -106,12 +109,8 @@ def integrated_gradients(
     """
     if model.training:
         raise ValueError("explain a model in eval mode (the explainer restores its mode)")
-    # Captum is imported by a worker's first explanation, not at its start (0.3 s of every
-    # server start here), and before the probe, which must time one step alone.
-    importlib.import_module("captum.attr")
-    start = time.perf_counter()
 
-    def run(n_steps: int) -> Any:
+    def run(n_steps: int) -> tuple[torch.Tensor, torch.Tensor]:
         explainer = Explainer(
             model,
             algorithm=CaptumExplainer(METHOD, n_steps=n_steps),
@@ -120,21 +119,68 @@ def integrated_gradients(
             edge_mask_type="object",
             model_config={"mode": mode, "task_level": level, "return_type": "raw"},
         )
-        return explainer(x, edge_index, index=0, **kwargs)
+        explanation = explainer(x, edge_index, index=0, **kwargs)
+        return explanation.node_mask, explanation.edge_mask
 
-    explanation = run(1)  # the probe: one step, timed on this very input
+    return within_budget(run, steps, budget_s)
+
+
+def within_budget(
+    run: Callable[[int], tuple[torch.Tensor, torch.Tensor]], steps: int, budget_s: float
+) -> Attribution:
+    """``run(n)`` (IG with ``n`` steps: ``(node_mask, edge_mask)``) with ``steps`` steps, or as
+    many as one timed step says fit in ``budget_s`` (at least one)."""
+    # Captum is imported by a worker's first explanation, not at its start (0.3 s of every
+    # server start here), and before the probe, which must time one step alone.
+    importlib.import_module("captum.attr")
+    start = time.perf_counter()
+    node_mask, edge_mask = run(1)  # the probe: one step, timed on this very input
     probe = time.perf_counter() - start
     affordable = math.floor((budget_s - probe) / max(probe, 1e-6))
     used = max(1, min(steps, affordable))
     if used > 1:
-        explanation = run(used)
+        node_mask, edge_mask = run(used)
     return Attribution(
-        node_mask=explanation.node_mask.detach().cpu(),
-        edge_mask=explanation.edge_mask.detach().cpu(),
+        node_mask=node_mask.detach().cpu(),
+        edge_mask=edge_mask.detach().cpu(),
         steps=used,
         budget_limited=used < steps,
         seconds=time.perf_counter() - start,
     )
+
+
+@dataclass(frozen=True)
+class Naming:
+    """What an explanation on a graph of several node types or relations names: each listed
+    node's type, each edge's relation and each feature's node type.
+
+    Attributes:
+        node_types, relations: the graph's names, in schema order.
+        row_type: ``[n]`` each row's node type index.
+        edge_relation: ``[E]`` each edge's relation index.
+        column_type: ``[C]`` the node type of each column of the node mask (the types'
+            features side by side).
+        column_feature: ``[C]`` each column's feature index within its type.
+    """
+
+    node_types: tuple[str, ...]
+    relations: tuple[str, ...]
+    row_type: np.ndarray
+    edge_relation: np.ndarray
+    column_type: np.ndarray
+    column_feature: np.ndarray
+
+    def node(self, row: int) -> dict[str, str]:
+        return {"node_type": self.node_types[self.row_type[row]]}
+
+    def edge(self, relation: int) -> dict[str, str]:
+        return {"edge_type": self.relations[relation]}
+
+    def feature(self, column: int) -> dict[str, Any]:
+        return {
+            "node_type": self.node_types[self.column_type[column]],
+            "feature": int(self.column_feature[column]),
+        }
 
 
 def summarize(
@@ -143,6 +189,7 @@ def summarize(
     edge_index: torch.Tensor,
     row_node: np.ndarray,
     top_k: int,
+    naming: Naming | None = None,
 ) -> dict[str, Any]:
     """The listed part of an explanation: top nodes, edges and features by |attribution|.
 
@@ -150,45 +197,62 @@ def summarize(
     number of an inline graph); ``node_ids`` gives the ID shown for each key ``>= 0``, in key
     order. A row keyed ``-1`` (the zero-feature boundary row an ego-graph carries for a model
     that normalises by its sources' degrees) and its edges feed no answer and are not listed.
+    With ``naming`` (a graph of several types) nodes carry their ``node_type``, edges their
+    ``edge_type`` (parallel edges of two relations are two entries) and features their
+    ``node_type`` and index within it.
     """
     inside = row_node >= 0
-    per_row = attribution.node_mask[torch.from_numpy(inside)].sum(dim=1).double().numpy()
-    keys, inverse = np.unique(row_node[inside], return_inverse=True)
+    masked = attribution.node_mask[torch.from_numpy(inside)]
+    per_row = masked.sum(dim=1).double().numpy()
+    keys, first, inverse = np.unique(row_node[inside], return_index=True, return_inverse=True)
     per_node = np.bincount(inverse, weights=per_row, minlength=keys.size)
     shown = dict(zip(keys.tolist(), node_ids, strict=True))
     src = row_node[edge_index[0].cpu().numpy()]
     dst = row_node[edge_index[1].cpu().numpy()]
+    relation = np.zeros_like(src) if naming is None else naming.edge_relation
     between = (src >= 0) & (dst >= 0)
-    pairs, pair_inverse = np.unique(
-        np.stack([src, dst], axis=1)[between], axis=0, return_inverse=True
+    triples, triple_inverse = np.unique(
+        np.stack([src, dst, relation], axis=1)[between], axis=0, return_inverse=True
     )
     per_edge = np.bincount(
-        pair_inverse.ravel(),
+        triple_inverse.ravel(),
         weights=attribution.edge_mask.double().numpy()[between],
-        minlength=len(pairs),
+        minlength=len(triples),
     )
-    per_feature = attribution.node_mask[torch.from_numpy(inside)].sum(dim=0).double().numpy()
+    per_feature = masked.sum(dim=0).double().numpy()
+    rows = np.flatnonzero(inside)[first]  # a row of each node
+    nodes = [
+        {
+            "node_id": shown[int(keys[i])],
+            **(naming.node(int(rows[i])) if naming else {}),
+            "attribution": float(per_node[i]),
+        }
+        for i in _top(per_node, top_k)
+    ]
+    edges = [
+        {
+            **(naming.edge(int(triples[i][2])) if naming else {}),
+            "src": shown[int(triples[i][0])],
+            "dst": shown[int(triples[i][1])],
+            "attribution": float(per_edge[i]),
+        }
+        for i in _top(per_edge, top_k)
+    ]
+    features = [
+        {
+            **(naming.feature(i) if naming else {"feature": i}),
+            "attribution": float(per_feature[i]),
+        }
+        for i in _top(per_feature, top_k)
+    ]
     return {
         "method": METHOD,
         "steps": attribution.steps,
         "budget_limited": attribution.budget_limited,
         "seconds": round(attribution.seconds, 4),
-        "nodes": [
-            {"node_id": shown[int(keys[i])], "attribution": float(per_node[i])}
-            for i in _top(per_node, top_k)
-        ],
-        "edges": [
-            {
-                "src": shown[int(pairs[i][0])],
-                "dst": shown[int(pairs[i][1])],
-                "attribution": float(per_edge[i]),
-            }
-            for i in _top(per_edge, top_k)
-        ],
-        "features": [
-            {"feature": int(i), "attribution": float(per_feature[i])}
-            for i in _top(per_feature, top_k)
-        ],
+        "nodes": nodes,
+        "edges": edges,
+        "features": features,
     }
 
 
