@@ -149,10 +149,13 @@ class EgoGraphs:
         with torch.inference_mode():
             return seeds, self.sampler.sample(seeds)
 
-    def gather(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and full-graph in-degrees of global node indices ``rows``, on the device; a
-        boundary row (``-1``) gets zeros."""
-        view, nodes = self.view(), rows.cpu().numpy()
+    def gather(
+        self, rows: torch.Tensor, view: GraphView | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and full-graph in-degrees of global node indices ``rows`` in ``view``
+        (default: the current graph version), on the device; a boundary row (``-1``) gets
+        zeros."""
+        view, nodes = self.view() if view is None else view, rows.cpu().numpy()
         boundary = nodes < 0
         if boundary.any():
             present = np.where(boundary, 0, nodes)
@@ -163,12 +166,14 @@ class EgoGraphs:
         x, degree = torch.from_numpy(features), torch.from_numpy(degrees)
         return x.to(self.device, non_blocking=True), degree.to(self.device, non_blocking=True)
 
-    def edge_features(self, edges: torch.Tensor) -> torch.Tensor | None:
-        """Edge features of the sampled edges (by edge ID) when the model reads them, else
-        None."""
+    def edge_features(
+        self, edges: torch.Tensor, view: GraphView | None = None
+    ) -> torch.Tensor | None:
+        """Edge features of the sampled edges (by edge ID in ``view``, default the current
+        graph version) when the model reads them, else None."""
         if serving_needs(self.model).edge_input is EdgeInput.NONE:
             return None
-        rows = self.view().edge_feature_rows(edges.cpu().numpy())
+        rows = (self.view() if view is None else view).edge_feature_rows(edges.cpu().numpy())
         return torch.from_numpy(rows).to(self.device, non_blocking=True)
 
     def external_ids(self, nodes: np.ndarray) -> list[Any]:

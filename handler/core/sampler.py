@@ -241,9 +241,12 @@ class NeighbourSampler:
     def num_hops(self) -> int:
         return len(self.fanouts)
 
-    def with_fanouts(self, fanouts: Sequence[int]) -> NeighbourSampler:
+    def with_fanouts(
+        self, fanouts: Sequence[int], relations: RelationSegments | None = None
+    ) -> NeighbourSampler:
         """A sampler of the same graph, seed, limits and live updates with other fanouts (cold
-        start samples one hop at a time), sharing this one's arrays; without a boundary."""
+        start samples one hop at a time), sharing this one's arrays; without a boundary. On a
+        graph of several relations, ``relations`` holds each one's fanouts (default: these)."""
         return NeighbourSampler(
             self.indptr,
             self.indices,
@@ -254,7 +257,7 @@ class NeighbourSampler:
             max_edges=self.max_edges,
             overlay=self.overlay,
             ops=self.ops,
-            relations=self.relations,
+            relations=self.relations if relations is None else relations,
         )
 
     def sample(self, seeds: torch.Tensor) -> SampledSubgraph:

@@ -2,24 +2,19 @@
 
 ``{"node_id": a, "return_embedding": true}`` (or ``node_ids``) is answered like a prediction,
 from the same ego-graph (the node engine's sampler), plus the node's embedding
-(``model.embedding``). ``{"new_node": {"x": [...], "neighbors": [...]}}`` scores a node that is
+(``model.embedding``). ``{"new_node": {"x": [...], "neighbors": ...}}`` scores a node that is
 not in the graph as the full-graph forward would on a copy of the graph with that node and its
-edges added; the stored graph is never changed.
+edges added; the stored graph is never changed. Which edges a neighbour brings, and how the
+new node's ego-graph is sampled on the augmented graph (exact with fanout ``-1`` at every hop,
+GCN's degree changes included), is ``handler.tasks.node.cold_start``'s; the answer is then the
+model's forward on that ego-graph read through the augmented graph's view, the one path of a
+graph of one type and of several (``tests/unit/handler/test_node_extras.py`` and
+``test_typed_cold_start.py`` check it for every architecture, recipe and direction).
 
-Cold start, exactly: call the new node ``v``. ``direction`` ``in`` adds ``u -> v``, ``out`` adds
-``v -> u`` and ``both`` (default) adds both, for every listed neighbour ``u``. The ego-graph is
-then sampled on that augmented graph: ``v``'s in-neighbours are its senders (all of them, not
-sampled), every existing node ``u`` that receives from ``v`` gets ``v`` as an extra in-neighbour
-(its stored in-neighbours are sampled as usual), and ``v`` may reappear at deeper hops. GCN's
-normalisation uses the augmented in-degrees: ``deg(v)`` = number of senders, and each receiver's
-stored in-degree + 1. With fanout ``-1`` at every hop the answer equals the full-graph forward
-on the augmented graph (``tests/unit/handler/test_node_extras.py`` checks it for every
-architecture and direction).
-
-Edge features: the request's ``edge_attr`` row ``i`` gives the features of the new node's edges
-with ``neighbors[i]`` (both of them with ``both``); every other edge of the ego-graph carries its
-stored row, read by the edge ID the sampler reports. A model that reads edge features needs
-``edge_attr`` whenever the node has neighbours.
+Edge features: the request's ``edge_attr`` rows give the features of the new node's edges (each
+edge a neighbour brings carries its row); every other edge of the ego-graph carries its stored
+row, read by the edge ID the sampler reports. A model that reads edge features needs
+``edge_attr`` for each relation with edge features that lists neighbours.
 """
 
 from __future__ import annotations
@@ -31,162 +26,45 @@ import numpy as np
 import torch
 
 from graph_assets.errors import SubgraphTooLarge
-from handler.core.arrays import TorchOps
+from graph_assets.graph_view import GraphView
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.sampler import (
-    ALL_NEIGHBOURS,
-    NeighbourSampler,
-    SampledSubgraph,
-    self_loops_in_place,
-)
+from handler.core.sampler import SampledSubgraph
 from handler.core.typed_ego import typed_answer
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import api_error
 from handler.protocol.errors import ApiError, BadRequest
-from handler.tasks.node.new_node_rows import NEW_NODE, new_node_ego, new_node_rows
+from handler.tasks.node.cold_start import (
+    ColdStartView,
+    NewEdges,
+    new_edges,
+    one_hop_samplers,
+    sample_with_new_node,
+)
+from handler.tasks.node.new_node_rows import new_node_ego, new_node_rows
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
 from model.embedding import forward_with_embedding
 from model.served import answer_rows, serving_needs
 from model.served_hetero import HeteroNodeModel
 from model.user_model import EdgeInput
 
-BOUNDARY = -2  # the zero-feature row a boundary hop's edges come from (``gather`` zeros it)
-
 
 @dataclass(frozen=True)
 class Resolved:
-    """A parsed request with its existing node IDs mapped to internal indices."""
+    """A parsed request with its existing node IDs mapped to internal indices: the requested
+    nodes, or a new node's edges."""
 
     request: EmbeddingRequest | NewNodeRequest
     nodes: np.ndarray
+    edges: NewEdges | None = None
 
 
 @dataclass(frozen=True)
-class ColdStartSubgraph:
-    """The ego-graph of a new node on the augmented graph.
+class ColdStart:
+    """A new node's ego-graph and the augmented graph it was sampled on."""
 
-    Attributes:
-        node: global index of each row, ``NEW_NODE`` for the new node's rows, ``BOUNDARY``
-            for a boundary row; row 0 is the new node as the seed.
-        edge_index: ``[2, E]`` local rows, message direction.
-        senders: existing nodes with an edge to the new node (its in-degree is their number).
-        receivers: existing nodes with an edge from the new node (their in-degree grows by 1).
-        edge: ``[E]`` the graph's edge ID of each stored edge, ``-1`` for the new node's own.
-        new_edge: ``[E]`` for each of the new node's edges, the position of its other end in
-            ``senders`` or ``receivers`` (both sorted; when both are given they list the same
-            nodes); ``-1`` for a stored edge.
-    """
-
-    node: torch.Tensor
-    edge_index: torch.Tensor
-    senders: torch.Tensor
-    receivers: torch.Tensor
-    edge: torch.Tensor
-    new_edge: torch.Tensor
-
-    @property
-    def num_nodes(self) -> int:
-        return int(self.node.numel())
-
-    @property
-    def num_edges(self) -> int:
-        return int(self.edge_index.shape[1])
-
-
-def one_hop_samplers(ego: EgoGraphs) -> list[NeighbourSampler]:
-    """One single-hop sampler per configured fanout, on the node engine's arrays, then one
-    taking every in-edge when the model needs the deepest hop's degrees (its boundary)."""
-    fanouts = list(ego.settings.fanouts)
-    if serving_needs(ego.model).boundary_degrees:
-        fanouts.append(ALL_NEIGHBOURS)
-    return [ego.sampler.with_fanouts([fanout]) for fanout in fanouts]
-
-
-def sample_with_new_node(
-    samplers: list[NeighbourSampler],
-    senders: torch.Tensor,
-    receivers: torch.Tensor,
-    max_nodes: int,
-    max_edges: int,
-    boundary: bool = False,
-) -> ColdStartSubgraph:
-    """Samples the new node's ego-graph (module docstring); ``senders`` send to it,
-    ``receivers`` receive from it (global indices, unique, ascending). With ``boundary`` the
-    last sampler's hop (every in-edge) comes from one zero-feature row, ``BOUNDARY``, as the
-    node sampler's boundary does: the deepest hop's rows get their augmented in-degrees."""
-    device = samplers[0].indptr.device
-    senders, receivers = senders.to(device), receivers.to(device)
-    levels = [torch.tensor([NEW_NODE], device=device)]
-    src_parts, dst_parts, edge_parts, new_edge_parts = [], [], [], []
-    offset, total_nodes, total_edges = 0, 1, 0
-    for hop, sampler in enumerate(samplers):
-        frontier = levels[-1]
-        hop_rows, hop_neighbours, edges, new_edges = _hop_with_new_node(
-            sampler, frontier, senders, receivers
-        )
-        edge_parts.append(edges)
-        new_edge_parts.append(new_edges)
-        next_offset = offset + int(frontier.numel())
-        if boundary and hop == len(samplers) - 1:
-            next_level = torch.tensor([BOUNDARY], device=device)
-            sources = torch.full_like(hop_rows, next_offset)
-        else:
-            next_level, inverse = torch.unique(hop_neighbours, return_inverse=True)
-            sources = next_offset + inverse
-        src_parts.append(
-            self_loops_in_place(
-                frontier, hop_rows, hop_neighbours, offset, sources, TorchOps(device)
-            )
-        )
-        dst_parts.append(offset + hop_rows)
-        total_nodes += int(next_level.numel())
-        total_edges += int(hop_neighbours.numel())
-        if total_nodes > max_nodes or total_edges > max_edges:
-            raise SubgraphTooLarge(total_nodes, total_edges, max_nodes, max_edges)
-        levels.append(next_level)
-        offset = next_offset
-    return ColdStartSubgraph(
-        node=torch.cat(levels),
-        edge_index=torch.stack([torch.cat(src_parts), torch.cat(dst_parts)]),
-        senders=senders,
-        receivers=receivers,
-        edge=torch.cat(edge_parts),
-        new_edge=torch.cat(new_edge_parts),
-    )
-
-
-def _hop_with_new_node(
-    sampler: NeighbourSampler,
-    frontier: torch.Tensor,
-    senders: torch.Tensor,
-    receivers: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One hop on the augmented graph: for each in-edge of ``frontier``, its frontier row, its
-    source node, its stored edge ID (``-1`` for the new node's) and its position in ``senders``
-    or ``receivers`` (``-1`` for a stored edge)."""
-    device = frontier.device
-    is_new = frontier == NEW_NODE
-    existing = torch.nonzero(~is_new).flatten()
-    empty = torch.empty(0, dtype=torch.int64, device=device)
-    rows, neighbours, edges, new_edges = [empty], [empty], [empty], [empty]
-    if existing.numel():
-        sub = sampler.sample(frontier[existing])
-        rows.append(existing[sub.edge_index[1]])
-        neighbours.append(sub.node[sub.edge_index[0]])
-        edges.append(sub.edge.to(device))
-        new_edges.append(torch.full_like(rows[-1], -1))
-        receiving = existing[torch.isin(frontier[existing], receivers)]
-        rows.append(receiving)
-        neighbours.append(torch.full_like(receiving, NEW_NODE))
-        edges.append(torch.full_like(receiving, -1))
-        new_edges.append(torch.searchsorted(receivers, frontier[receiving]))
-    for row in torch.nonzero(is_new).flatten().tolist():
-        rows.append(torch.full_like(senders, row))
-        neighbours.append(senders)
-        edges.append(torch.full_like(senders, -1))
-        new_edges.append(torch.arange(senders.numel(), device=device))
-    return torch.cat(rows), torch.cat(neighbours), torch.cat(edges), torch.cat(new_edges)
+    view: ColdStartView
+    sub: SampledSubgraph
 
 
 @dataclass(frozen=True)
@@ -204,20 +82,15 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         self.ego = ego
         self.device = ego.device
         self.model_version = model_version
-        self.samplers = one_hop_samplers(ego)
+        self.samplers = one_hop_samplers(ego.sampler, serving_needs(ego.model).boundary_degrees)
         self.output = serving_needs(ego.model).output
 
     def refresh(self) -> None:
         self.ego.sync()
 
     def parse(self, item: Any) -> Resolved:
-        settings, store = self.ego.settings, self.ego.store
-        request = parse_node_extra(
-            item,
-            store.feature_dim,
-            settings.max_ids_per_request,
-            store.edge_feature_dim if store.schema.is_homogeneous else 0,
-        )
+        settings, schema = self.ego.settings, self.ego.store.schema
+        request = parse_node_extra(item, schema, settings.max_ids_per_request)
         if isinstance(request, EmbeddingRequest):
             self.ego.check_node_type(request.node_type)
             model = plain_module(self.ego.model)
@@ -229,18 +102,25 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
                     "node's embedding)"
                 )
             return Resolved(request, self.ego.lookup(list(request.node_ids)))
-        if not store.schema.is_homogeneous:
+        if self.ego.precomputed is not None and not schema.is_homogeneous:
             raise BadRequest(
-                "new_node is not available yet on a graph of several node types or relations"
+                "new_node is not available yet on a precomputed archive of a graph of several "
+                "node types or relations; build the archive without --precompute to score new "
+                "nodes"
             )
-        reads_edges = serving_needs(self.ego.model).edge_input is not EdgeInput.NONE
-        if reads_edges and request.neighbors and request.edge_attr is None:
-            names = ", ".join(store.edge_feature_names)
-            raise BadRequest(
-                "this archive's model reads edge features: send new_node.edge_attr, one row of "
-                f"{store.edge_feature_dim} numbers ({names}) per entry of new_node.neighbors"
-            )
-        return Resolved(request, self.ego.lookup(list(request.neighbors)))
+        if serving_needs(self.ego.model).edge_input is not EdgeInput.NONE:
+            for name, ids in request.neighbors.items():
+                relation = schema.relations[schema.relation_index(name)]
+                if ids and relation.edge_feature_dim and name not in request.edge_attr:
+                    where = "" if len(schema.relations) == 1 else f".{name}"
+                    raise BadRequest(
+                        f"this archive's model reads edge features: send new_node.edge_attr"
+                        f"{where}, one row of {relation.edge_feature_dim} numbers "
+                        f"({', '.join(relation.edge_feature_names)}) per entry of "
+                        f"new_node.neighbors{where}"
+                    )
+        edges = new_edges(request, schema, self.ego.lookup)
+        return Resolved(request, edges.node, edges)
 
     def plan(self, positions: list[int], outcomes: list[Resolved | ApiError]) -> list[list[int]]:
         """Embedding requests share one ego-graph; each new node gets its own."""
@@ -256,19 +136,21 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             if self.ego.precomputed is not None:
                 return StoredRows(np.unique(nodes))
             return self.ego.sample(nodes)
-        request, neighbours = first.request, torch.from_numpy(np.unique(first.nodes))
         if self.ego.precomputed is not None:  # exact for every model (new_node_rows)
-            return StoredRows(neighbours.numpy())
-        none = neighbours[:0]
+            return StoredRows(np.unique(first.nodes))
+        request, edges = first.request, first.edges
+        assert isinstance(request, NewNodeRequest) and edges is not None
+        node_type = self.ego.store.schema.type_index(request.node_type)
+        view = ColdStartView(self.ego.view(), node_type, request.x, edges)
         settings = self.ego.settings
-        return sample_with_new_node(
+        sub = sample_with_new_node(
             self.samplers,
-            senders=neighbours if request.direction in ("in", "both") else none,
-            receivers=neighbours if request.direction in ("out", "both") else none,
+            view,
             max_nodes=settings.max_subgraph_nodes,
             max_edges=settings.max_subgraph_edges,
             boundary=serving_needs(self.ego.model).boundary_degrees,
         )
+        return ColdStart(view, sub)
 
     def run_group(self, group: Group, batch: Batch[Resolved]) -> None:
         if isinstance(group.payload, StoredRows):
@@ -279,102 +161,55 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
                 assert too_large is not None
                 raise too_large from None
             return
-        times, model = batch.times, plain_module(self.ego.model)
-        stop = timed(times, "gather")
-        if isinstance(group.payload, ColdStartSubgraph):
-            sub = group.payload
-            resolved = _resolved(batch.outcomes[group.positions[0]])
-            request = resolved.request
-            assert isinstance(request, NewNodeRequest)
-            existing = sub.node != NEW_NODE
-            stored_rows, stored_degree = self.ego.gather(sub.node[existing])
-            on_device = existing.to(self.device)
-            x = torch.from_numpy(request.x).to(self.device).repeat(sub.num_nodes, 1)
-            x[on_device] = stored_rows
-            # Augmented in-degrees: the new node's is its number of senders; a receiver's grows
-            # by one (GCN's normalisation of its edges changes with it).
-            degree = torch.full((sub.num_nodes,), float(sub.senders.numel()), device=self.device)
-            grown = torch.isin(sub.node[existing], sub.receivers).to(self.device)
-            degree[on_device] = stored_degree.to(degree.dtype) + grown.to(degree.dtype)
-            edge_attr = self._cold_start_edge_features(
-                sub, _given_edge_rows(request, resolved.nodes)
-            )
-            edge_index, num_seeds = sub.edge_index, 1
+        seeds: torch.Tensor | None = None
+        if isinstance(group.payload, ColdStart):
+            view: GraphView = group.payload.view
+            sub = group.payload.sub
         else:
-            seeds, sub = group.payload
-            if isinstance(model, HeteroNodeModel):
-                stop()
-                self._typed_embeddings(model, seeds, sub, group, batch)
-                return
-            x, degree = self.ego.gather(sub.node)
-            edge_attr = self.ego.edge_features(sub.edge)
-            edge_index, num_seeds = sub.edge_index, sub.num_seeds
-        stop()
-        times.sampled_nodes += sub.num_nodes
-        times.sampled_edges += sub.num_edges
-        times.seed_nodes += num_seeds
-        stop = timed(times, "forward")
-        with torch.inference_mode():
-            logits, embedding = forward_with_embedding(
-                model, x, edge_index.to(self.device), degree, edge_attr
-            )
-            probabilities = answer_rows(logits[:num_seeds], self.output).cpu()
-            embedding = embedding[:num_seeds].float().cpu()
-        stop()
-        for position in group.positions:
-            rows = (
-                [0]
-                if isinstance(group.payload, ColdStartSubgraph)
-                else seed_rows(seeds, _resolved(batch.outcomes[position]).nodes)
-            )
-            batch.results[position] = (probabilities[rows], embedding[rows])
-
-    def _typed_embeddings(
-        self,
-        model: HeteroNodeModel,
-        seeds: torch.Tensor,
-        sub: SampledSubgraph,
-        group: Group,
-        batch: Batch[Resolved],
-    ) -> None:
-        """Embedding requests on a graph of several node types: the model's typed forward."""
+            (seeds, sub), view = group.payload, self.ego.view()
         times = batch.times
         times.sampled_nodes += sub.num_nodes
         times.sampled_edges += sub.num_edges
         times.seed_nodes += sub.num_seeds
+        probabilities, embedding = self._answer(sub, view, times)
+        for position in group.positions:
+            rows = (
+                [0]
+                if seeds is None
+                else seed_rows(seeds, _resolved(batch.outcomes[position]).nodes)
+            )
+            batch.results[position] = (probabilities[rows], embedding[rows])
+
+    def _answer(
+        self, sub: SampledSubgraph, view: GraphView, times: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The seeds' answer rows and embeddings: the model's forward on ``sub``, its nodes
+        and edges read through ``view`` (split by type for a typed model)."""
+        model = plain_module(self.ego.model)
+        if isinstance(model, HeteroNodeModel):
+            stop = timed(times, "forward")
+            with torch.inference_mode():
+                rows, vectors = typed_answer(
+                    self.ego.store, view, model, sub, self.device, embedding=True
+                )
+                assert vectors is not None
+                probabilities = answer_rows(rows, self.output).cpu()
+                embedding = vectors.float().cpu()
+            stop()
+            return probabilities, embedding
+        stop = timed(times, "gather")
+        x, degree = self.ego.gather(sub.node, view)
+        edge_attr = self.ego.edge_features(sub.edge, view)
+        stop()
         stop = timed(times, "forward")
         with torch.inference_mode():
-            view = self.ego.view()
-            rows, embedding = typed_answer(
-                self.ego.store, view, model, sub, self.device, embedding=True
+            logits, hidden = forward_with_embedding(
+                model, x, sub.edge_index.to(self.device), degree, edge_attr
             )
-            assert embedding is not None
-            probabilities = answer_rows(rows, self.output).cpu()
-            vectors = embedding.float().cpu()
+            probabilities = answer_rows(logits[: sub.num_seeds], self.output).cpu()
+            embedding = hidden[: sub.num_seeds].float().cpu()
         stop()
-        for position in group.positions:
-            at = seed_rows(seeds, _resolved(batch.outcomes[position]).nodes)
-            batch.results[position] = (probabilities[at], vectors[at])
-
-    def _cold_start_edge_features(
-        self, sub: ColdStartSubgraph, given: np.ndarray | None
-    ) -> torch.Tensor | None:
-        """The ego-graph's edge features when the model reads them, else None: the request's
-        rows (``given``, one per sorted neighbour) on the new node's edges, stored rows by
-        edge ID on the others."""
-        stored = sub.edge >= 0
-        rows = self.ego.edge_features(sub.edge[stored])
-        if rows is None:
-            return None
-        edge_attr = torch.zeros(
-            (sub.num_edges, rows.shape[1]), dtype=torch.float32, device=self.device
-        )
-        edge_attr[stored.to(self.device)] = rows
-        new = sub.new_edge >= 0
-        if given is not None and bool(new.any()):
-            picked = torch.from_numpy(given)[sub.new_edge[new].cpu()]
-            edge_attr[new.to(self.device)] = picked.to(self.device)
-        return edge_attr
+        return probabilities, embedding
 
     def _from_stored_rows(self, group: Group, batch: Batch[Resolved]) -> None:
         """A precomputed archive: known nodes' output and embedding rows as stored (per-layer
@@ -389,12 +224,11 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         most_edges = self.ego.settings.max_subgraph_edges
         stop = timed(batch.times, "gather")
         resolved = _resolved(batch.outcomes[group.positions[0]])
-        request = resolved.request
+        request, edges = resolved.request, resolved.edges
         if isinstance(request, NewNodeRequest):
-            none = nodes[:0]
-            senders = nodes if request.direction in ("in", "both") else none
-            receivers = nodes if request.direction in ("out", "both") else none
-            given = _given_edge_rows(request, resolved.nodes)
+            assert edges is not None
+            senders, receivers = edges.senders, edges.receivers
+            given = _given_edge_rows(request, edges)
             if from_rows:
                 output, embedding = new_node_rows(rows, request.x, senders, receivers, given)
             else:
@@ -425,7 +259,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         with_embedding = inner.return_embedding
         if isinstance(inner, NewNodeRequest):
             answer = self._prediction(probabilities[0].tolist(), embedding[0], with_embedding)
-            return {"new_node": {"neighbors": len(inner.neighbors)}, **answer}
+            return {"new_node": {"neighbors": inner.num_neighbors}, **answer}
         predictions = [
             {"node_id": node_id, **self._prediction(row.tolist(), vector, with_embedding)}
             for node_id, row, vector in zip(inner.node_ids, probabilities, embedding, strict=True)
@@ -451,13 +285,14 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         return answer
 
 
-def _given_edge_rows(request: NewNodeRequest, nodes: np.ndarray) -> np.ndarray | None:
-    """The request's ``edge_attr`` rows in the order of its sorted unique neighbours (the
-    ``senders``/``receivers`` order), or None when it sent none."""
-    if request.edge_attr is None:
+def _given_edge_rows(request: NewNodeRequest, edges: NewEdges) -> np.ndarray | None:
+    """A graph of one relation's new edges' rows, one per sorted unique neighbour (the order
+    ``new_node_rows`` numbers them in: a neighbour's edges carry one row), or None when the
+    request sent none."""
+    if not request.edge_attr:
         return None
-    _, first = np.unique(nodes, return_index=True)
-    return request.edge_attr[first]
+    _, first = np.unique(edges.node, return_index=True)
+    return np.stack([edges.rows[i] for i in first.tolist()]) if len(first) else None
 
 
 def _resolved(outcome: Resolved | ApiError) -> Resolved:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from graph_assets.schema import GraphSchema
 from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update
 from handler.protocol.errors import ApiError
 from handler.tasks.graph.requests import parse_graph_request
@@ -129,7 +130,8 @@ def test_v2_link_and_graph_requests(body):
 @FUZZ
 @given(body=extra_bodies | json_values)
 def test_node_extras(body):
-    refused_cleanly(lambda: parse_node_extra({"body": body}, FEATURES, max_ids=8))
+    schema = GraphSchema.homogeneous(10, 20, FEATURES, (), "int")
+    refused_cleanly(lambda: parse_node_extra({"body": body}, schema, max_ids=8))
 
 
 @FUZZ

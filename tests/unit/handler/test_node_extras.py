@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from handler.tasks.node.extras import BOUNDARY, NodeExtrasEngine, sample_with_new_node
-from handler.tasks.node.new_node_rows import NEW_NODE
+from handler.core.sampler import boundary_node
+from handler.tasks.node.cold_start import ColdStartView, NewEdges, sample_with_new_node
+from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.node.task import node_router
 from model.embedding import forward_with_embedding
 
@@ -179,23 +180,21 @@ def test_embeddings_and_cold_start_see_the_live_updates(int_store, tmp_path):
 
 @pytest.mark.parametrize("direction", ["in", "out", "both"])
 def test_a_boundary_hop_gives_the_deepest_rows_their_augmented_in_degrees(int_store, direction):
-    """With a boundary, the last hop's edges come from one BOUNDARY row (a self-loop from its
+    """With a boundary, the last hop's edges come from one boundary row (a self-loop from its
     own row), and each deepest row has as many in-edges as its in-degree on the graph with the
-    new node added."""
+    new node (the next index, N) added."""
     engine = extras(int_store, "sage", fanouts=[2])
     samplers = [engine.ego.sampler.with_fanouts([2]), engine.ego.sampler.with_fanouts([-1])]
-    neighbours = torch.tensor([0, 3, 6, 9])
-    none = neighbours[:0]
-    senders = neighbours if direction in ("in", "both") else none
-    receivers = neighbours if direction in ("out", "both") else none
-    sub = sample_with_new_node(samplers, senders, receivers, 10_000, 10_000, boundary=True)
-    assert int(sub.node[-1]) == BOUNDARY and int((sub.node == BOUNDARY).sum()) == 1
-    boundary_row = sub.num_nodes - 1
-    rows = sub.edge_index[1, sub.edge_index[0] == boundary_row]
+    keep = {"in": [True], "out": [False], "both": [True, False]}[direction]
+    neighbours = np.array([0, 3, 6, 9] * len(keep))
+    inward = np.repeat(keep, 4)
+    edges = NewEdges(neighbours, np.zeros_like(neighbours), inward, (np.empty(0),) * len(inward))
+    view = ColdStartView(int_store, 0, np.zeros(int_store.feature_dim, np.float32), edges)
+    sub = sample_with_new_node(samplers, view, 10_000, 10_000, boundary=True)
+    # The last level: one boundary row, or none when the deepest hop has no in-edges.
+    assert sub.node[sub.num_nodes - sub.level_sizes[-1] :].tolist() in ([boundary_node(0)], [])
+    rows = sub.edge_index[1, sub.node[sub.edge_index[0]] == boundary_node(0)]
     _, edge_index = augmented(int_store, [0.0] * int_store.feature_dim, [0, 3, 6, 9], direction)
-    n = int_store.num_nodes
     for row in torch.unique(rows).tolist():
-        node = int(sub.node[row])
-        global_index = n if node == NEW_NODE else node
-        in_degree = int((edge_index[1] == global_index).sum())
+        in_degree = int((edge_index[1] == int(sub.node[row])).sum())
         assert int((sub.edge_index[1] == row).sum()) == in_degree

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from graph_assets.schema import GraphSchema
 from handler.core.batch import BatchEngine
 from handler.protocol.errors import BadRequest, NotFound, TooLarge
 from handler.settings import ServingSettings
@@ -28,6 +29,9 @@ from .conftest import FEATURES, make_engine
 
 def body(payload):
     return {"body": payload}
+
+
+TWO_FEATURES = GraphSchema.homogeneous(10, 20, 2, (), "int")  # what a new node is checked by
 
 
 def test_link_forms():
@@ -66,12 +70,13 @@ def test_node_extras_are_recognised_by_their_keys():
 
 
 def test_cold_start_body_defaults_and_deduplication():
-    request = parse_node_extra(body({"new_node": {"x": [1, 2.5], "neighbors": [3, "a", 3]}}), 2, 8)
+    payload = {"new_node": {"x": [1, 2.5], "neighbors": [3, "a", 3]}}
+    request = parse_node_extra(body(payload), TWO_FEATURES, 8)
     assert isinstance(request, NewNodeRequest)
-    assert request.neighbors == (3, "a") and request.direction == "both"
+    assert request.neighbors == {"node__to__node": (3, "a")} and request.direction == "both"
     assert request.x.dtype == np.float32 and request.x.tolist() == [1.0, 2.5]
     assert request.return_embedding is False
-    single = parse_node_extra(body({"node_id": "a", "return_embedding": True}), 2, 8)
+    single = parse_node_extra(body({"node_id": "a", "return_embedding": True}), TWO_FEATURES, 8)
     assert single == EmbeddingRequest(("a",), True, True)
 
 
@@ -126,7 +131,7 @@ HUGE = 10**400  # a valid JSON integer, beyond float64 and int64
 )
 def test_features_beyond_float32_are_refused(value):
     with pytest.raises(BadRequest, match=r"new_node\.x holds .* beyond float32's range"):
-        parse_node_extra(body({"new_node": {"x": [value, 1.0], "neighbors": [3]}}), 2, 8)
+        parse_node_extra(body({"new_node": {"x": [value, 1.0], "neighbors": [3]}}), TWO_FEATURES, 8)
     graph = {"x": [[1.0, 1.0], [1.0, value]], "edge_index": [[0], [1]]}
     with pytest.raises(BadRequest, match=r"graph\.x holds .* beyond float32's range"):
         parse_graph_request(body({"graph": graph}), 2, 5, 5)

@@ -119,7 +119,7 @@ def test_embeddings_come_from_the_typed_forward_and_the_rest_is_refused(store: G
     assert torch.allclose(torch.tensor([p["probabilities"] for p in got]), probabilities, atol=1e-5)
     new_node = {"new_node": {"x": [0.0] * store.feature_dim, "neighbors": ["u1"]}}
     [cold] = router.handle([{"body": new_node}])
-    assert cold.status == 400 and "not available yet" in cold.body["message"]
+    assert cold.status == 400 and "several relations" in cold.body["message"]  # by relation
     [explained] = router.handle([{"body": {"node_id": "u1"}}], explain=[True])
     assert explained.status == 200 and explained.body["node_type"] == "user"
 
