@@ -23,6 +23,7 @@ from graph_assets.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model.export import load_model
 from model.typed_graph import whole_graph_input
+from tests.typed_cold_start_reference import with_new_node
 from tests.typed_live_reference import materialized_typed, random_typed_update
 from tests.unit.archive_build import user_models
 
@@ -136,6 +137,23 @@ def test_a_type_the_archive_does_not_answer_is_a_400(server):
     assert missing.status_code == 404
 
 
+@pytest.mark.parametrize("name", ["hgt", "own"])
+def test_explanations_name_types_and_relations_and_explain_the_prediction(server, name):
+    body = {"node_id": "u3", "node_type": "user"}
+    explained = requests.post(
+        f"{server.inference_url}/explanations/{name}",
+        json=body,
+        headers=server.auth("inference"),
+        timeout=60,
+    )
+    assert explained.status_code == 200, explained.text
+    answer, predicted = explained.json(), post(server, name, body).json()
+    assert answer["probabilities"] == predicted["probabilities"]
+    explanation = answer["explanation"]
+    assert {n["node_type"] for n in explanation["nodes"]} <= {"user", "merchant", "device"}
+    assert all(e["edge_type"].count("__") == 2 for e in explanation["edges"])
+
+
 def test_the_user_models_embedding_is_the_input_of_the_submodule_it_names(server, built):
     ids, _ = full_graph_answers(built, "own")
     response = post(server, "own", {"node_ids": ids[:3], "return_embedding": True})
@@ -143,8 +161,45 @@ def test_the_user_models_embedding_is_the_input_of_the_submodule_it_names(server
     predictions = response.json()["predictions"]
     assert [len(p["embedding"]) for p in predictions] == [8, 8, 8]
     assert {p["node_type"] for p in predictions} == {"user"}
-    refused = post(server, "sage", {"new_node": {"x": [0.0] * 8, "neighbors": [ids[0]]}})
-    assert refused.status_code == 400 and "not available yet" in refused.json()["message"]
+
+
+def test_a_new_user_is_answered_as_the_forward_with_it_added(server, built):
+    """Cold start on the user's HeteroConv archive (payments' amounts read): a new user paying
+    two merchants and using a device, each edge with its reverse (the archive is undirected)."""
+    full_graph_answers(built, "own")  # unpacks it
+    store = open_store(built / "unpacked_own" / "graph")
+    model, _ = load_model(built / "unpacked_own")
+    x = [0.4, -0.3, 0.2, 0.0, 1.1, -0.6, 0.3, 0.5]
+    amounts = [[75.0, 14.0], [12.5, 2.0]]
+    body = {
+        "new_node": {
+            "node_type": "user",
+            "x": x,
+            "neighbors": {"user__pays__merchant": [1000, 1003], "user__uses__device": ["d1"]},
+            "edge_attr": {"user__pays__merchant": amounts},
+        }
+    }
+    response = post(server, "own", body)
+    assert response.status_code == 200, response.text
+    assert response.json()["new_node"] == {"neighbors": 3}
+    position = {
+        (t, i): int(store.lookup([i], node_type=t)[0]) - store.schema.node_type(t).offset
+        for t, i in [("merchant", 1000), ("merchant", 1003), ("device", "d1")]
+    }
+    edges = [
+        (triple, position[(end, node_id)], into, attr)
+        for (end, node_id), attr in zip(position, [*amounts, None], strict=True)
+        for triple, into in (
+            [(("user", "pays", "merchant"), False), (("merchant", "rev_pays", "user"), True)]
+            if end == "merchant"
+            else [(("user", "uses", "device"), False), (("device", "rev_uses", "user"), True)]
+        )
+    ]
+    augmented, new = with_new_node(whole_graph_input(store), store.schema, x, edges)
+    with torch.no_grad():
+        expected = torch.softmax(model(augmented)[new], dim=-1)
+    served = torch.tensor(response.json()["probabilities"])
+    assert float((served - expected).abs().max()) <= 1e-5
 
 
 def test_typed_updates_through_the_server_are_exact_on_both_workers(server, built, tmp_path):
