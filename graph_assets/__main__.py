@@ -6,6 +6,7 @@
     python -m graph_assets graphs --dataset DIR --out DSET [--undirected] [--drop-self-loops]
         [--drop-duplicate-edges]
     python -m graph_assets synthetic-graphs COUNT (--out DSET | --csv DIR) [options]
+    python -m graph_assets load-redis --store DIR --url redis://host:port [--prefix NAME]
 
 ``graphs`` and ``synthetic-graphs`` are datasets of small graphs for graph classification
 (``graph_assets.graph_dataset``).
@@ -32,6 +33,7 @@ from graph_assets.graph_dataset import (
     write_graph_dataset,
     write_graph_dataset_csv,
 )
+from graph_assets.remote.cli import add_load_redis, load_redis
 from graph_assets.store import StoreMeta, schema_of
 from graph_assets.synthetic import (
     DEFAULT_FEATURE_DIM,
@@ -163,6 +165,7 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated class names, e.g. legit,fraud",
     )
     _add_dataset_commands(commands)
+    add_load_redis(commands)
     return parser
 
 
@@ -379,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "build":
             report = _build(args)
+        elif args.command == "load-redis":
+            report = load_redis(args)
         elif args.command in ("graphs", "synthetic-graphs"):
             report = _dataset(args)
         else:

@@ -103,7 +103,8 @@ def test_bad_arguments_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str
 def test_every_option_has_help() -> None:
     parser = _parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert sorted(commands.choices) == ["build", "graphs", "synthetic", "synthetic-graphs"]
+    names = ["build", "graphs", "load-redis", "synthetic", "synthetic-graphs"]
+    assert sorted(commands.choices) == names
     for name, command in commands.choices.items():
         for action in command._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"

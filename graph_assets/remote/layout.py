@@ -1,0 +1,315 @@
+"""Where a graph lives in Redis: the key of every piece and the format of every value, in one
+place for the loader that writes them and the reader that reads them.
+
+Nodes are grouped into blocks of ``block_size`` consecutive global indices. Everything one
+sampling step reads of a block (its in-lists, its feature rows per node type, its in-edges'
+relations and edge features per relation, its degrees, labels and external IDs) is keyed with
+the block's hash tag ``{NAME:b<block>}``, so it sits in one hash slot and a hop over any set of
+nodes is one pipelined round per shard. External ID -> index maps are small hashes spread by a
+hash of the ID (``{NAME:m<type>:<shard>}``); the record of the graph, the load's progress and
+each block's first edge ID sit under ``{NAME}``. Values are raw little-endian arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any, Literal
+
+import numpy as np
+
+from graph_assets.schema import GraphSchema
+from graph_assets.store import GraphStore, StoreMeta, schema_of
+
+REMOTE_FORMAT = 1  # this layout's version, recorded with every loaded graph
+DEFAULT_BLOCK_SIZE = 32
+# Redis keeps a hash of up to 128 short fields as a listpack (a few bytes per field instead of
+# a hash table's ~60): about 64 IDs per shard keeps nearly every shard under that.
+IDS_PER_SHARD = 64
+IDS_PER_CHUNK = 1 << 14  # IDs written per pipelined round while loading
+EDGE_STARTS_PER_KEY = 1 << 17  # each block's first edge ID, 1 MB per key
+CHUNK_BYTES = 4 << 20  # about what one pipelined round of a load writes
+_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+# The fields of a block: CSC pointers (absolute: a node's edge IDs are its pointer + 0, 1, ...),
+# in-neighbours, each in-edge's relation (several relations only), degrees (in, out,
+# self-loops), labels (target type); per node type its features and IDs, per relation the
+# features of the block's in-edges of that relation in CSC order.
+PTR, SRC, REL, DEG, LABELS = "ptr", "src", "rel", "deg", "y"
+DEGREE_COLUMNS = 3
+
+
+def features_field(node_type: int) -> str:
+    return f"x{node_type}"
+
+
+def ids_field(node_type: int) -> str:
+    return f"id{node_type}"
+
+
+def edge_features_field(relation: int) -> str:
+    return f"e{relation}"
+
+
+def check_prefix(prefix: str) -> str:
+    """``prefix`` if it can name a graph (letters, digits, ``_.-``; it becomes a URL's path
+    and part of every key), else ValueError saying what is allowed."""
+    if not _PREFIX.fullmatch(prefix):
+        raise ValueError(
+            "a graph's prefix is 1-100 letters, digits, '_', '.' or '-', starting with a letter "
+            f"or digit, got {prefix!r}"
+        )
+    return prefix
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The key names of the graph under ``prefix``."""
+
+    prefix: str
+
+    @property
+    def graph(self) -> str:
+        """A hash: ``layout`` (JSON) and ``state`` (``loading`` or ``complete``)."""
+        return f"{{{self.prefix}}}:graph"
+
+    @property
+    def done(self) -> str:
+        """A hash: each loaded chunk's name -> the sha256 of what it wrote."""
+        return f"{{{self.prefix}}}:done"
+
+    def edge_starts(self, part: int) -> str:
+        return f"{{{self.prefix}}}:edges:{part}"
+
+    def block(self, block: int, field: str) -> str:
+        return f"{{{self.prefix}:b{block}}}:{field}"
+
+    def id_shard(self, node_type: int, shard: int) -> str:
+        return f"{{{self.prefix}:m{node_type}:{shard}}}"
+
+
+Rows = Literal["pointers", "nodes", "edges", "targets", "type", "relation"]
+
+
+@dataclass(frozen=True)
+class FieldFormat:
+    """A block field's values: ``dtype``, ``columns`` per row (None: one value per row), and
+    what its rows are (``rows``: the block's nodes plus one, nodes, in-edges, target-type
+    nodes, nodes of node type ``index``, or in-edges of relation ``index``)."""
+
+    dtype: np.dtype[Any]
+    columns: int | None
+    rows: Rows
+    index: int = 0
+
+    def encode(self, array: np.ndarray) -> bytes:
+        return np.ascontiguousarray(array, dtype=self.dtype).tobytes()
+
+    def decode(self, raw: bytes) -> np.ndarray:
+        flat = np.frombuffer(raw, dtype=self.dtype)
+        return flat if self.columns is None else flat.reshape(-1, self.columns)
+
+
+@dataclass(frozen=True)
+class RemoteLayout:
+    """How one store is laid out in Redis; recorded as JSON with the graph.
+
+    Attributes:
+        meta: the store's meta.json (schema, counts, class names, files, checksum).
+        block_size: nodes per block.
+        chunk_blocks: blocks per chunk of a load (one pipelined round, about CHUNK_BYTES).
+        ids_per_chunk: IDs per chunk of a load.
+        id_shards: per node type, the hashes its ID map is spread over.
+        src_dtype: the stored in-neighbours' dtype (int32 or int64).
+        id_dtypes: per node type, its IDs' dtype (int64, or ``|S<k>`` UTF-8 bytes).
+    """
+
+    meta: StoreMeta
+    block_size: int
+    chunk_blocks: int
+    ids_per_chunk: int
+    id_shards: tuple[int, ...]
+    src_dtype: str
+    id_dtypes: tuple[str, ...]
+
+    @classmethod
+    def of_store(cls, store: GraphStore, block_size: int) -> RemoteLayout:
+        """The layout of ``store`` in blocks of ``block_size`` nodes."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be at least 1, got {block_size}")
+        stored = sum(entry["bytes"] for entry in store.meta["files"].values())
+        block_bytes = max(1, stored * block_size // max(1, store.num_nodes))
+        types = store.schema.node_types
+        return cls(
+            meta=store.meta,
+            block_size=block_size,
+            chunk_blocks=max(1, CHUNK_BYTES // block_bytes),
+            ids_per_chunk=IDS_PER_CHUNK,
+            id_shards=tuple(-(-max(1, t.num_nodes) // IDS_PER_SHARD) for t in types),
+            src_dtype=store.indices.dtype.str,
+            id_dtypes=tuple(table.ids.dtype.str for table in store.tables),
+        )
+
+    def to_json(self) -> str:
+        record = {
+            "format": REMOTE_FORMAT,
+            "block_size": self.block_size,
+            "chunk_blocks": self.chunk_blocks,
+            "ids_per_chunk": self.ids_per_chunk,
+            "id_shards": list(self.id_shards),
+            "src_dtype": self.src_dtype,
+            "id_dtypes": list(self.id_dtypes),
+            "meta": self.meta,
+        }
+        return json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RemoteLayout:
+        """The recorded layout; ValueError saying what is wrong with it."""
+        try:
+            record = json.loads(text)
+            if record["format"] != REMOTE_FORMAT:
+                raise ValueError(
+                    f"it is layout format {record['format']}, this gnnserve reads "
+                    f"{REMOTE_FORMAT}: load the graph again with this version"
+                )
+            layout = cls(
+                meta=record["meta"],
+                block_size=_positive(record["block_size"]),
+                chunk_blocks=_positive(record["chunk_blocks"]),
+                ids_per_chunk=_positive(record["ids_per_chunk"]),
+                id_shards=tuple(_positive(s) for s in record["id_shards"]),
+                src_dtype=str(np.dtype(record["src_dtype"]).str),
+                id_dtypes=tuple(str(np.dtype(d).str) for d in record["id_dtypes"]),
+            )
+            schema = layout.schema
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as error:
+            raise ValueError(f"the recorded layout is malformed: {error}") from None
+        count = len(schema.node_types)
+        if len(layout.id_shards) != count or len(layout.id_dtypes) != count:
+            raise ValueError(f"the recorded layout does not describe {count} node types")
+        return layout
+
+    @cached_property
+    def schema(self) -> GraphSchema:
+        return schema_of(self.meta)
+
+    @property
+    def checksum(self) -> str:
+        return self.meta["checksum"]
+
+    @property
+    def num_nodes(self) -> int:
+        return self.meta["num_nodes"]
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.num_nodes // self.block_size)
+
+    @property
+    def several_relations(self) -> bool:
+        """Whether blocks record each in-edge's relation (``REL``)."""
+        return len(self.schema.relations) > 1
+
+    @property
+    def edge_start_parts(self) -> int:
+        """How many keys hold the table of each block's first edge ID."""
+        return -(-(self.num_blocks + 1) // EDGE_STARTS_PER_KEY)
+
+    def block_nodes(self, block: int) -> tuple[int, int]:
+        """The global indices ``[start, stop)`` of ``block``."""
+        start = block * self.block_size
+        return start, min(start + self.block_size, self.num_nodes)
+
+    def type_rows(self, block: int, node_type: int) -> tuple[int, int]:
+        """The global indices ``[start, stop)`` of ``node_type`` within ``block`` (empty:
+        ``start >= stop``)."""
+        start, stop = self.block_nodes(block)
+        kind = self.schema.node_types[node_type]
+        return max(start, kind.offset), min(stop, kind.stop)
+
+    @cached_property
+    def fields(self) -> dict[str, FieldFormat]:
+        """Every field a block may hold and its format."""
+        schema = self.schema
+        formats = {
+            PTR: FieldFormat(np.dtype("<i8"), None, "pointers"),
+            SRC: FieldFormat(np.dtype(self.src_dtype), None, "edges"),
+            DEG: FieldFormat(np.dtype("<i8"), DEGREE_COLUMNS, "nodes"),
+            LABELS: FieldFormat(np.dtype("<i8"), None, "targets"),
+        }
+        if self.several_relations:
+            formats[REL] = FieldFormat(np.dtype("<i2"), None, "edges")
+        for t, node_type in enumerate(schema.node_types):
+            formats[ids_field(t)] = FieldFormat(np.dtype(self.id_dtypes[t]), None, "type", t)
+            if node_type.feature_dim:
+                width = node_type.feature_dim
+                formats[features_field(t)] = FieldFormat(np.dtype("<f4"), width, "type", t)
+        for r, relation in enumerate(schema.relations):
+            if relation.edge_feature_dim:
+                formats[edge_features_field(r)] = FieldFormat(
+                    np.dtype("<f4"), relation.edge_feature_dim, "relation", r
+                )
+        return formats
+
+    def rows_of(self, field: str, block: int, edges: int) -> int | None:
+        """How many rows ``field`` of ``block`` (whose in-edges are ``edges``) must hold; None
+        for a relation's edge features on a graph of several relations (the block's relations
+        say)."""
+        start, stop = self.block_nodes(block)
+        form = self.fields[field]
+        if form.rows == "type":
+            low, high = self.type_rows(block, form.index)
+            return max(0, high - low)
+        if form.rows == "relation":
+            return None if self.several_relations else edges
+        counts = {
+            "pointers": stop - start + 1,
+            "nodes": stop - start,
+            "edges": edges,
+            "targets": max(0, min(stop, self.schema.target_type.num_nodes) - start),
+        }
+        return counts[form.rows]
+
+
+def _positive(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"expected an integer >= 1, found {value!r}")
+    return value
+
+
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+
+
+def id_shards(keys: np.ndarray, shards: int) -> np.ndarray:
+    """The ID-map shard (int64) of each ID: FNV-1a of its bytes (an int ID's 8 little-endian
+    bytes, a string ID's UTF-8 bytes without the fixed-width padding) modulo ``shards``; the
+    loader and the reader both place IDs with it."""
+    if keys.dtype.kind == "S":
+        data = np.frombuffer(keys.tobytes(), dtype=np.uint8).reshape(len(keys), keys.itemsize)
+        present = data != 0  # stored IDs hold no NUL: only the padding does
+    else:
+        data = np.ascontiguousarray(keys, dtype="<i8").view(np.uint8).reshape(len(keys), 8)
+        present = np.ones(data.shape, dtype=bool)
+    digest = np.full(len(keys), _FNV_OFFSET, dtype=np.uint64)
+    for column in range(data.shape[1]):
+        mixed = (digest ^ data[:, column].astype(np.uint64)) * _FNV_PRIME
+        digest = np.where(present[:, column], mixed, digest)
+    return (digest % np.uint64(shards)).astype(np.int64)
+
+
+def id_fields(keys: np.ndarray) -> list[bytes]:
+    """The ID-map field of each ID: an int's decimal digits, a string's UTF-8 bytes."""
+    if keys.dtype.kind == "S":
+        return list(keys.tolist())
+    return [str(value).encode("ascii") for value in keys.tolist()]
+
+
+def key_array(keys: Sequence[int | bytes], id_dtype: str) -> np.ndarray:
+    """Canonical ID keys (graph_assets.store.node_key) as the array `id_shards` hashes."""
+    if np.dtype(id_dtype).kind == "S":
+        return np.array(keys, dtype=np.bytes_) if keys else np.empty(0, dtype="S1")
+    return np.array(keys, dtype=np.int64)

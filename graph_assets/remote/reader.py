@@ -1,0 +1,510 @@
+"""`RemoteStore`: a graph loaded into Redis, read in batches.
+
+Each batched read is one pipelined round (the cluster client sends it to every shard it needs
+at once), never one per node: in-lists of many nodes, feature rows of many nodes of one type,
+edge-feature rows by edge ID, degrees, labels, external IDs of indices, lookups of external
+IDs. Decoded block fields stay in a bounded LRU cache until an update drops their blocks. The
+reads and their meanings are the memory-mapped store's (`graph_assets.graph_view.GraphView`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from graph_assets.redis_log import shown_url
+from graph_assets.remote.cache import BlockCache, BlockField
+from graph_assets.remote.connect import Client, connect, guarded
+from graph_assets.remote.errors import RemoteGraphError
+from graph_assets.remote.layout import (
+    DEG,
+    LABELS,
+    PTR,
+    REL,
+    SRC,
+    Keys,
+    RemoteLayout,
+    check_prefix,
+    edge_features_field,
+    features_field,
+    id_shards,
+    ids_field,
+    key_array,
+)
+from graph_assets.remote.loader import COMPLETE
+from graph_assets.schema import GraphSchema
+from graph_assets.store import IdKind, StoreMeta, check_edge_ids, node_key
+
+_MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class InLists:
+    """In-edge lists of some nodes as a small CSC: node ``i``'s sources are
+    ``indices[indptr[i]:indptr[i+1]]`` (int64 global indices, grouped by relation as stored),
+    with each edge's ID (its CSC position) in ``edge_ids`` and its relation in ``relations``."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    edge_ids: np.ndarray
+    relations: np.ndarray
+
+
+@dataclass
+class RemoteCounters:
+    """What a store's reads cost so far: pipelined rounds, value bytes received, block fields
+    found in or missing from the cache, and seconds spent waiting for Redis."""
+
+    round_trips: int = 0
+    bytes_read: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    read_seconds: float = 0.0
+
+
+def open_remote_store(
+    url: str,
+    prefix: str,
+    expected_checksum: str,
+    *,
+    cache_mb: float,
+    timeout_ms: int,
+    environ: Mapping[str, str] | None = None,
+) -> RemoteStore:
+    """The graph loaded under ``prefix`` at ``url`` (a Redis Cluster or a single Redis), after
+    checking that it is the graph of ``expected_checksum``, completely loaded, in a layout this
+    version reads. RemoteGraphError (one line) when it is not, RemoteUnavailable when Redis
+    does not answer within ``timeout_ms``."""
+    shown = shown_url(url)
+    try:
+        keys = Keys(check_prefix(prefix))
+    except ValueError as error:
+        raise RemoteGraphError(str(error)) from None
+    client = connect(url, timeout_ms, environ)
+    try:
+        layout = _checked_layout(client, keys, shown, expected_checksum)
+        pipe = client.pipeline(transaction=False)
+        for part in range(layout.edge_start_parts):
+            pipe.get(keys.edge_starts(part))
+        values = guarded(shown, pipe.execute)
+        if any(value is None for value in values):
+            raise RemoteGraphError(_lost(shown, keys, "the table of each block's first edge"))
+        edge_starts = np.concatenate([np.frombuffer(v, dtype="<i8") for v in values])
+        if len(edge_starts) != layout.num_blocks + 1:
+            raise RemoteGraphError(_lost(shown, keys, "part of the table of block edges"))
+        cache = BlockCache(int(cache_mb * _MB))
+        return RemoteStore(client, keys, layout, edge_starts, cache, shown)
+    except BaseException:
+        client.close()
+        raise
+
+
+def _checked_layout(client: Client, keys: Keys, shown: str, expected: str) -> RemoteLayout:
+    where = f"{shown} prefix {keys.prefix!r}"
+    record = guarded(shown, lambda: client.hgetall(keys.graph))
+    if not record:
+        raise RemoteGraphError(
+            f"{where} holds no graph: load it with `python -m graph_assets load-redis --store "
+            f"STORE --url {shown} --prefix {keys.prefix}`"
+        )
+    try:
+        layout = RemoteLayout.from_json(record[b"layout"])
+    except (KeyError, ValueError) as error:
+        raise RemoteGraphError(f"{where}: {error}") from None
+    if layout.checksum != expected:
+        raise RemoteGraphError(
+            f"{where} holds graph {layout.checksum[:12]}, expected {expected[:12]}: load the "
+            "expected store there, or point at the prefix that holds it"
+        )
+    if record.get(b"state") != COMPLETE:
+        done = guarded(shown, lambda: client.hlen(keys.done))
+        raise RemoteGraphError(
+            f"{where}: the load is not finished ({done} chunks so far): run `python -m "
+            "graph_assets load-redis` with the same store, URL and prefix again"
+        )
+    return layout
+
+
+def _lost(shown: str, keys: Keys, what: str) -> str:
+    return (
+        f"{shown} prefix {keys.prefix!r} lost {what} (evicted or deleted: Redis must run with "
+        "maxmemory-policy noeviction); run `python -m graph_assets load-redis` again to "
+        "restore it"
+    )
+
+
+class RemoteStore:
+    """A graph in Redis, read in pipelined batches through a bounded block cache; use
+    `open_remote_store` to get one. Global node indices and edge IDs are the store's."""
+
+    def __init__(
+        self,
+        client: Client,
+        keys: Keys,
+        layout: RemoteLayout,
+        edge_starts: np.ndarray,
+        cache: BlockCache,
+        shown: str,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.layout = layout
+        self.edge_starts = edge_starts  # [blocks + 1]: each block's first edge ID, then E
+        self.cache = cache
+        self.shown = shown
+        self._counters = RemoteCounters()
+
+    @property
+    def meta(self) -> StoreMeta:
+        return self.layout.meta
+
+    @property
+    def schema(self) -> GraphSchema:
+        return self.layout.schema
+
+    @property
+    def checksum(self) -> str:
+        return self.layout.checksum
+
+    @property
+    def num_nodes(self) -> int:
+        return self.meta["num_nodes"]
+
+    @property
+    def num_edges(self) -> int:
+        return self.meta["num_edges"]
+
+    @property
+    def num_classes(self) -> int:
+        return self.meta["num_classes"]
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return self.meta["class_names"]
+
+    @property
+    def edge_feature_dim(self) -> int:
+        """Features per edge, shared by every relation (ValueError when they differ)."""
+        widths = {r.edge_feature_dim for r in self.schema.relations}
+        if len(widths) > 1:
+            raise ValueError(
+                "the relations of this graph have different edge features; ask the schema "
+                "for each relation's"
+            )
+        return widths.pop() if widths else 0
+
+    @property
+    def counters(self) -> RemoteCounters:
+        """A snapshot of what the reads so far cost."""
+        return dataclasses.replace(self._counters)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def invalidate(self, nodes: np.ndarray) -> None:
+        """Drops the cached blocks of ``nodes`` (an update changed them): their next read goes
+        to Redis."""
+        blocks = np.unique(np.asarray(nodes, dtype=np.int64) // self.layout.block_size)
+        self.cache.drop_blocks(blocks.tolist())
+
+    def types_of(self, nodes: np.ndarray) -> np.ndarray:
+        return self.schema.types_of(nodes)
+
+    def lookup(self, ids: Sequence[int | str], node_type: str | None = None) -> np.ndarray:
+        """Global indices (int64) of external ``ids`` of ``node_type`` (default: the target
+        type), -1 for an ID the type lacks, as `GraphStore.lookup` matches them; one round."""
+        t = 0 if node_type is None else self.schema.type_index(node_type)
+        kind = self.schema.node_types[t]
+        keys = [node_key(cast(IdKind, kind.id_kind), x) for x in ids]
+        usable = [i for i, key in enumerate(keys) if key is not None]
+        wanted = [key for key in keys if key is not None]
+        found = np.full(len(keys), -1, dtype=np.int64)
+        if not wanted:
+            return found
+        array = key_array(wanted, self.layout.id_dtypes[t])
+        shards = id_shards(array, self.layout.id_shards[t])
+        names = [key if isinstance(key, bytes) else str(key).encode("ascii") for key in wanted]
+        groups: dict[int, list[int]] = {}
+        for position, shard in enumerate(shards.tolist()):
+            groups.setdefault(shard, []).append(position)
+        replies = self._round(
+            lambda pipe: [
+                pipe.hmget(self.keys.id_shard(t, shard), [names[p] for p in members])
+                for shard, members in groups.items()
+            ]
+        )
+        for members, values in zip(groups.values(), replies, strict=True):
+            for position, value in zip(members, values, strict=True):
+                if value is not None:
+                    found[usable[position]] = int(value) + kind.offset
+        return found
+
+    def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """float32 ``[len(nodes), F]`` feature rows of global ``nodes``, all of one type."""
+        nodes = self._checked(nodes)
+        t = self._one_type(nodes)
+        width = self.schema.node_types[t].feature_dim
+        if not width or not len(nodes):
+            return np.zeros((len(nodes), width), dtype=np.float32)
+        field = features_field(t)
+        fetched = self._fetch(self._requests(nodes, field))
+        return self._gather(nodes, field, fetched, node_type=t)
+
+    def external_ids(self, nodes: np.ndarray) -> list[int | str]:
+        """External IDs of global ``nodes`` (ints or strs, as the input had them); one round
+        for every type among them."""
+        nodes = self._checked(nodes)
+        types = self.types_of(nodes)
+        present = np.unique(types).tolist()
+        requests = [r for t in present for r in self._requests(nodes[types == t], ids_field(t))]
+        fetched = self._fetch(requests)
+        values: list[Any] = [None] * len(nodes)
+        for t in present:
+            where = np.flatnonzero(types == t)
+            ids = self._gather(nodes[where], ids_field(t), fetched, node_type=t).tolist()
+            if self.schema.node_types[t].id_kind == "str":
+                ids = [value.decode("utf-8") for value in ids]
+            for position, value in zip(where.tolist(), ids, strict=True):
+                values[position] = value
+        return values
+
+    def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """int64 full-graph in-degrees of global ``nodes``, self-loops not counted."""
+        degrees = self._degrees(nodes)
+        return degrees[:, 0] - degrees[:, 2]
+
+    def in_degree_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """int64 in-degrees of global ``nodes``, every stored in-edge counted."""
+        return self._degrees(nodes)[:, 0].copy()
+
+    def out_degree_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """int64 out-degrees of global ``nodes``, every stored edge counted."""
+        return self._degrees(nodes)[:, 1].copy()
+
+    def label_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """int64 class indices of target-type ``nodes`` (-1: unlabelled)."""
+        nodes = self._checked(nodes)
+        targets = self.schema.target_type.num_nodes
+        if len(nodes) and nodes.max() >= targets:
+            raise ValueError(
+                f"labels are the target type's, global indices [0, {targets}); got up to "
+                f"{nodes.max()}"
+            )
+        if not len(nodes):
+            return np.empty(0, dtype=np.int64)
+        return self._gather(nodes, LABELS, self._fetch(self._requests(nodes, LABELS))).copy()
+
+    def in_lists(self, nodes: np.ndarray) -> InLists:
+        """The in-edge lists of global ``nodes`` with their edge IDs and relations, as the
+        store's CSC arrays hold them; one round for all of them."""
+        nodes = self._checked(nodes)
+        if not len(nodes):
+            empty = np.empty(0, dtype=np.int64)
+            return InLists(np.zeros(1, dtype=np.int64), empty, empty, empty)
+        blocks, inverse = np.unique(nodes // self.layout.block_size, return_inverse=True)
+        fields = [PTR, SRC] + ([REL] if self.layout.several_relations else [])
+        fetched = self._fetch([(b, f) for b in blocks.tolist() for f in fields])
+        ptr, ptr_base = _concatenated(fetched, blocks, PTR)
+        src, src_base = _concatenated(fetched, blocks, SRC)
+        at = ptr_base[inverse] + nodes - blocks[inverse] * self.layout.block_size
+        starts, ends = ptr[at], ptr[at + 1]
+        counts = ends - starts
+        indptr = np.zeros(len(nodes) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        ragged = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], counts)
+        first = ptr[ptr_base[inverse]]  # each node's block's first edge ID
+        positions = np.repeat(src_base[inverse] + starts - first, counts) + ragged
+        relations = np.zeros(len(positions), dtype=np.int64)
+        if self.layout.several_relations:
+            rel, _ = _concatenated(fetched, blocks, REL)
+            relations = rel[positions].astype(np.int64)
+        return InLists(
+            indptr=indptr,
+            indices=src[positions].astype(np.int64),
+            edge_ids=np.repeat(starts, counts) + ragged,
+            relations=relations,
+        )
+
+    def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
+        """The relation index (int64) of each edge by ID."""
+        edge_ids = self._checked_edges(edge_ids)
+        if not self.layout.several_relations or not len(edge_ids):
+            return np.zeros(len(edge_ids), dtype=np.int64)
+        blocks, inverse, local = self._edge_blocks(edge_ids)
+        fetched = self._fetch([(b, REL) for b in blocks.tolist()])
+        rel, base = _concatenated(fetched, blocks, REL)
+        return rel[base[inverse] + local].astype(np.int64)
+
+    def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
+        """float32 ``[len(edge_ids), D]`` features of edges by ID (CSC position), all of one
+        relation (ValueError otherwise): one round, two when the edges' relations are not
+        cached (`in_lists` caches them)."""
+        edge_ids = self._checked_edges(edge_ids)
+        relations = self.schema.relations
+        if not len(edge_ids):
+            return np.zeros((0, relations[0].edge_feature_dim), dtype=np.float32)
+        blocks, inverse, local = self._edge_blocks(edge_ids)
+        relation, row, counts = 0, local, None
+        if self.layout.several_relations:
+            fetched = self._fetch([(b, REL) for b in blocks.tolist()])
+            rel, base = _concatenated(fetched, blocks, REL)
+            at = base[inverse] + local
+            relation = int(rel[at[0]])
+            if (rel[at] != relation).any():
+                raise ValueError("edge features of several relations have several widths")
+            # A block's table of a relation holds the block's edges of that relation in CSC
+            # order: an edge's row is the number of them before it in its block.
+            before = np.concatenate([[0], np.cumsum(rel == relation)])
+            row = before[at] - before[base[inverse]]
+            counts = np.diff(before[np.append(base, len(rel))])  # the relation's edges per block
+        width = relations[relation].edge_feature_dim
+        if not width:
+            return np.zeros((len(edge_ids), 0), dtype=np.float32)
+        field = edge_features_field(relation)
+        fetched = self._fetch([(b, field) for b in blocks.tolist()])
+        if counts is not None:
+            for b, count in zip(blocks.tolist(), counts.tolist(), strict=True):
+                self._check_rows(b, field, len(fetched[b, field]), count)
+        table, table_base = _concatenated(fetched, blocks, field)
+        return table[table_base[inverse] + row]
+
+    def _edge_blocks(self, edge_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The blocks holding ``edge_ids`` (unique), each edge's block among them, and its
+        position among its block's in-edges."""
+        owner = np.searchsorted(self.edge_starts, edge_ids, side="right") - 1
+        blocks, inverse = np.unique(owner, return_inverse=True)
+        return blocks, inverse, edge_ids - self.edge_starts[owner]
+
+    def _degrees(self, nodes: np.ndarray) -> np.ndarray:
+        nodes = self._checked(nodes)
+        if not len(nodes):
+            return np.empty((0, 3), dtype=np.int64)
+        return self._gather(nodes, DEG, self._fetch(self._requests(nodes, DEG)))
+
+    def _checked(self, nodes: np.ndarray) -> np.ndarray:
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        if len(nodes) and (nodes.min() < 0 or nodes.max() >= self.num_nodes):
+            raise ValueError(
+                f"internal indices must be in [0, {self.num_nodes}), got values from "
+                f"{nodes.min()} to {nodes.max()}; map external IDs with lookup() first"
+            )
+        return nodes
+
+    def _checked_edges(self, edge_ids: np.ndarray) -> np.ndarray:
+        edge_ids = np.asarray(edge_ids)
+        if edge_ids.size:
+            check_edge_ids(edge_ids, self.num_edges, "CSC positions")
+        return edge_ids.astype(np.int64)
+
+    def _one_type(self, nodes: np.ndarray) -> int:
+        if len(self.schema.node_types) == 1 or not len(nodes):
+            return 0
+        types = self.types_of(nodes)
+        if (types != types[0]).any():
+            raise ValueError("feature rows of nodes of several types have several widths")
+        return int(types[0])
+
+    def _requests(self, nodes: np.ndarray, field: str) -> list[BlockField]:
+        return [(b, field) for b in np.unique(nodes // self.layout.block_size).tolist()]
+
+    def _gather(
+        self,
+        nodes: np.ndarray,
+        field: str,
+        fetched: dict[BlockField, np.ndarray],
+        node_type: int | None = None,
+    ) -> np.ndarray:
+        """The rows of ``nodes`` in ``field`` of their blocks (``node_type``'s rows for a
+        per-type field: a block's rows of a type start at the type's first node in it)."""
+        blocks, inverse = np.unique(nodes // self.layout.block_size, return_inverse=True)
+        stacked, base = _concatenated(fetched, blocks, field)
+        if node_type is None:
+            first = blocks * self.layout.block_size
+        else:
+            first = np.array([self.layout.type_rows(b, node_type)[0] for b in blocks.tolist()])
+        return stacked[base[inverse] + nodes - first[inverse]]
+
+    def _fetch(self, requests: Sequence[BlockField]) -> dict[BlockField, np.ndarray]:
+        """Decoded ``(block, field)`` arrays: from the cache, the rest in one round."""
+        found: dict[BlockField, np.ndarray] = {}
+        missing: list[BlockField] = []
+        for request in dict.fromkeys(requests):
+            cached = self.cache.get(request)
+            if cached is None:
+                missing.append(request)
+            else:
+                found[request] = cached
+        self._counters.cache_hits += len(found)
+        self._counters.cache_misses += len(missing)
+        if not missing:
+            return found
+        values = self._round(lambda pipe: [pipe.get(self.keys.block(*m)) for m in missing])
+        for (block, field), value in zip(missing, values, strict=True):
+            if value is None:
+                raise RemoteGraphError(
+                    _lost(self.shown, self.keys, f"key {self.keys.block(block, field)}")
+                )
+            try:
+                array = self.layout.fields[field].decode(value)
+            except ValueError:
+                what = f"{len(value)} bytes, not whole rows"
+                raise RemoteGraphError(self._overwritten(block, field, what)) from None
+            self._check(block, field, array)
+            self.cache.put((block, field), array)
+            found[block, field] = array
+        return found
+
+    def _check(self, block: int, field: str, array: np.ndarray) -> None:
+        """A value of the wrong length, or pointers that do not span the block's edges, were
+        overwritten by someone else: refuse them rather than answer from them."""
+        first, last = self.edge_starts[block : block + 2].tolist()
+        self._check_rows(block, field, len(array), self.layout.rows_of(field, block, last - first))
+        if field == PTR and (array[0] != first or array[-1] != last):
+            raise RemoteGraphError(self._overwritten(block, field, "pointers outside its edges"))
+
+    def _check_rows(self, block: int, field: str, found: int, expected: int | None) -> None:
+        if expected is not None and found != expected:
+            what = f"{found} rows, the layout says {expected}"
+            raise RemoteGraphError(self._overwritten(block, field, what))
+
+    def _overwritten(self, block: int, field: str, what: str) -> str:
+        return (
+            f"{self.shown} prefix {self.keys.prefix!r}: key {self.keys.block(block, field)} "
+            f"holds {what} (was it overwritten?); run `python -m graph_assets load-redis` "
+            "again to restore it"
+        )
+
+    def _round(self, queue: Callable[[Any], object]) -> list[Any]:
+        """One pipelined round trip: ``queue(pipeline)`` adds the commands; their replies."""
+        pipe = self.client.pipeline(transaction=False)
+        queue(pipe)
+        started = time.perf_counter()
+        try:
+            replies = guarded(self.shown, pipe.execute)
+        finally:
+            self._counters.round_trips += 1
+            self._counters.read_seconds += time.perf_counter() - started
+        self._counters.bytes_read += sum(_reply_bytes(reply) for reply in replies)
+        return replies
+
+
+def _concatenated(
+    fetched: dict[BlockField, np.ndarray], blocks: np.ndarray, field: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """``field`` of ``blocks`` end to end, and where each block's part starts."""
+    parts = [fetched[b, field] for b in blocks.tolist()]
+    lengths = np.array([len(part) for part in parts], dtype=np.int64)
+    return np.concatenate(parts), np.cumsum(lengths) - lengths
+
+
+def _reply_bytes(reply: object) -> int:
+    if isinstance(reply, bytes):
+        return len(reply)
+    if isinstance(reply, list):
+        return sum(_reply_bytes(item) for item in reply)
+    return 0
