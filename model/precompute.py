@@ -62,7 +62,7 @@ from model.in_closure import (
 from model.link import LinkPredictor
 from model.link_assets import out_csr
 from model.served import UserNodeModel, serving_needs
-from model.served_hetero import HeteroNodeModel
+from model.served_hetero import HeteroNodeModel, UserHeteroModel
 from model.served_link import UserLinkModel
 from model.trimmed import trims_by_rows
 from model.user_model import EdgeInput
@@ -191,10 +191,11 @@ def _typed_plan(model: HeteroNodeModel, hops: int | None) -> Plan:
             f"got {hops}"
         )
     degree = serving_needs(model).boundary_degrees
+    name = type(model.module if isinstance(model, UserHeteroModel) else model).__name__
     return Plan(
         mode=Mode.OUTPUT,
         reason=(
-            f"every {model.target} node's output: {type(model).__name__} reads a graph of "
+            f"every {model.target} node's output: {name} reads a graph of "
             f"several node types; an update recomputes the {model.target} outputs within "
             f"{hops} hops downstream of what it changed (over every relation), each from its "
             f"whole {hops}-hop in-neighbourhood"

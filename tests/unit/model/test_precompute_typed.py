@@ -65,6 +65,9 @@ def test_the_plan_is_every_target_nodes_output(store):
     assert plan.mode is Mode.OUTPUT and plan.hops == 2 and plan.degree
     assert "every user node's output" in plan.reason and "every relation" in plan.reason
     assert not plan_for(node_recipe(store, "sage", hidden=8), 3).degree
+    assert (
+        "FraudHeteroConv reads a graph of several" in plan_for(hetero_conv_model(store), 2).reason
+    )
 
 
 def test_a_typed_model_without_its_hops_is_refused(store):
