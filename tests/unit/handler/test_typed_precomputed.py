@@ -1,6 +1,6 @@
 """Precomputed archives of a graph of several node types (handler.core.precomputed): a seeded
 random stream of typed updates (nodes and edges of several relations added and removed,
-features and edge features set) taken by two workers on one log, then every live user's stored
+features and edge features set) taken by two workers on one log (a file, or a Redis stream), then every live user's stored
 answer equals the model's forward on the whole updated graph, on both workers and on a worker
 started after the updates, for every recipe and a user's HeteroConv model; embeddings too; an
 update marks the user rows it reaches over every relation, and only those."""
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from graph_assets import GraphStore
+from graph_assets.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
@@ -37,13 +38,17 @@ def model_of(store: GraphStore, name: str) -> torch.nn.Module:
 
 
 def worker(
-    store: GraphStore, model: torch.nn.Module, rows: Path, log: Path
+    store: GraphStore, model: torch.nn.Module, rows: Path, log: Path | RedisLogConfig
 ) -> tuple[NodeClassificationEngine, LiveGraph]:
     """A worker of a precomputed archive with sampled fanouts (the stored rows make answers
-    exact); the rows are built in chunks of 64 edges."""
+    exact), following a log file or a Redis stream; the rows are built in chunks of 64
+    edges."""
     if not rows.exists():
         precompute(model, store, rows, "weights", chunk_edges=64, progress=False, hops=HOPS)
-    live = LiveGraph(store, log)
+    if isinstance(log, RedisLogConfig):
+        live = LiveGraph(store, None, redis_log=log)
+    else:
+        live = LiveGraph(store, log)
     settings = ServingSettings.from_yaml_section({"fanouts": [2, 1]})
     engine = NodeClassificationEngine.create(
         store,
@@ -103,6 +108,23 @@ def test_exact_after_typed_updates_on_two_workers(store, tmp_path, name):
         got = torch.tensor([p["embedding"] for p in answer.body["predictions"]])
         want = embedding[[ids.index(i) for i in picked]]
         assert float((got - want).abs().max()) <= 1e-5
+
+
+def test_exact_after_typed_updates_on_a_redis_stream(store, tmp_path, redis_server):
+    model = model_of(store, "gcn")
+    config = RedisLogConfig(redis_server.url, timeout_s=0.5)
+    first, live = worker(store, model, tmp_path / "rows", config)
+    second, second_live = worker(store, model, tmp_path / "rows", config)
+    rng, counter = random.Random(19), [0]
+    for step in range(UPDATES):
+        taker = live if step % 2 else second_live
+        taker.update(UpdateRequest(random_typed_update(rng, taker, counter)))
+    live.sync()
+    ids, inputs = materialized_typed(live)
+    with torch.no_grad():
+        expected = torch.softmax(model(inputs), dim=-1)
+    for engine in (first, second):
+        assert float((served(engine, ids, UPDATES) - expected).abs().max()) <= 1e-5
 
 
 def test_an_update_marks_the_user_rows_it_reaches_over_every_relation(store, tmp_path):
