@@ -1,9 +1,10 @@
 """Precomputed archives of a graph of several node types (handler.core.precomputed): a seeded
 random stream of typed updates (nodes and edges of several relations added and removed,
-features and edge features set) taken by two workers on one log (a file, or a Redis stream), then every live user's stored
-answer equals the model's forward on the whole updated graph, on both workers and on a worker
-started after the updates, for every recipe and a user's HeteroConv model; embeddings too; an
-update marks the user rows it reaches over every relation, and only those."""
+features and edge features set) taken by two workers on one log (a file, or a Redis stream),
+then every live user's stored answer equals the model's forward on the whole updated graph, on
+both workers and on a worker started after the updates, for every recipe and a user's
+HeteroConv model; embeddings too; an update marks the user rows it reaches over every
+relation, and only those."""
 
 from __future__ import annotations
 
