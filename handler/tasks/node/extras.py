@@ -27,7 +27,7 @@ import torch
 
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
-from handler.core.batch import Batch, BatchEngine, Group, timed
+from handler.core.batch import Batch, BatchEngine, Group, StageTimes, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
 from handler.core.sampler import SampledSubgraph
 from handler.core.typed_ego import typed_answer
@@ -181,7 +181,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             batch.results[position] = (probabilities[rows], embedding[rows])
 
     def _answer(
-        self, sub: SampledSubgraph, view: GraphView, times: Any
+        self, sub: SampledSubgraph, view: GraphView, times: StageTimes
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The seeds' answer rows and embeddings: the model's forward on ``sub``, its nodes
         and edges read through ``view`` (split by type for a typed model)."""
