@@ -9,7 +9,7 @@ from redis.cluster import RedisCluster
 
 from graph_assets.redis_log import shown_url
 from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE, connect
-from graph_assets.remote.layout import check_prefix
+from graph_assets.remote.layout import DEFAULT_BLOCK_SIZE, check_prefix
 from graph_assets.remote.loader import LoadReport, load_store
 from graph_assets.store import open_store
 
@@ -39,12 +39,28 @@ def add_load_redis(commands: argparse._SubParsersAction) -> None:
         help=f"the graph's name in Redis: its keys start with it (default {DEFAULT_PREFIX})",
     )
     load.add_argument(
+        "--block-size",
+        type=_positive,
+        default=DEFAULT_BLOCK_SIZE,
+        metavar="N",
+        help="nodes per block, the unit a read fetches and the cache keeps: smaller blocks read "
+        "fewer unwanted rows of wide features, larger ones cost less memory per node "
+        f"(default {DEFAULT_BLOCK_SIZE}; a resumed load must use the first load's)",
+    )
+    load.add_argument(
         "--timeout-ms",
-        type=int,
+        type=_positive,
         default=DEFAULT_TIMEOUT_MS,
         metavar="MS",
         help=f"how long one Redis command may take (default {DEFAULT_TIMEOUT_MS})",
     )
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
 
 
 def _prefix(text: str) -> str:
@@ -60,7 +76,7 @@ def load_redis(args: argparse.Namespace) -> str:
     shown = shown_url(args.url)
     client = connect(args.url, args.timeout_ms)
     try:
-        report = load_store(store, client, args.prefix, shown_url=shown)
+        report = load_store(store, client, args.prefix, shown_url=shown, block_size=args.block_size)
         where = (
             f"a cluster of {len(client.get_primaries())} primaries"
             if isinstance(client, RedisCluster)

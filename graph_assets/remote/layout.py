@@ -34,11 +34,11 @@ EDGE_STARTS_PER_KEY = 1 << 17  # each block's first edge ID, 1 MB per key
 CHUNK_BYTES = 4 << 20  # about what one pipelined round of a load writes
 _PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
-# The fields of a block: CSC pointers (absolute: a node's edge IDs are its pointer + 0, 1, ...),
-# in-neighbours, each in-edge's relation (several relations only), degrees (in, out,
-# self-loops), labels (target type); per node type its features and IDs, per relation the
-# features of the block's in-edges of that relation in CSC order.
-PTR, SRC, REL, DEG, LABELS = "ptr", "src", "rel", "deg", "y"
+# The fields of a block: its in-lists (``Adjacency``, one value: a hop reads it with one
+# command per block), degrees (in, out, self-loops), labels (target type); per node type its
+# features and IDs, per relation the features of the block's in-edges of that relation in CSC
+# order. Redis's cost is per command more than per byte, so what is read together is one value.
+ADJ, DEG, LABELS = "adj", "deg", "y"
 DEGREE_COLUMNS = 3
 
 
@@ -91,14 +91,14 @@ class Keys:
         return f"{{{self.prefix}:m{node_type}:{shard}}}"
 
 
-Rows = Literal["pointers", "nodes", "edges", "targets", "type", "relation"]
+Rows = Literal["adjacency", "nodes", "targets", "type", "relation"]
 
 
 @dataclass(frozen=True)
 class FieldFormat:
     """A block field's values: ``dtype``, ``columns`` per row (None: one value per row), and
-    what its rows are (``rows``: the block's nodes plus one, nodes, in-edges, target-type
-    nodes, nodes of node type ``index``, or in-edges of relation ``index``)."""
+    what its rows are (``rows``: the bytes of an `Adjacency`, nodes, target-type nodes, nodes
+    of node type ``index``, or in-edges of relation ``index``)."""
 
     dtype: np.dtype[Any]
     columns: int | None
@@ -211,7 +211,7 @@ class RemoteLayout:
 
     @property
     def several_relations(self) -> bool:
-        """Whether blocks record each in-edge's relation (``REL``)."""
+        """Whether a block's `Adjacency` records each in-edge's relation."""
         return len(self.schema.relations) > 1
 
     @property
@@ -236,13 +236,10 @@ class RemoteLayout:
         """Every field a block may hold and its format."""
         schema = self.schema
         formats = {
-            PTR: FieldFormat(np.dtype("<i8"), None, "pointers"),
-            SRC: FieldFormat(np.dtype(self.src_dtype), None, "edges"),
+            ADJ: FieldFormat(np.dtype("u1"), None, "adjacency"),
             DEG: FieldFormat(np.dtype("<i8"), DEGREE_COLUMNS, "nodes"),
             LABELS: FieldFormat(np.dtype("<i8"), None, "targets"),
         }
-        if self.several_relations:
-            formats[REL] = FieldFormat(np.dtype("<i2"), None, "edges")
         for t, node_type in enumerate(schema.node_types):
             formats[ids_field(t)] = FieldFormat(np.dtype(self.id_dtypes[t]), None, "type", t)
             if node_type.feature_dim:
@@ -267,12 +264,49 @@ class RemoteLayout:
         if form.rows == "relation":
             return None if self.several_relations else edges
         counts = {
-            "pointers": stop - start + 1,
+            "adjacency": Adjacency.size(stop - start, edges, self),
             "nodes": stop - start,
-            "edges": edges,
             "targets": max(0, min(stop, self.schema.target_type.num_nodes) - start),
         }
         return counts[form.rows]
+
+
+@dataclass(frozen=True)
+class Adjacency:
+    """A block's in-lists: ``ptr`` (int64, the block's nodes plus one: absolute CSC positions,
+    so a node's edge IDs are ``ptr[i]``, ``ptr[i] + 1``, ...), ``src`` (each in-edge's
+    source) and ``rel`` (each in-edge's relation; None on a graph of one relation), stored
+    end to end in one value."""
+
+    ptr: np.ndarray
+    src: np.ndarray
+    rel: np.ndarray | None
+
+    @staticmethod
+    def size(nodes: int, edges: int, layout: RemoteLayout) -> int:
+        """The bytes of the adjacency of ``nodes`` nodes with ``edges`` in-edges."""
+        per_edge = np.dtype(layout.src_dtype).itemsize + (2 if layout.several_relations else 0)
+        return 8 * (nodes + 1) + per_edge * edges
+
+    def encode(self, layout: RemoteLayout) -> bytes:
+        parts = [np.asarray(self.ptr, "<i8"), np.asarray(self.src, layout.src_dtype)]
+        if self.rel is not None:
+            parts.append(np.asarray(self.rel, "<i2"))
+        return b"".join(part.tobytes() for part in parts)
+
+    @staticmethod
+    def pointers(raw: np.ndarray, nodes: int) -> np.ndarray:
+        """The ``ptr`` of ``nodes`` nodes in ``raw`` (uint8, at least its bytes long)."""
+        return raw[: 8 * (nodes + 1)].view("<i8")
+
+    @classmethod
+    def decode(cls, raw: np.ndarray, nodes: int, layout: RemoteLayout) -> Adjacency:
+        """The adjacency of ``nodes`` nodes in ``raw`` (uint8, `size` bytes long)."""
+        ptr = cls.pointers(raw, nodes)
+        start = 8 * (nodes + 1)
+        end = start + int(ptr[-1] - ptr[0]) * np.dtype(layout.src_dtype).itemsize
+        src = raw[start:end].view(layout.src_dtype)
+        return cls(ptr, src, raw[end:].view("<i2") if layout.several_relations else None)
 
 
 def _positive(value: object) -> int:

@@ -23,13 +23,12 @@ from tqdm import tqdm
 from graph_assets.remote.connect import Client, guarded
 from graph_assets.remote.errors import RemoteGraphError
 from graph_assets.remote.layout import (
+    ADJ,
     DEFAULT_BLOCK_SIZE,
     DEG,
     EDGE_STARTS_PER_KEY,
     LABELS,
-    PTR,
-    REL,
-    SRC,
+    Adjacency,
     Keys,
     RemoteLayout,
     check_prefix,
@@ -252,13 +251,12 @@ class _Writer:
 
         ptr = np.asarray(store.indptr[start : stop + 1], dtype=np.int64)
         first, last = int(ptr[0]), int(ptr[-1])
-        yield entry(PTR, ptr)
-        yield entry(SRC, store.indices[first:last])
         relations = None
         if layout.several_relations:
             assert store.edge_type is not None
             relations = np.asarray(store.edge_type[first:last])
-            yield entry(REL, relations)
+        lists = Adjacency(ptr, np.asarray(store.indices[first:last]), relations)
+        yield Entry(self.keys.block(block, ADJ), lists.encode(layout))
         loops = store.self_loop_counts
         degrees = [store.in_degree[start:stop], store.out_degree[start:stop]]
         degrees.append(np.zeros(stop - start, np.int64) if loops is None else loops[start:stop])

@@ -22,11 +22,10 @@ from graph_assets.remote.cache import BlockCache, BlockField
 from graph_assets.remote.connect import Client, connect, guarded
 from graph_assets.remote.errors import RemoteGraphError
 from graph_assets.remote.layout import (
+    ADJ,
     DEG,
     LABELS,
-    PTR,
-    REL,
-    SRC,
+    Adjacency,
     Keys,
     RemoteLayout,
     check_prefix,
@@ -53,6 +52,19 @@ class InLists:
     indices: np.ndarray
     edge_ids: np.ndarray
     relations: np.ndarray
+
+
+@dataclass(frozen=True)
+class _BlockLists:
+    """The in-lists of some blocks end to end: ``ptr`` (each block's pointers, the block's
+    part starting at ``ptr_base``), ``src`` and ``rel`` (each block's in-edges, starting at
+    ``edge_base``; ``rel`` None on a graph of one relation)."""
+
+    ptr: np.ndarray
+    ptr_base: np.ndarray
+    src: np.ndarray
+    edge_base: np.ndarray
+    rel: np.ndarray | None
 
 
 @dataclass
@@ -307,25 +319,21 @@ class RemoteStore:
             empty = np.empty(0, dtype=np.int64)
             return InLists(np.zeros(1, dtype=np.int64), empty, empty, empty)
         blocks, inverse = np.unique(nodes // self.layout.block_size, return_inverse=True)
-        fields = [PTR, SRC] + ([REL] if self.layout.several_relations else [])
-        fetched = self._fetch([(b, f) for b in blocks.tolist() for f in fields])
-        ptr, ptr_base = _concatenated(fetched, blocks, PTR)
-        src, src_base = _concatenated(fetched, blocks, SRC)
-        at = ptr_base[inverse] + nodes - blocks[inverse] * self.layout.block_size
-        starts, ends = ptr[at], ptr[at + 1]
+        lists = self._block_lists(blocks)
+        at = lists.ptr_base[inverse] + nodes - blocks[inverse] * self.layout.block_size
+        starts, ends = lists.ptr[at], lists.ptr[at + 1]
         counts = ends - starts
         indptr = np.zeros(len(nodes) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         ragged = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], counts)
-        first = ptr[ptr_base[inverse]]  # each node's block's first edge ID
-        positions = np.repeat(src_base[inverse] + starts - first, counts) + ragged
+        first = lists.ptr[lists.ptr_base[inverse]]  # each node's block's first edge ID
+        positions = np.repeat(lists.edge_base[inverse] + starts - first, counts) + ragged
         relations = np.zeros(len(positions), dtype=np.int64)
-        if self.layout.several_relations:
-            rel, _ = _concatenated(fetched, blocks, REL)
-            relations = rel[positions].astype(np.int64)
+        if lists.rel is not None:
+            relations = lists.rel[positions].astype(np.int64)
         return InLists(
             indptr=indptr,
-            indices=src[positions].astype(np.int64),
+            indices=lists.src[positions].astype(np.int64),
             edge_ids=np.repeat(starts, counts) + ragged,
             relations=relations,
         )
@@ -336,14 +344,14 @@ class RemoteStore:
         if not self.layout.several_relations or not len(edge_ids):
             return np.zeros(len(edge_ids), dtype=np.int64)
         blocks, inverse, local = self._edge_blocks(edge_ids)
-        fetched = self._fetch([(b, REL) for b in blocks.tolist()])
-        rel, base = _concatenated(fetched, blocks, REL)
-        return rel[base[inverse] + local].astype(np.int64)
+        lists = self._block_lists(blocks)
+        assert lists.rel is not None
+        return lists.rel[lists.edge_base[inverse] + local].astype(np.int64)
 
     def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
         """float32 ``[len(edge_ids), D]`` features of edges by ID (CSC position), all of one
-        relation (ValueError otherwise): one round, two when the edges' relations are not
-        cached (`in_lists` caches them)."""
+        relation (ValueError otherwise): one round, two on a graph of several relations when
+        the edges' blocks are not cached (`in_lists` caches them)."""
         edge_ids = self._checked_edges(edge_ids)
         relations = self.schema.relations
         if not len(edge_ids):
@@ -351,8 +359,9 @@ class RemoteStore:
         blocks, inverse, local = self._edge_blocks(edge_ids)
         relation, row, counts = 0, local, None
         if self.layout.several_relations:
-            fetched = self._fetch([(b, REL) for b in blocks.tolist()])
-            rel, base = _concatenated(fetched, blocks, REL)
+            lists = self._block_lists(blocks)
+            assert lists.rel is not None
+            rel, base = lists.rel, lists.edge_base
             at = base[inverse] + local
             relation = int(rel[at[0]])
             if (rel[at] != relation).any():
@@ -372,6 +381,25 @@ class RemoteStore:
                 self._check_rows(b, field, len(fetched[b, field]), count)
         table, table_base = _concatenated(fetched, blocks, field)
         return table[table_base[inverse] + row]
+
+    def _block_lists(self, blocks: np.ndarray) -> _BlockLists:
+        """The in-lists of ``blocks`` (unique), end to end; one round for those not cached."""
+        fetched = self._fetch([(b, ADJ) for b in blocks.tolist()])
+        parts = [self._adjacency(b, fetched[b, ADJ]) for b in blocks.tolist()]
+        pointers = np.array([len(part.ptr) for part in parts], dtype=np.int64)
+        edges = np.array([len(part.src) for part in parts], dtype=np.int64)
+        relations = [part.rel for part in parts if part.rel is not None]
+        return _BlockLists(
+            ptr=np.concatenate([part.ptr for part in parts]),
+            ptr_base=np.cumsum(pointers) - pointers,
+            src=np.concatenate([part.src for part in parts]),
+            edge_base=np.cumsum(edges) - edges,
+            rel=np.concatenate(relations) if relations else None,
+        )
+
+    def _adjacency(self, block: int, raw: np.ndarray) -> Adjacency:
+        start, stop = self.layout.block_nodes(block)
+        return Adjacency.decode(raw, stop - start, self.layout)
 
     def _edge_blocks(self, edge_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks holding ``edge_ids`` (unique), each edge's block among them, and its
@@ -464,12 +492,17 @@ class RemoteStore:
         overwritten by someone else: refuse them rather than answer from them."""
         first, last = self.edge_starts[block : block + 2].tolist()
         self._check_rows(block, field, len(array), self.layout.rows_of(field, block, last - first))
-        if field == PTR and (array[0] != first or array[-1] != last):
-            raise RemoteGraphError(self._overwritten(block, field, "pointers outside its edges"))
+        if field == ADJ:
+            start, stop = self.layout.block_nodes(block)
+            ptr = Adjacency.pointers(array, stop - start)
+            if ptr[0] != first or ptr[-1] != last:
+                what = "pointers outside its edges"
+                raise RemoteGraphError(self._overwritten(block, field, what))
 
     def _check_rows(self, block: int, field: str, found: int, expected: int | None) -> None:
         if expected is not None and found != expected:
-            what = f"{found} rows, the layout says {expected}"
+            unit = "bytes" if field == ADJ else "rows"
+            what = f"{found} {unit}, the layout says {expected}"
             raise RemoteGraphError(self._overwritten(block, field, what))
 
     def _overwritten(self, block: int, field: str, what: str) -> str:

@@ -23,10 +23,10 @@ def test_least_recently_used_goes_first_and_the_bound_holds() -> None:
 
 def test_dropping_a_block_forgets_every_field_of_it() -> None:
     cache = BlockCache(capacity_bytes=1 << 20)
-    for field in ("ptr", "src", "x0"):
+    for field in ("adj", "deg", "x0"):
         cache.put((7, field), np.arange(3))
-    cache.put((8, "ptr"), np.arange(3))
+    cache.put((8, "adj"), np.arange(3))
     cache.drop_blocks([7, 9])
-    assert [cache.get((7, f)) for f in ("ptr", "src", "x0")] == [None, None, None]
-    assert cache.get((8, "ptr")) is not None
+    assert [cache.get((7, f)) for f in ("adj", "deg", "x0")] == [None, None, None]
+    assert cache.get((8, "adj")) is not None
     assert cache.nbytes == 3 * 8 + 200

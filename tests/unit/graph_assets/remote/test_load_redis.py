@@ -87,7 +87,7 @@ def test_verifying_writes_again_what_differs(
     prefix = f"damaged-{request.node.callspec.id}"
     load_store(one_type_store, client, prefix, shown_url=url, block_size=BLOCK)
     keys = Keys(prefix)
-    client.set(keys.block(3, "src"), b"\x00" * 12)  # overwritten
+    client.set(keys.block(3, "adj"), b"\x00" * 12)  # overwritten
     client.delete(keys.id_shard(0, 0))  # evicted
     with pytest.raises(RemoteGraphError):
         same_reads(url, prefix, one_type_store)
@@ -122,14 +122,18 @@ def test_the_cli_loads_into_a_cluster_and_verifies(
     redis_cluster: LocalCluster, typed_store: GraphStore, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["load-redis", "--store", str(typed_store.path), "--url", redis_cluster.url]
-    assert main([*args, "--prefix", "cli"]) == 0
+    args += ["--prefix", "cli"]
+    assert main([*args, "--block-size", "16"]) == 0
     out = capsys.readouterr().out
     assert "(a cluster of 3 primaries), prefix cli" in out
     assert "(0 were already there)" in out and typed_store.checksum in out
-    assert main([*args, "--prefix", "cli"]) == 0
+    assert main([*args, "--block-size", "16"]) == 0
     assert "already loaded: verified 5 chunks against their recorded sha256: all match" in (
         capsys.readouterr().out
     )
+    assert main(args) == 2  # the default block size is another layout
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "in blocks of 16 nodes, this load asks for 32" in err
     same_reads(redis_cluster.url, "cli", typed_store)
 
 

@@ -131,7 +131,7 @@ def test_each_batched_read_is_one_round_trip_across_shards(
     users = nodes[nodes < store.schema.target_type.num_nodes]
     keys = Keys(prefix)
     shards = {
-        view.client.get_node_from_key(keys.block(int(b), "ptr")).name  # type: ignore[union-attr]
+        view.client.get_node_from_key(keys.block(int(b), "adj")).name  # type: ignore[union-attr]
         for b in np.unique(nodes // BLOCK)
     }
     assert len(shards) == 3  # the batch needs every primary
@@ -232,9 +232,10 @@ def test_a_lost_or_overwritten_value_is_refused_not_answered(
         load_store(one_type_store, client, "lossy", shown_url=single_redis.url, block_size=BLOCK)
         client.delete(keys.block(2, "x0"))
         client.set(keys.block(3, "deg"), b"\0" * 24)  # one row of three int64
-        client.set(keys.block(5, "src"), b"\0" * 3)
-        pointers = np.frombuffer(client.get(keys.block(4, "ptr")), dtype="<i8")  # type: ignore[arg-type]
-        client.set(keys.block(4, "ptr"), (pointers + 1).tobytes())  # right length, wrong span
+        client.set(keys.block(5, "x0"), b"\0" * 3)
+        lists = bytearray(client.get(keys.block(4, "adj")))  # type: ignore[arg-type]
+        lists[:8] = (int.from_bytes(lists[:8], "little") + 1).to_bytes(8, "little")
+        client.set(keys.block(4, "adj"), bytes(lists))  # the right length, pointers shifted
     finally:
         client.close()
     view = remote(single_redis.url, "lossy", one_type_store, cache_mb=0)
@@ -246,7 +247,7 @@ def test_a_lost_or_overwritten_value_is_refused_not_answered(
     with pytest.raises(RemoteGraphError, match="pointers outside its edges") as shifted:
         view.in_lists(np.arange(4 * BLOCK, 5 * BLOCK))
     with pytest.raises(RemoteGraphError, match="3 bytes, not whole rows") as torn:
-        view.in_lists(np.arange(5 * BLOCK, 6 * BLOCK))
+        view.feature_rows(np.arange(5 * BLOCK, 6 * BLOCK))
     assert all("\n" not in str(e.value) for e in (lost, short, shifted, torn))
 
 
