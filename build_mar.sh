@@ -239,7 +239,6 @@ if [ "$task" = link ] && [ -z "$target_edge_type" ] && [ -n "$graph_given" ] && 
 fi
 if [ -n "$target_edge_type" ]; then
   [ "$task" = link ] || die "--target-edge-type goes with --task link (the relation a link archive predicts)"
-  [ -z "$precompute" ] || die "--precompute of a link archive of a graph of several node types is not available yet: build it without --precompute (its top-k reads link/'s embeddings)"
   relation=(--target-edge-type "$target_edge_type")
   # A typed graph is served for the relation's source type unless told otherwise.
   if [ -z "$target_node_type" ] && [ -d "$graph/nodes" ]; then

@@ -38,7 +38,7 @@ from model.export import (
     preset_keys,
     write_model_files,
 )
-from model.precompute import Mode, plan_for, precompute, stored_rows, weights_digest
+from model.precompute import Mode, plan_for, precompute, weights_digest
 from model.registry import build_model
 from model.served import serving_needs
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
@@ -120,16 +120,15 @@ def _precompute(args: dict[str, Any], store: GraphStore) -> str:
         progress=not args["quiet"],
         hops=config.num_layers,
     )
-    kind = "" if store.schema.is_homogeneous else f"{store.schema.target} "
+    types = meta["node_types"]
+    kind = "" if store.schema.is_homogeneous else f"{' and '.join(types)} "
+    count = sum(store.schema.node_type(name).num_nodes for name in types)
     what = (
         f"{meta['num_layers']} layers (widths {meta['dims']})"
         if meta["mode"] == Mode.LAYERS.value
         else f"the output (width {meta['dims'][0]})"
     )
-    return (
-        f"  precomputed {what} of {stored_rows(store)} {kind}nodes in "
-        f"{time.perf_counter() - started:.1f} s"
-    )
+    return f"  precomputed {what} of {count} {kind}nodes in {time.perf_counter() - started:.1f} s"
 
 
 def _package(args: dict[str, Any], store: GraphStore) -> str:

@@ -19,10 +19,12 @@
   knowledge, degree-normalising layers, PNA, a user's link model's ``encode``, every model of a
   graph of several node types): ``output.npy``, float32 ``[N, C]``, the model's own forward on
   the whole graph when it is small, else on each chunk's whole in-neighbourhood
-  (``model.in_closure``), the rule live updates recompute outputs with. ``N`` counts the nodes
-  of the graph's target type, the type answers are for: on a graph of one type every node; on
-  a typed graph the target's nodes, its first global indices, each from its in-neighbourhood
-  over every relation, split by type as a typed ego-graph is (``model.typed_rows``).
+  (``model.in_closure``), the rule live updates recompute outputs with. On a graph of one type
+  ``N`` counts every node. On a typed graph the rows are those of the types answers read (a
+  node model's target, a link model's two ends, ``Plan.types``), at their global indices
+  (``N``: up to the last of them; rows of other types stay zero), each from its
+  in-neighbourhood over every relation, split by type as a typed ego-graph is
+  (``model.typed_rows``): a link model's rows are ``encode``'s of the node's type.
 
 Beside them: ``out_indptr.npy`` / ``out_indices.npy``, the graph's edges grouped by source
 (CSR), which an update follows to find the rows it reaches; ``meta.json``: format version,
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from enum import Enum
@@ -47,10 +49,11 @@ from tqdm import tqdm
 
 from graph_assets.durable import fsync_path
 from graph_assets.errors import StoreError
+from graph_assets.schema import GraphSchema
 from graph_assets.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
 from model.export import WEIGHTS_FILE
-from model.hetero_link import HeteroLinkModel
+from model.hetero_link import HeteroLinkModel, TypeRows
 from model.in_closure import (
     Closure,
     closure_chunks,
@@ -63,6 +66,7 @@ from model.link import LinkPredictor
 from model.link_assets import out_csr
 from model.served import UserNodeModel, serving_needs
 from model.served_hetero import HeteroNodeModel, UserHeteroModel
+from model.served_hetero_link import UserHeteroLinkModel
 from model.served_link import UserLinkModel
 from model.trimmed import trims_by_rows
 from model.user_model import EdgeInput
@@ -103,6 +107,8 @@ class Plan:
         edge_attr: the layers read their in-edges' features (by edge ID).
         stored_embedding: a node's embedding is its layer ``L-1`` row (the input of the last
             layer); otherwise it is computed from the node's in-neighbourhood.
+        types: on a typed graph, the node types whose rows are stored (a node model's target,
+            a link model's two ends); empty: the graph's one type.
     """
 
     mode: Mode
@@ -112,6 +118,7 @@ class Plan:
     degree: bool = False
     edge_attr: bool = False
     stored_embedding: bool = False
+    types: tuple[str, ...] = ()
 
     @property
     def arrays(self) -> int:
@@ -121,18 +128,13 @@ class Plan:
 
 def plan_for(model: torch.nn.Module, hops: int | None = None) -> Plan:
     """Per-layer rows for a stack of by-rows layers (the presets, a link preset's encoder, a
-    user's qualifying ``BasicGNN``), every node's output for any other node model (a typed
-    graph's included) and every node's embedding (``encode``) for a user's link model.
+    user's qualifying ``BasicGNN``), every node's output for any other node model and every
+    node's embedding (``encode``) for a user's link model and any typed graph's link model.
     ``hops``: the receptive field of a typed graph's model, which does not carry it (its
     config's ``num_layers``); the others say their own. ValueError, one line, for a model
     whose rows are not precomputed."""
-    if isinstance(model, HeteroNodeModel):
+    if isinstance(model, HeteroNodeModel | HeteroLinkModel):
         return _typed_plan(model, hops)
-    if isinstance(model, HeteroLinkModel):
-        raise ValueError(
-            "--precompute of a link archive of a graph of several node types is not available "
-            "yet: build it without --precompute (its top-k reads link/'s embeddings)"
-        )
     if isinstance(model, LinkPredictor):
         model = model.encoder
     if isinstance(model, NodeClassifier):
@@ -182,27 +184,45 @@ def plan_for(model: torch.nn.Module, hops: int | None = None) -> Plan:
     )
 
 
-def _typed_plan(model: HeteroNodeModel, hops: int | None) -> Plan:
-    """Every target node's output of a typed graph's model, recomputed from its whole
-    in-neighbourhood over every relation."""
+def _typed_plan(model: HeteroNodeModel | HeteroLinkModel, hops: int | None) -> Plan:
+    """Every output (a link model's: every ``encode`` embedding) of the node types answers
+    read on a typed graph, each recomputed from its whole in-neighbourhood over every
+    relation."""
     if hops is None or hops < 1:
         raise ValueError(
             f"the hops of {type(model).__name__} must be given (its config's num_layers, >= 1); "
             f"got {hops}"
         )
-    degree = serving_needs(model).boundary_degrees
-    name = type(model.module if isinstance(model, UserHeteroModel) else model).__name__
+    user = isinstance(model, UserHeteroModel | UserHeteroLinkModel)
+    plain = model.module if user else model  # the user's class, not its adapter
+    if isinstance(model, HeteroLinkModel):
+        src, _, dst = model.edge_type
+        types = tuple(dict.fromkeys((src, dst)))
+        stored = f"every {' and '.join(types)} node's embedding (encode)"
+    else:
+        types = (model.target,)
+        stored = f"every {model.target} node's output"
     return Plan(
         mode=Mode.OUTPUT,
         reason=(
-            f"every {model.target} node's output: {name} reads a graph of "
-            f"several node types; an update recomputes the {model.target} outputs within "
-            f"{hops} hops downstream of what it changed (over every relation), each from its "
-            f"whole {hops}-hop in-neighbourhood"
+            f"{stored}: {type(plain).__name__} reads a graph of several node types; an update "
+            f"recomputes the {' and '.join(types)} rows within {hops} hops downstream of what "
+            f"it changed (over every relation), each from its whole {hops}-hop "
+            "in-neighbourhood"
         ),
         hops=hops,
-        degree=degree,
+        degree=serving_needs(model).boundary_degrees,
+        types=types,
     )
+
+
+def row_model(model: torch.nn.Module, node_type: str) -> HeteroNodeModel:
+    """What a typed graph's model computes ``node_type``'s stored rows with: a node model
+    itself (its target's outputs), a link model's ``encode`` rows of that type."""
+    if isinstance(model, HeteroLinkModel):
+        return TypeRows(model, node_type)
+    assert isinstance(model, HeteroNodeModel) and model.target == node_type
+    return model
 
 
 def _not_by_layers(
@@ -232,6 +252,11 @@ def check_plan(precomputed: Precomputed, model: torch.nn.Module) -> Plan:
     line ending in the rebuild command, otherwise); a typed model's hops are the ones the rows
     were built with."""
     plan = plan_for(model, precomputed.hops)
+    if plan.types and plan.types != precomputed.node_types:
+        raise StoreError(
+            f"{precomputed.path}: holds rows of {', '.join(precomputed.node_types)} nodes, the "
+            f"archive's model reads {', '.join(plan.types)} nodes; {_REBUILD}"
+        )
     if plan.mode is not precomputed.mode or plan.arrays != precomputed.num_layers:
         raise StoreError(
             f"{precomputed.path}: holds {_stored(precomputed.mode, precomputed.num_layers)}, "
@@ -364,6 +389,7 @@ def precompute(
         "hops": plan.hops,
         "graph_checksum": store.checksum,
         "weights_sha256": weights_sha256,
+        "node_types": list(plan.types or (store.schema.target,)),
         "num_layers": len(dims),
         "dims": dims,
         "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -431,31 +457,36 @@ def _precompute_output(
     chunk_edges: int,
     progress: bool,
 ) -> tuple[list[str], list[int]]:
-    """``output.npy``: the forward of the whole graph (every node's in-edges) when it has at
-    most ``chunk_edges`` edges, else chunks of consecutive nodes, each on its whole
-    in-neighbourhood with the in-edges of its ``hops``-hop nodes too (``model.in_closure``:
-    exact whether or not the model reads its sources' degrees, so the stored rows do not
-    depend on that being detected), each neighbourhood within ``chunk_edges`` edges unless one
-    node's alone is larger. The nodes are the target type's (:func:`stored_rows`)."""
-    n = stored_rows(store)
-    seeds = np.arange(n, dtype=np.int64)
+    """``output.npy``: for each stored type (:attr:`Plan.types`, or the one type), the forward
+    of its nodes on every in-edge they read when the graph has at most ``chunk_edges`` edges,
+    else chunks of consecutive nodes, each on its whole in-neighbourhood with the in-edges of
+    its ``hops``-hop nodes too (``model.in_closure``: exact whether or not the model reads its
+    sources' degrees, so the stored rows do not depend on that being detected), each
+    neighbourhood within ``chunk_edges`` edges unless one node's alone is larger."""
+    schema = store.schema
+    types = plan.types or (schema.target,)
     read, levels = store_in_edges(store), plan.hops + 1
-    parts: Iterator[Closure] = (
-        iter([in_closure(read, seeds, levels)])
-        if store.num_edges <= chunk_edges
-        else closure_chunks(read, seeds, levels, chunk_edges)
-    )
     stored: np.memmap | None = None
-    bar = tqdm(total=n, desc="precompute outputs", disable=None if progress else True)
-    for closure in parts:
-        rows = _closure_rows(model, closure, store)
-        if stored is None:
-            stored = np.lib.format.open_memmap(
-                out / OUTPUT_FILE, mode="w+", dtype=np.float32, shape=(n, rows.shape[1])
-            )
-        first = int(closure.nodes[0])  # the seeds are consecutive nodes
-        stored[first : first + closure.seeds] = rows
-        bar.update(closure.seeds)
+    total = sum(schema.node_type(name).num_nodes for name in types)
+    bar = tqdm(total=total, desc="precompute outputs", disable=None if progress else True)
+    for name in types:
+        node_type = schema.node_type(name)
+        seeds = np.arange(node_type.offset, node_type.stop, dtype=np.int64)
+        parts: Iterator[Closure] = (
+            iter([in_closure(read, seeds, levels)])
+            if store.num_edges <= chunk_edges
+            else closure_chunks(read, seeds, levels, chunk_edges)
+        )
+        for closure in parts:
+            rows = _closure_rows(model, name, closure, store)
+            if stored is None:
+                shape = (stored_rows(schema, types), rows.shape[1])
+                stored = np.lib.format.open_memmap(
+                    out / OUTPUT_FILE, mode="w+", dtype=np.float32, shape=shape
+                )
+            first = int(closure.nodes[0])  # the seeds are consecutive nodes
+            stored[first : first + closure.seeds] = rows
+            bar.update(closure.seeds)
     bar.close()
     assert stored is not None
     width = int(stored.shape[1])
@@ -464,11 +495,14 @@ def _precompute_output(
     return [OUTPUT_FILE], [width]
 
 
-def _closure_rows(model: torch.nn.Module, closure: Closure, store: GraphStore) -> np.ndarray:
-    """The seeds' output rows of the model's own forward on ``closure`` of the stored graph
-    (a typed graph's model on the closure split by type)."""
-    if isinstance(model, HeteroNodeModel):
-        rows, _ = typed_closure_forward(model, closure, store.schema, store)
+def _closure_rows(
+    model: torch.nn.Module, node_type: str, closure: Closure, store: GraphStore
+) -> np.ndarray:
+    """The seeds' output rows (of ``node_type``) of the model's own forward on ``closure`` of
+    the stored graph (a typed graph's model on the closure split by type)."""
+    if isinstance(model, HeteroNodeModel | HeteroLinkModel):
+        typed = row_model(model, node_type)
+        rows, _ = typed_closure_forward(typed, closure, store.schema, store)
         return rows
     x = np.take(store.features, closure.nodes, axis=0)
     reads_edges = serving_needs(model).edge_input is not EdgeInput.NONE
@@ -477,10 +511,11 @@ def _closure_rows(model: torch.nn.Module, closure: Closure, store: GraphStore) -
     return rows
 
 
-def stored_rows(store: GraphStore) -> int:
-    """Rows of every stored array: one per node of the target type, the type answers are for
-    (every node of a graph of one type; a typed graph's target holds its first indices)."""
-    return store.schema.target_type.num_nodes
+def stored_rows(schema: GraphSchema, types: Sequence[str]) -> int:
+    """Rows of every stored array: the global indices up to the last node of the stored
+    ``types`` (a graph of one type: every node; a typed node model's target, the first
+    indices: its nodes)."""
+    return max(schema.node_type(name).stop for name in types)
 
 
 @dataclass(frozen=True, eq=False)
@@ -506,6 +541,11 @@ class Precomputed:
     def hops(self) -> int:
         """The receptive field the rows were built with (meta.json's ``hops``)."""
         return int(self.meta["hops"])
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        """The node types whose rows are stored (meta.json's ``node_types``)."""
+        return tuple(self.meta["node_types"])
 
 
 def open_archive_precomputed(
@@ -558,11 +598,18 @@ def open_precomputed(
         name: open_recorded_array(path / name, files[name], _REBUILD, verify_checksum)
         for name in files
     }
-    rows, n = stored_rows(store), store.num_nodes
+    schema, n = store.schema, store.num_nodes
+    types = meta.setdefault("node_types", [schema.target])  # archives before typed graphs
+    if not isinstance(types, list) or not types or not set(types) <= set(schema.node_type_names):
+        raise StoreError(
+            f"{meta_path}: node_types must list node types of the graph "
+            f"({', '.join(schema.node_type_names)}), got {types!r}; {_REBUILD}"
+        )
+    rows = stored_rows(schema, types)
     for name in names:
         if arrays[name].ndim != 2 or arrays[name].shape[0] != rows:
             raise StoreError(
-                f"{path / name}: not one row per {store.schema.target} node of the graph; "
+                f"{path / name}: not one row per node of {', '.join(types)} ({rows} rows); "
                 f"{_REBUILD}"
             )
     if not isinstance(meta.get("hops"), int) or meta["hops"] < 1:

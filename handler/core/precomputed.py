@@ -22,11 +22,13 @@ reached when a node within ``r`` hops upstream was reached in the array below, o
   with degrees). A marked output is recomputed by the model's own forward on the node's whole
   in-neighbourhood at the current version (``model.in_closure``), the rule the build used.
 
-Rows are kept for the nodes of the graph's target type (``model.precompute.stored_rows``): on
-a graph of several node types, "downstream" follows out-edges of every relation, through nodes
-of any type, and the rows marked are the target nodes it reaches (nodes of that type an update
-added included); a typed model runs on each in-neighbourhood split by type
-(``model.in_closure.typed_closure_forward``).
+On a graph of several node types, rows are kept for the types answers read
+(``Precomputed.node_types``: a node model's target, a link model's two ends): "downstream"
+follows out-edges of every relation, through nodes of any type, and the rows marked are the
+nodes of those types it reaches (nodes an update added included); each type's rows are
+recomputed by the model's forward on their in-neighbourhoods split by type
+(``model.in_closure.typed_closure_forward``, with ``model.precompute.row_model``'s rows of
+that type).
 
 A marked row is recomputed before anything reads it: a read recomputes the marked rows it needs
 (and, first, the marked rows those need), and the live graph's follower recomputes the rest in
@@ -39,6 +41,7 @@ the stored files are never written.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +53,7 @@ from graph_assets.graph_view import GraphView
 from graph_assets.overlay import GraphOverlay, OverlayChange
 from handler.core.arrays import readonly_tensor
 from handler.core.sampler import NeighbourSampler
+from model.hetero_link import HeteroLinkModel
 from model.in_closure import (
     UNLIMITED,
     Closure,
@@ -67,6 +71,7 @@ from model.precompute import (
     Precomputed,
     check_plan,
     layer_rows,
+    row_model,
 )
 from model.served import serving_needs
 from model.served_hetero import HeteroNodeModel
@@ -103,7 +108,14 @@ class PrecomputedRows:
         self.store = store
         self.overlay = overlay
         self.num_layers = precomputed.num_layers
-        self._target = store.schema.type_index(store.schema.target)  # the type rows are kept for
+        schema = store.schema
+        self._types = np.array([schema.type_index(name) for name in precomputed.node_types])
+        # A typed graph's model: what each stored type's rows are computed with.
+        self._row_models = (
+            {schema.type_index(name): row_model(model, name) for name in precomputed.node_types}
+            if isinstance(model, HeteroNodeModel | HeteroLinkModel)
+            else {}
+        )
         # How far one array's change reaches in the next (module docstring).
         self.reach = 1 if self.plan.mode is Mode.LAYERS else self.plan.hops
         self.changed: list[dict[int, np.ndarray]] = [{} for _ in range(self.num_layers)]
@@ -227,9 +239,10 @@ class PrecomputedRows:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """The model on ``closure`` (its features and edge features gathered; a typed model's
         per type and relation)."""
-        if isinstance(self.model, HeteroNodeModel):
+        if self._row_models:  # the seeds are of one type (_recompute groups them so)
+            [seed_type] = self.view.types_of(closure.nodes[:1]).tolist()
             return typed_closure_forward(
-                self.model, closure, self.store.schema, self.view, with_embedding
+                self._row_models[seed_type], closure, self.store.schema, self.view, with_embedding
             )
         nodes = closure.nodes
         known = nodes >= 0
@@ -282,7 +295,7 @@ class PrecomputedRows:
         for layer in range(1, self.num_layers + 1):
             dirty = np.union1d(self.downstream(reached, self.reach), structural)
             dirty = dirty[~np.isin(dirty, removed)]
-            dirty = dirty[self.view.types_of(dirty) == self._target]
+            dirty = dirty[np.isin(self.view.types_of(dirty), self._types)]
             self.pending[layer - 1].update(dirty.tolist())
             self.stats.marked += int(dirty.size)
             reached = dirty
@@ -338,16 +351,35 @@ class PrecomputedRows:
                 found.append(np.fromiter(added, dtype=np.int64))
         return np.unique(np.concatenate(found))
 
-    def exact_out_neighbours(self, node: int) -> np.ndarray:
-        """The nodes with an in-edge from ``node`` now (``out_neighbours`` without the
-        superset: a candidate whose in-list changed is checked against it)."""
+    def neighbours_on(
+        self, node: int, in_relations: Sequence[int], relation: int
+    ) -> list[np.ndarray]:
+        """``node``'s neighbours on one relation now (a link archive's top-k leaves them
+        out): its in-neighbours over ``in_relations`` (the relation's edges into it where it
+        joins one type, its reverse's), and the nodes it has an edge of ``relation`` to."""
+        sources = self.in_list(node)
+        kinds = self.view.edge_relations(self.in_list_edge_ids(node))
+        return [sources[np.isin(kinds, in_relations)], self._out_on(node, relation)]
+
+    def _out_on(self, node: int, relation: int) -> np.ndarray:
+        """The nodes with an in-edge of ``relation`` from ``node`` now: ``out_neighbours``
+        without the superset, a candidate checked against its in-list where that list changed
+        or where the graph has several relations."""
         found = self.out_neighbours(np.array([node], dtype=np.int64))
-        if self.overlay is None or self.overlay.is_empty or found.size == 0:
+        if found.size == 0:
             return found
-        changed = self.overlay.dirty_mask(found)
-        keep = ~changed
-        for position in np.flatnonzero(changed).tolist():
-            keep[position] = node in set(self.in_list(int(found[position])).tolist())
+        if len(self.store.schema.relations) > 1:
+            check = np.ones(len(found), dtype=bool)
+        elif self.overlay is not None and not self.overlay.is_empty:
+            check = self.overlay.dirty_mask(found)
+        else:
+            return found
+        keep = ~check
+        for position in np.flatnonzero(check).tolist():
+            target = int(found[position])
+            from_node = self.in_list(target) == node
+            kinds = self.view.edge_relations(self.in_list_edge_ids(target)[from_node])
+            keep[position] = bool((kinds == relation).any())
         return found[keep]
 
     def _follow_edges(self, change: OverlayChange) -> None:
@@ -379,12 +411,16 @@ class PrecomputedRows:
     def _recompute(self, layer: int, nodes: np.ndarray) -> None:
         """Rows ``nodes`` of ``layer``, in chunks of bounded in-edges: per-layer rows from
         layer ``layer - 1`` (whose marked rows among their inputs are recomputed first, by
-        ``rows``), outputs from the model on the nodes' in-neighbourhoods."""
+        ``rows``), outputs from the model on the nodes' in-neighbourhoods (one type's nodes
+        at a time)."""
         target = self.changed[layer - 1]
         if self.plan.mode is Mode.OUTPUT:
-            for closure in closure_chunks(self.in_edges, nodes, self.edge_hops, CHUNK_EDGES):
-                out, _ = self._forward(closure)
-                target.update(zip(closure.nodes[: closure.seeds].tolist(), out, strict=True))
+            types = self.view.types_of(nodes)
+            for node_type in np.unique(types).tolist():
+                mine = nodes[types == node_type]
+                for closure in closure_chunks(self.in_edges, mine, self.edge_hops, CHUNK_EDGES):
+                    out, _ = self._forward(closure)
+                    target.update(zip(closure.nodes[: closure.seeds].tolist(), out, strict=True))
             return
         view = self.view
         degree = view.degree_rows if self.plan.degree else None

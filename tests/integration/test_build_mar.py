@@ -65,10 +65,6 @@ def test_help_documents_every_option():
         (["--task", "graph", "--synthetic", "10", "20"], "give --graph DIR or --synthetic-graphs"),
         (["--task", "graph", "--precompute"], "--precompute goes with --task node or link"),
         (["--task", "link", "--enable-updates"], "a link archive needs --precompute"),
-        (
-            ["--task", "link", "--target-edge-type", "user__pays__merchant", "--precompute"],
-            "--precompute of a link archive of a graph of several node types is not available",
-        ),
     ],
 )
 def test_task_options_that_do_not_fit_are_refused_with_a_reason(tmp_path, options, words):

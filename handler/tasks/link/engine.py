@@ -71,6 +71,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         # Both protocols score alike: score(z_src, z_dst) and score_against(z_src, table).
         self.predictor = cast(LinkModel, ego.model)
         self.ends = LinkEnds.of(ego.store, model)
+        self._candidate_type = ego.store.schema.type_index(self.ends.dst_type)
         recorded = assets.meta.get("target_edge_type")
         if self.ends.typed and recorded != self.ends.relation:
             raise ValueError(
@@ -215,8 +216,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         graph, or a typed graph's destination type; the version served: a precomputed
         archive's rows follow its live updates)."""
         with torch.inference_mode():
-            logits = self._scores_against_every_node(node)
-            start = self.ends.candidates[0]
+            start, logits = self._scores_against_every_node(node)
             excluded = [np.array([node])]
             if exclude_neighbors:
                 excluded += self._neighbours(node)
@@ -230,37 +230,43 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             scores = answer_scores(best.values, self.output).cpu().tolist()
             return list(zip((best.indices + start).cpu().tolist(), scores, strict=True))
 
-    def _scores_against_every_node(self, node: int) -> torch.Tensor:
-        """Scores (before :func:`answer_scores`) of ``node`` against every candidate, from
-        the first (``ends.candidates``); ``-inf`` for removed nodes."""
+    def _scores_against_every_node(self, node: int) -> tuple[int, torch.Tensor]:
+        """``(first, scores)``: the scores (before :func:`answer_scores`) of ``node`` against
+        every candidate from node ``first``: the stored candidates (``ends.candidates``), or,
+        once a precomputed archive's updates changed rows, every node of the version served
+        from 0, ``-inf`` for removed nodes and nodes of other types than the candidates'."""
+        start, stop = self.ends.candidates
         rows = self.ego.precomputed
         if rows is None:
             z_src = self.table[node].to(self.device)
-            start, stop = self.ends.candidates
-            return self.predictor.score_against(z_src, self.table[start:stop]).float()
+            return start, self.predictor.score_against(z_src, self.table[start:stop]).float()
         z_src = torch.from_numpy(rows.rows(rows.num_layers, np.array([node]))[0]).to(self.device)
-        logits = self.predictor.score_against(z_src, self.table).float()
+        logits = self.predictor.score_against(z_src, self.table[start:stop]).float()
         changed = rows.current(rows.num_layers)
         total = rows.view.num_nodes
-        if not changed and total == len(logits):
-            return logits
+        if not changed and total == stop:
+            return start, logits
         every = torch.full((total,), float("-inf"), device=logits.device)
-        every[: len(logits)] = logits
-        if changed:
-            nodes = torch.tensor(list(changed), dtype=torch.int64, device=logits.device)
-            table = torch.from_numpy(np.stack(list(changed.values()))).to(self.device)
-            every[nodes] = self.predictor.score_against(z_src, table).float()
+        every[start:stop] = logits
+        nodes = np.fromiter(changed, dtype=np.int64, count=len(changed))
+        nodes = nodes[rows.view.types_of(nodes) == self._candidate_type]
+        if nodes.size:
+            table = torch.from_numpy(np.stack([changed[n] for n in nodes.tolist()]))
+            every[torch.from_numpy(nodes).to(logits.device)] = self.predictor.score_against(
+                z_src, table.to(self.device)
+            ).float()
         if self.ego.live is not None and self.ego.live.overlay.removed:
             removed = list(self.ego.live.overlay.removed)
             every[torch.tensor(removed, dtype=torch.int64, device=logits.device)] = float("-inf")
-        return every
+        return 0, every
 
     def _neighbours(self, node: int) -> list[np.ndarray]:
         """``node``'s in- and out-neighbours on the graph version served (on a typed graph,
         on the relation predicted)."""
         rows = self.ego.precomputed
         if rows is not None and self.ego.live is not None:
-            return [rows.in_list(node), rows.exact_out_neighbours(node)]
+            relation = self.store.schema.relation_index(self.ends.relation)
+            return rows.neighbours_on(node, self.ends.in_relations, relation)
         return self.ends.neighbours(self.ego.store, self.assets, node)
 
     def body(self, request: ResolvedLink, result: Any) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """The build's check of a precomputed archive of a graph of several node types
-(archive_build.verify): its stored user rows are what it answers from, compared with the
-model's forward on the whole typed graph; rows that are not are refused as a bug."""
+(archive_build.verify): its stored rows are what it answers from (a node archive's users, a
+link archive's users and merchants), compared with the model's forward on the whole typed
+graph; rows that are not are refused as a bug."""
 
 from __future__ import annotations
 
@@ -42,3 +43,19 @@ def test_stored_rows_are_verified_and_wrong_ones_refused(
     monkeypatch.setattr(verification, "open_precomputed", doubled)
     result = verification.verify(model_dir, store, settings, 1e-5, precomputed_dir=rows)
     assert not result.passed and "precomputed rows" in result.cause
+
+
+def test_a_typed_link_archives_stored_embeddings_are_verified(
+    store: GraphStore, tmp_path: Path
+) -> None:
+    """Pair scores and the hubs' top-k from the stored user and merchant embeddings, against
+    decode(encode(whole typed graph))."""
+    model_dir, rows = tmp_path / "model", tmp_path / "precomputed"
+    train = ["link", "--store", str(store.path), "--arch", "rgcn", "--out", str(model_dir)]
+    relation = ["--target-edge-type", "user__pays__merchant", "--embedding-dim", "8"]
+    assert model_cli.main([*train, *relation, "--epochs", "1", "--hidden-dim", "8"]) == 0
+    argv = ["precompute", "--store", str(store.path), "--model-dir", str(model_dir)]
+    assert model_cli.main([*argv, "--out", str(rows), "--quiet"]) == 0
+    settings = ServingSettings(fanouts=(2, 2))
+    result = verification.verify(model_dir, store, settings, 1e-5, precomputed_dir=rows)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result

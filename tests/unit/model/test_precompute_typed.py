@@ -1,8 +1,8 @@
 """Precomputed rows of a graph of several node types (model.precompute): every user node's
 output, built from its whole in-neighbourhood over every relation, equals the model's forward
 on the whole typed graph for every recipe and a user's HeteroConv model reading edge features,
-whether the graph is run whole or in chunks; the plan says so; what cannot be precomputed is
-refused in one line."""
+whether the graph is run whole or in chunks, and a link model's ``encode`` embeddings of both
+ends of its relation; the plan says so."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from model import __main__ as model_cli
 from model.config import Task
 from model.export import load_model
 from model.hetero_link import HeteroLinkPredictor
+from model.link_assets import full_graph_embeddings
 from model.precompute import (
     Mode,
     open_precomputed,
     plan_for,
     precompute,
-    stored_rows,
     weights_digest,
 )
 from model.typed_graph import hetero_section, whole_graph_input
@@ -43,7 +43,7 @@ def stored_against_whole_graph(
     with torch.no_grad():
         expected = model(whole_graph_input(store))
     stored = torch.from_numpy(np.array(rows.layers[0]))
-    assert stored.shape == expected.shape == (stored_rows(store), 2)
+    assert stored.shape == expected.shape == (store.schema.target_type.num_nodes, 2)
     return float((stored - expected).abs().max())
 
 
@@ -75,16 +75,26 @@ def test_a_typed_model_without_its_hops_is_refused(store):
         plan_for(node_recipe(store, "sage", hidden=8))
 
 
-def test_a_typed_link_model_is_refused_in_one_line(tmp_path):
-    """Typed link archives keep link/'s embeddings: the build says so."""
-    store = fraud_store(tmp_path / "store", 20, 5, 8, 40, 1)
+@pytest.mark.parametrize("arch", ["sage", "gat"])
+def test_a_typed_link_models_rows_are_both_ends_encode_embeddings(store, tmp_path, arch):
+    """A link model of user__pays__merchant stores every user's and merchant's ``encode``
+    embedding at their global indices (the devices, after them, are not stored), as
+    decode(encode(whole graph)) reads them."""
+    torch.manual_seed(0)
     section = hetero_section(store.schema, "user__pays__merchant")
     config = ModelConfig(
-        task=Task.LINK, in_dim=store.feature_dim, out_dim=8, hidden_dim=8, hetero=section
-    )
-    with pytest.raises(ValueError) as refused:
-        plan_for(HeteroLinkPredictor(config), 2)
-    assert "not available yet" in str(refused.value) and "\n" not in str(refused.value)
+        arch=arch, task=Task.LINK, in_dim=store.feature_dim, out_dim=8, hidden_dim=8,
+        heads=2, hetero=section,
+    )  # fmt: skip
+    model = HeteroLinkPredictor(config).eval()
+    plan = plan_for(model, 2)
+    assert plan.types == ("user", "merchant")
+    assert plan.reason.startswith("every user and merchant node's embedding (encode)")
+    precompute(model, store, tmp_path / "p", "weights", 64, progress=False, hops=2)
+    rows = np.array(open_precomputed(tmp_path / "p", store, "weights").layers[0])
+    expected = full_graph_embeddings(model, store)
+    assert rows.shape == (store.schema.node_type("merchant").stop, 8)
+    assert float(np.abs(rows - expected[: len(rows)]).max()) <= 1e-5
 
 
 def test_rows_of_another_graph_are_refused(store, tmp_path):
