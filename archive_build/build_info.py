@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from graph_assets.store import schema_of
+from graph_assets.stored.store import schema_of
 
 
 def build_info(

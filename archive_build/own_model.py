@@ -30,8 +30,8 @@ from typing import Any
 import torch
 
 from graph_assets import StoreError, open_store
-from graph_assets.graph_dataset import GraphDataset, open_graph_dataset
-from graph_assets.store import GraphStore
+from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
+from graph_assets.stored.store import GraphStore
 from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
 from model.graph_level import CLASSES_FILE, as_data

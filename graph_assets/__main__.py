@@ -9,7 +9,7 @@
     python -m graph_assets load-redis --store DIR --url redis://host:port [--prefix NAME]
 
 ``graphs`` and ``synthetic-graphs`` are datasets of small graphs for graph classification
-(``graph_assets.graph_dataset``).
+(``graph_assets.input.graph_dataset``).
 
 Bad input or a bad store exits with status 2 and the message on stderr (no traceback).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from graph_assets.errors import GraphInputError, StoreError
-from graph_assets.graph_dataset import (
+from graph_assets.input.graph_dataset import (
     DEFAULT_SYNTHETIC_CLASSES,
     DEFAULT_SYNTHETIC_FEATURES,
     MOTIFS,
@@ -33,16 +33,16 @@ from graph_assets.graph_dataset import (
     write_graph_dataset,
     write_graph_dataset_csv,
 )
-from graph_assets.remote.cli import add_load_redis, load_redis
-from graph_assets.store import StoreMeta, schema_of
-from graph_assets.synthetic import (
+from graph_assets.input.synthetic import (
     DEFAULT_FEATURE_DIM,
     DEFAULT_NUM_CLASSES,
     generate_synthetic,
     write_synthetic_csv,
 )
-from graph_assets.typed_input import read_graph
-from graph_assets.writer import write_store
+from graph_assets.input.typed_input import read_graph
+from graph_assets.remote.cli import add_load_redis, load_redis
+from graph_assets.stored.store import StoreMeta, schema_of
+from graph_assets.stored.writer import write_store
 
 
 def _count(minimum: int) -> Callable[[str], int]:

@@ -28,13 +28,18 @@ from pathlib import Path
 import numpy as np
 
 from graph_assets.errors import StoreError
-from graph_assets.log_lineage import open_update_log
-from graph_assets.operations import decode_operations
-from graph_assets.overlay import GraphOverlay
-from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log, shown_url
-from graph_assets.store import StoreMeta, open_store
-from graph_assets.update_log import UpdateLog, check_next
-from graph_assets.writer import (
+from graph_assets.live.log_lineage import open_update_log
+from graph_assets.live.operations import decode_operations
+from graph_assets.live.overlay import GraphOverlay
+from graph_assets.live.redis_log import (
+    RedisLogConfig,
+    RedisUpdateLog,
+    open_redis_update_log,
+    shown_url,
+)
+from graph_assets.live.update_log import UpdateLog, check_next
+from graph_assets.stored.store import StoreMeta, open_store
+from graph_assets.stored.writer import (
     LogContinuation,
     NodeTypeInput,
     RelationInput,

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from graph_assets.errors import StoreError
-from graph_assets.store import GraphStore, open_store
+from graph_assets.stored.store import GraphStore, open_store
 from model.config import Arch, ModelConfig
 from model.export import (
     CONFIG_FILE,

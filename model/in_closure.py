@@ -30,7 +30,7 @@ from torch import Tensor
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
 from graph_assets.schema import GraphSchema
-from graph_assets.store import GraphStore
+from graph_assets.stored.store import GraphStore
 from model.embedding import forward_with_embedding
 from model.served import serving_needs
 from model.served_hetero import HeteroNodeModel

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from graph_assets.errors import StoreError
-from graph_assets.store import GraphStore, file_digests, index_dtype, open_recorded_array
+from graph_assets.stored.store import GraphStore, file_digests, index_dtype, open_recorded_array
 from model.hetero_link import HeteroLinkModel
 from model.served import serving_needs
 from model.typed_graph import whole_graph_input

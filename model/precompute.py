@@ -50,7 +50,7 @@ from tqdm import tqdm
 from graph_assets.durable import fsync_path
 from graph_assets.errors import StoreError
 from graph_assets.schema import GraphSchema
-from graph_assets.store import GraphStore, file_digests, open_recorded_array
+from graph_assets.stored.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
 from model.export import WEIGHTS_FILE
 from model.hetero_link import HeteroLinkModel, TypeRows

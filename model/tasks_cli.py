@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph_assets.graph_dataset import open_graph_dataset
-from graph_assets.store import GraphStore, open_store
+from graph_assets.input.graph_dataset import open_graph_dataset
+from graph_assets.stored.store import GraphStore, open_store
 from model.config import Arch, Decoder, ModelConfig, Pooling, Task
 from model.export import CONFIG_FILE, check_state_dict, write_model_files
 from model.graph_level import (

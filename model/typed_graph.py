@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from graph_assets.schema import EdgeType, GraphSchema
-from graph_assets.store import GraphStore
+from graph_assets.stored.store import GraphStore
 from model.config import ModelConfig, Task
 from model.hetero_recipes import HeteroSpec
 from model.typed_batch import HeteroInput

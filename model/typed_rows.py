@@ -79,7 +79,7 @@ def gather_typed(
             x[real] = view.feature_rows(nodes[real])
         features[node_type.name] = torch.from_numpy(x).to(device)
         # A node an update added has no stored index within its type (its type has features:
-        # graph_assets.operations refuses to add nodes of a featureless type).
+        # graph_assets.live.operations refuses to add nodes of a featureless type).
         stored = real & (nodes < node_type.stop)
         local = np.where(stored, nodes - node_type.offset, -1)
         n_id[node_type.name] = torch.from_numpy(local).to(device)

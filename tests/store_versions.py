@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from graph_assets.store import META_FILE, combined_checksum
+from graph_assets.stored.store import META_FILE, combined_checksum
 
 # Version 3's per-type and per-relation names of what versions 1 and 2 named once.
 _V2_NAMES = {

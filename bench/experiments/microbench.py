@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from graph_assets import GraphStore, open_store
+from graph_assets.graph_view import GraphView
 from handler.core.arrays import readonly_tensor
 from handler.settings import ServingSettings, parse_fanouts
 from handler.tasks.node.engine import NodeClassificationEngine
@@ -82,7 +83,9 @@ def place_features(engine: NodeClassificationEngine, place: str) -> None:
     else:
         features, degrees = features.to(engine.device), degrees.to(engine.device)
 
-    def gather(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(
+        rows: torch.Tensor, view: GraphView | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # the stored graph's rows: no view but the store
         x = torch.index_select(features, 0, rows.to(features.device))
         degree = torch.index_select(degrees, 0, rows.to(degrees.device))
         return x.to(engine.device, non_blocking=True), degree.to(engine.device, non_blocking=True)

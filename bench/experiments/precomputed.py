@@ -68,7 +68,7 @@ from bench.harness.torchserve import TorchServe
 from bench.harness.watch import CpuWatch, host_steal, steal_percent
 from bench.systems import servers
 from graph_assets import GraphStore, open_store
-from graph_assets.store import file_digests
+from graph_assets.stored.store import file_digests
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings

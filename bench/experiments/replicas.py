@@ -37,7 +37,7 @@ from bench.harness.artifacts import GRAPHS, ArchiveSpec, Artifacts
 from bench.harness.redis_server import RedisServer
 from bench.harness.torchserve import TorchServe
 from graph_assets import open_store
-from graph_assets.redis_log import RedisLogConfig
+from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph
 
 SECRET = "bench-replicas-update-secret"

@@ -3,7 +3,7 @@ one run: what serving the typed graph costs.
 
 ``python -m bench.experiments.typed_graph [--edges N] [--pairs 5] [--seconds 10] [--out FILE]``
 
-The typed graph is ``graph_assets.synthetic_typed.fraud_graph`` (users with 8 features and a
+The typed graph is ``graph_assets.input.synthetic_typed.fraud_graph`` (users with 8 features and a
 fraud/legit label, merchants with 4, featureless devices; ``user__pays__merchant`` with two
 edge features and ``user__uses__device``), sized so that it holds ``--edges`` edges (default
 1M) once ``--undirected`` has added each relation's reverse: users = edges / 10, merchants =
@@ -60,9 +60,9 @@ from bench.harness.artifacts import ROOT, Artifacts
 from bench.harness.watch import CpuWatch, host_steal, steal_percent
 from bench.systems import servers
 from graph_assets import open_store
-from graph_assets.reader import RawGraph
-from graph_assets.synthetic_typed import fraud_graph, write_fraud_graph_csv
-from graph_assets.typed_input import TypedGraph
+from graph_assets.input.reader import RawGraph
+from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
+from graph_assets.input.typed_input import TypedGraph
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model

@@ -38,8 +38,8 @@ import psutil
 import torch
 
 from graph_assets import GraphStore, generate_synthetic, open_store
-from graph_assets.operations import decode_operations
-from graph_assets.overlay import GraphOverlay
+from graph_assets.live.operations import decode_operations
+from graph_assets.live.overlay import GraphOverlay
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine

@@ -28,7 +28,7 @@ import requests
 
 from bench.harness.torchserve import ROOT
 from bench.systems.servers import torchserve
-from graph_assets.graph_dataset import generate_graph_dataset
+from graph_assets.input.graph_dataset import generate_graph_dataset
 
 DEMO_NODES = 2000
 FEATURES = 32

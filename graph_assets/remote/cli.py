@@ -7,11 +7,11 @@ from pathlib import Path
 
 from redis.cluster import RedisCluster
 
-from graph_assets.redis_log import shown_url
+from graph_assets.live.redis_log import shown_url
 from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE, connect
 from graph_assets.remote.layout import DEFAULT_BLOCK_SIZE, check_prefix
 from graph_assets.remote.loader import LoadReport, load_store
-from graph_assets.store import open_store
+from graph_assets.stored.store import open_store
 
 DEFAULT_PREFIX = "graph"
 DEFAULT_TIMEOUT_MS = 10_000  # per command while loading: a chunk is a few MB

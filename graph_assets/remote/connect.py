@@ -1,6 +1,6 @@
 """One rule for reaching the Redis that holds a graph: a single Redis or a Redis Cluster at a
 ``redis://`` or ``rediss://`` (TLS) URL, whichever answers there, with the password read from
-``GNNSERVE_REDIS_PASSWORD_FILE`` as the update log reads it (graph_assets.redis_log), never
+``GNNSERVE_REDIS_PASSWORD_FILE`` as the update log reads it (graph_assets.live.redis_log), never
 from the environment itself, and never shown."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
-from graph_assets.redis_log import read_password_file, shown_url
+from graph_assets.live.redis_log import read_password_file, shown_url
 from graph_assets.remote.errors import RemoteGraphError, RemoteUnavailable
 
 PASSWORD_FILE_VARIABLE = "GNNSERVE_REDIS_PASSWORD_FILE"

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from graph_assets.schema import GraphSchema
-from graph_assets.store import GraphStore, StoreMeta, schema_of
+from graph_assets.stored.store import GraphStore, StoreMeta, schema_of
 
 REMOTE_FORMAT = 1  # this layout's version, recorded with every loaded graph
 DEFAULT_BLOCK_SIZE = 32
@@ -343,7 +343,7 @@ def id_fields(keys: np.ndarray) -> list[bytes]:
 
 
 def key_array(keys: Sequence[int | bytes], id_dtype: str) -> np.ndarray:
-    """Canonical ID keys (graph_assets.store.node_key) as the array `id_shards` hashes."""
+    """Canonical ID keys (graph_assets.stored.store.node_key) as the array `id_shards` hashes."""
     if np.dtype(id_dtype).kind == "S":
         return np.array(keys, dtype=np.bytes_) if keys else np.empty(0, dtype="S1")
     return np.array(keys, dtype=np.int64)

@@ -38,7 +38,7 @@ from graph_assets.remote.layout import (
     id_shards,
     ids_field,
 )
-from graph_assets.store import GraphStore
+from graph_assets.stored.store import GraphStore
 
 COMPLETE, LOADING = b"complete", b"loading"  # the graph record's ``state``
 

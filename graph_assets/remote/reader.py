@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from graph_assets.redis_log import shown_url
+from graph_assets.live.redis_log import shown_url
 from graph_assets.remote.cache import BlockCache, BlockField
 from graph_assets.remote.connect import Client, connect, guarded
 from graph_assets.remote.errors import RemoteGraphError
@@ -37,7 +37,7 @@ from graph_assets.remote.layout import (
 )
 from graph_assets.remote.loader import COMPLETE
 from graph_assets.schema import GraphSchema
-from graph_assets.store import IdKind, StoreMeta, check_edge_ids, node_key
+from graph_assets.stored.store import IdKind, StoreMeta, check_edge_ids, node_key
 
 _MB = 1 << 20
 

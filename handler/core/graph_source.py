@@ -1,7 +1,8 @@
 """Where a worker's stored graph comes from: the archive's own copy, mapped through the cache
-that every archive version with the same graph shares (graph_assets.shared), or that copy itself
-when the archive says not to share; or, for an archive built with ``--graph-location``, a store
-outside the archive, mapped where it is and never written (it may be a read-only volume)."""
+that every archive version with the same graph shares (graph_assets.stored.shared), or that
+copy itself when the archive says not to share; or, for an archive built with
+``--graph-location``, a store outside the archive, mapped where it is and never written (it may
+be a read-only volume)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ import torch
 
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
-from graph_assets.overlay import GraphOverlay, OverlayChange
+from graph_assets.live.overlay import GraphOverlay, OverlayChange
 from handler.core.arrays import readonly_tensor
 from handler.core.sampler import NeighbourSampler
 from model.hetero_link import HeteroLinkModel

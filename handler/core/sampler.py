@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from graph_assets.errors import SubgraphTooLarge
-from graph_assets.overlay import GraphOverlay
-from graph_assets.store import GraphStore
+from graph_assets.live.overlay import GraphOverlay
+from graph_assets.stored.store import GraphStore
 from handler.core.arrays import Array, ArrayOps, ops_for, readonly_tensor
 from handler.settings import ServingSettings, parse_fanouts
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from graph_assets.graph_view import GraphView
-from graph_assets.store import GraphStore
+from graph_assets.stored.store import GraphStore
 from handler.core.sampler import SampledSubgraph
 from model.served_hetero import HeteroNodeModel
 from model.typed_rows import typed_rows

@@ -2,11 +2,11 @@
 
 Every worker of every archive version that serves the same base graph shares one update log: a
 file (``<state_dir>/<base checksum>/updates.log``) on one machine, or a Redis stream
-(graph_assets.redis_log) that every replica shares; a store compacted from it continues that log
-after the records folded into it (graph_assets.log_lineage). A follower thread applies the
-records other workers append between batches, and each batch still reads whatever is left (one
-``fstat``, or one Redis round trip, when there is nothing) before it looks anything up, so an
-update acknowledged by any worker is seen by every later request on every worker
+(graph_assets.live.redis_log) that every replica shares; a store compacted from it continues
+that log after the records folded into it (graph_assets.live.log_lineage). A follower thread
+applies the records other workers append between batches, and each batch still reads whatever
+is left (one ``fstat``, or one Redis round trip, when there is nothing) before it looks anything
+up, so an update acknowledged by any worker is seen by every later request on every worker
 (read-your-writes) without the request usually paying for the replay. A batch holds the graph
 still from lookup to formatting (:meth:`LiveGraph.reading`).
 
@@ -40,17 +40,17 @@ from graph_assets.errors import (
     UpdateLogWriteFailed,
     UpdateNotReplicated,
 )
-from graph_assets.log_lineage import open_update_log, update_log_path
-from graph_assets.operations import (
+from graph_assets.live.log_lineage import open_update_log, update_log_path
+from graph_assets.live.operations import (
     Operation,
     UpdateRejected,
     decode_operations,
     encode_operations,
 )
-from graph_assets.overlay import GraphOverlay
+from graph_assets.live.overlay import GraphOverlay
+from graph_assets.live.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
+from graph_assets.live.update_log import LogRecord, UpdateLog, check_next
 from graph_assets.private_dir import ensure_private_dir
-from graph_assets.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
-from graph_assets.update_log import LogRecord, UpdateLog, check_next
 from handler.protocol.body import as_request
 from handler.protocol.error_table import api_error
 from handler.protocol.errors import (

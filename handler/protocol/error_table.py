@@ -8,7 +8,7 @@ import errno
 import torch
 
 from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
-from graph_assets.operations import Rejection, UpdateRejected
+from graph_assets.live.operations import Rejection, UpdateRejected
 from handler.protocol.errors import (
     ApiError,
     BadRequest,

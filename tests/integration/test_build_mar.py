@@ -157,7 +157,7 @@ def test_synthetic_archive_with_both_fanout_spellings(tmp_path, form):
         "graph/features.0.npy",
         "handler/tasks/node/engine.py",
         "model/architectures.py",
-        "graph_assets/store.py",
+        "graph_assets/stored/store.py",
     } <= names
     manifest = json.loads(archive.read("MAR-INF/MANIFEST.json"))
     assert manifest["model"]["modelVersion"] == "2.0"

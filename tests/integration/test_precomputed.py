@@ -19,7 +19,7 @@ import torch
 from bench.harness.redis_server import RedisServer
 from bench.harness.torchserve import TorchServe
 from graph_assets import open_store
-from graph_assets.redis_log import RedisLogConfig
+from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model import build_model
 from tests.live_reference import materialized_embeddings, materialized_forward, random_update

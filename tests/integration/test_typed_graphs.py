@@ -19,7 +19,7 @@ import torch
 
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
-from graph_assets.synthetic_typed import fraud_graph, write_fraud_graph_csv
+from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model.export import load_model
 from model.typed_graph import whole_graph_input

@@ -18,7 +18,7 @@ import torch
 
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import GraphStore, open_store
-from graph_assets.synthetic_typed import fraud_graph, write_fraud_graph_csv
+from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from model.export import load_model
 from model.hetero_link import HeteroLinkModel
 from model.served_hetero_link import UserHeteroLinkModel

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from graph_assets.schema import EdgeType
-from graph_assets.store import GraphStore
+from graph_assets.stored.store import GraphStore
 from model.hetero_link import HeteroLinkModel
 from model.link_assets import LinkAssets
 

@@ -23,7 +23,7 @@ from archive_build.verify import (
     verify_graphs,
 )
 from graph_assets import GraphStore
-from graph_assets.graph_dataset import (
+from graph_assets.input.graph_dataset import (
     GraphDataset,
     generate_graph_dataset,
     open_graph_dataset,

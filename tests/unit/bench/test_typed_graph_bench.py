@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from graph_assets.synthetic_typed import write_fraud_graph_csv
-from graph_assets.typed_input import read_graph
+from graph_assets.input.synthetic_typed import write_fraud_graph_csv
+from graph_assets.input.typed_input import read_graph
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 

@@ -27,11 +27,11 @@ from graph_assets import (
 )
 from graph_assets.__main__ import main
 from graph_assets.compact import compact, replay
-from graph_assets.operations import decode_operations
-from graph_assets.overlay import GraphOverlay
-from graph_assets.store import META_FILE, edge_features_file
-from graph_assets.update_log import UpdateLog
-from graph_assets.writer import _stable_sort
+from graph_assets.live.operations import decode_operations
+from graph_assets.live.overlay import GraphOverlay
+from graph_assets.live.update_log import UpdateLog
+from graph_assets.stored.store import META_FILE, edge_features_file
+from graph_assets.stored.writer import _stable_sort
 from tests.store_versions import as_version_1, as_version_2
 
 

@@ -13,9 +13,9 @@ import pytest
 from graph_assets import GraphStore, StoreError, generate_synthetic, open_store, share_store
 from graph_assets.compact import compact, replay
 from graph_assets.errors import UpdateLogMismatch
-from graph_assets.log_lineage import open_update_log, update_log_path
-from graph_assets.store import removed_ids_file
-from graph_assets.update_log import UpdateLog
+from graph_assets.live.log_lineage import open_update_log, update_log_path
+from graph_assets.live.update_log import UpdateLog
+from graph_assets.stored.store import removed_ids_file
 
 FEATURES = 4
 
@@ -111,7 +111,7 @@ def test_a_log_with_no_record_at_the_folded_offset_is_refused(base, tmp_path):
 def test_a_missing_log_is_started_at_the_next_seq(base, tmp_path, caplog):
     store = compacted(base, write_log(tmp_path / "updates.log", [1, 2, 3]), tmp_path / "v2")
     fresh = update_log_path(store, tmp_path / "fresh_state")
-    with caplog.at_level(logging.WARNING, logger="graph_assets.log_lineage"):
+    with caplog.at_level(logging.WARNING, logger="graph_assets.live.log_lineage"):
         log, offset = open_update_log(store, fresh)
     assert f"update log {fresh} did not exist: started it as a new log at seq 4" in caplog.text
     with log.exclusive():

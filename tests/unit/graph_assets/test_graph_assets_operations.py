@@ -1,4 +1,4 @@
-"""Update operations decoded once into typed records (graph_assets.operations): every field
+"""Update operations decoded once into typed records (graph_assets.live.operations): every field
 checked against the graph, the canonical form the log stores (format 2, types named), records
 written before (format 1) read the same, and a log of a newer format refused."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from graph_assets import GraphStore
 from graph_assets.errors import UpdateLogCorrupt
-from graph_assets.operations import (
+from graph_assets.live.operations import (
     LOG_FORMAT,
     AddEdge,
     AddNode,
@@ -25,7 +25,7 @@ from graph_assets.operations import (
     decode_operations,
     encode_operations,
 )
-from graph_assets.update_log import MAGIC, UpdateLog
+from graph_assets.live.update_log import MAGIC, UpdateLog
 from tests.edge_graph import edge_feature_store
 
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from graph_assets import RawGraph, generate_synthetic, open_store, write_store
-from graph_assets.operations import Rejection, UpdateRejected, decode_operations
-from graph_assets.overlay import GraphOverlay
+from graph_assets.live.operations import Rejection, UpdateRejected, decode_operations
+from graph_assets.live.overlay import GraphOverlay
 from tests.edge_graph import edge_feature_store
 
 

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graph_assets import GraphInputError, read_graph_dir
-from graph_assets.reader import MAX_CLASSES
+from graph_assets.input.reader import MAX_CLASSES
 
 NODES = "id,f1,f2\n1,0.5,1\n2,1.5,2\n3,2.5,3\n"
 EDGES = "src,dst\n1,2\n2,3\n"

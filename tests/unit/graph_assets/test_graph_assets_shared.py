@@ -19,7 +19,7 @@ import pytest
 
 from graph_assets import StoreError, generate_synthetic, open_store, share_store
 from graph_assets.errors import UnsafeDirectory
-from graph_assets.shared import LOCK_FILE
+from graph_assets.stored.shared import LOCK_FILE
 
 REPO = Path(__file__).resolve().parents[3]
 DEADLINE_S = 60

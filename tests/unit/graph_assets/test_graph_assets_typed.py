@@ -11,8 +11,8 @@ import pytest
 
 from graph_assets import open_store, write_store
 from graph_assets.errors import GraphInputError
+from graph_assets.input.typed_input import read_graph
 from graph_assets.schema import EdgeType, GraphSchema
-from graph_assets.typed_input import read_graph
 
 USERS = "id,age,score,label\nu1,30,0.5,fraud\nu2,41,0.1,legit\nu3,25,0.9,\n"
 MERCHANTS = "id,risk\n10,0.2\n20,0.7\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
-from graph_assets.update_log import UpdateLog, check_next
+from graph_assets.live.update_log import UpdateLog, check_next
 
 
 def append(log: UpdateLog, operations: list, seq: int) -> int:

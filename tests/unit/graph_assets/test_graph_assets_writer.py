@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import graph_assets.writer as writer
+import graph_assets.stored.writer as writer
 from graph_assets import RawGraph, StoreBuilder, StoreError, open_store, write_store
 from graph_assets.schema import EdgeType
-from graph_assets.store import combined_checksum, file_digests, index_dtype, store_files
-from graph_assets.writer import NodeTypeInput, RelationInput
+from graph_assets.stored.store import combined_checksum, file_digests, index_dtype, store_files
+from graph_assets.stored.writer import NodeTypeInput, RelationInput
 
 EDGES = EdgeType("node", "to", "node")
 

@@ -10,7 +10,7 @@ import pytest
 
 from graph_assets import GraphInputError
 from graph_assets.__main__ import main
-from graph_assets.graph_dataset import (
+from graph_assets.input.graph_dataset import (
     MOTIFS,
     generate_graph_dataset,
     open_graph_dataset,

@@ -19,8 +19,8 @@ from graph_assets.errors import (
     UpdateLogWriteFailed,
     UpdateNotReplicated,
 )
-from graph_assets.operations import LOG_FORMAT
-from graph_assets.redis_log import (
+from graph_assets.live.operations import LOG_FORMAT
+from graph_assets.live.redis_log import (
     KEY_PREFIX,
     RedisLogConfig,
     open_redis_update_log,

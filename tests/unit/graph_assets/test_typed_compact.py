@@ -16,8 +16,8 @@ import torch
 
 from graph_assets import GraphStore, open_store
 from graph_assets.compact import compact, main, replay
-from graph_assets.log_lineage import update_log_path
-from graph_assets.overlay import GraphOverlay
+from graph_assets.live.log_lineage import update_log_path
+from graph_assets.live.overlay import GraphOverlay
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import ApiError
 from handler.settings import ServingSettings

@@ -14,7 +14,7 @@ import torch
 from ts.context import Context, RequestProcessor
 
 from graph_assets import GraphStore, open_store, read_graph_dir, write_store
-from graph_assets.graph_dataset import generate_graph_dataset
+from graph_assets.input.graph_dataset import generate_graph_dataset
 from handler.core.ego import EgoGraphs
 from handler.gnn_handler import GNNHandler
 from handler.live.live_graph import LiveGraph

@@ -7,7 +7,7 @@ import errno
 import pytest
 
 from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
-from graph_assets.operations import Rejection, UpdateRejected
+from graph_assets.live.operations import Rejection, UpdateRejected
 from handler.protocol.error_table import api_error, internal_error
 
 

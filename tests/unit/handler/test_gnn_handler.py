@@ -15,7 +15,7 @@ import torch
 
 from graph_assets import StoreError, open_store
 from graph_assets.errors import UnsafeDirectory
-from graph_assets.log_lineage import update_log_path
+from graph_assets.live.log_lineage import update_log_path
 from handler.gnn_handler import GNNHandler
 
 from .conftest import MockContext, started

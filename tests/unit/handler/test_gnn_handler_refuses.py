@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from graph_assets.store import combined_checksum, file_digests
+from graph_assets.stored.store import combined_checksum, file_digests
 from handler.gnn_handler import GNNHandler
 from model import build_model
 from model.config import ModelConfig

@@ -15,7 +15,7 @@ import pytest
 from graph_assets import open_store
 from graph_assets.compact import compact, replay
 from graph_assets.errors import UpdateLogMismatch
-from graph_assets.log_lineage import update_log_path
+from graph_assets.live.log_lineage import update_log_path
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import ApiError
 from tests.live_reference import live_ids, random_update

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from graph_assets import update_log
-from graph_assets.update_log import UpdateLog, check_next
+from graph_assets.live import update_log
+from graph_assets.live.update_log import UpdateLog, check_next
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import InsufficientStorage
 

@@ -18,7 +18,7 @@ from torch_geometric.nn.models import GAT
 from archive_build import own_model
 from graph_assets import GraphStore, open_store
 from graph_assets.compact import compact, replay
-from graph_assets.redis_log import RedisLogConfig
+from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import ApiError
 from handler.tasks.node.task import node_router

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from ts.context import RequestProcessor
 
-from graph_assets import update_log
 from graph_assets.errors import UpdateLogCorrupt
-from graph_assets.update_log import UpdateLog
+from graph_assets.live import update_log
+from graph_assets.live.update_log import UpdateLog
 from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
 
 from .conftest import started

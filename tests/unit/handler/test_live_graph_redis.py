@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from graph_assets.redis_log import RedisLogConfig
+from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import Unavailable
 from tests.live_reference import live_ids, materialized_forward, random_update

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from graph_assets import GraphStore, open_store, write_store
+from graph_assets.input.synthetic_typed import fraud_graph
+from graph_assets.input.typed_input import RawRelation
 from graph_assets.schema import EdgeType, GraphSchema, NodeType, Relation
-from graph_assets.synthetic_typed import fraud_graph
-from graph_assets.typed_input import RawRelation
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import BadRequest
 from handler.settings import ServingSettings

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from graph_assets import GraphStore
-from graph_assets.redis_log import RedisLogConfig
+from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import ApiError
 from handler.settings import ServingSettings

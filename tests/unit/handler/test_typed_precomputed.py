@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from graph_assets import GraphStore
-from graph_assets.redis_log import RedisLogConfig
+from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graph_assets.graph_dataset import generate_graph_dataset
+from graph_assets.input.graph_dataset import generate_graph_dataset
 from model import ModelConfig, build_model
 from model.graph_level import GraphClassifier, as_data, batch_of, train_graph_classifier
 

@@ -1,4 +1,4 @@
-"""``python -m model train`` against a stand-in for ``graph_assets.store.GraphStore``."""
+"""``python -m model train`` against a stand-in for ``graph_assets.stored.store.GraphStore``."""
 
 from __future__ import annotations
 

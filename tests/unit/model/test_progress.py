@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from graph_assets.synthetic import generate_synthetic
+from graph_assets.input.synthetic import generate_synthetic
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 
 import model.__main__ as cli
 from graph_assets import open_store, read_graph_dir, write_store
-from graph_assets.graph_dataset import generate_graph_dataset, write_graph_dataset
+from graph_assets.input.graph_dataset import generate_graph_dataset, write_graph_dataset
 from model import ModelConfig
 from model.export import load_model
 from model.link_assets import open_link_assets

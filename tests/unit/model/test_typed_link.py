@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from graph_assets import GraphStore, open_store, write_store
+from graph_assets.input.synthetic_typed import fraud_graph
 from graph_assets.schema import GraphSchema
-from graph_assets.synthetic_typed import fraud_graph
 from model import ModelConfig
 from model.__main__ import main
 from model.typed_graph import hetero_section, target_relation, whole_graph_input

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from graph_assets.errors import GraphInputError, StoreError
-from graph_assets.reader import (
+from graph_assets.input.reader import (
     _features,
     _find,
     _labels,
@@ -47,7 +47,7 @@ from graph_assets.reader import (
     _read_table,
     _require_columns,
 )
-from graph_assets.store import file_digests, open_recorded_array
+from graph_assets.stored.store import file_digests, open_recorded_array
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"

@@ -25,9 +25,10 @@ from typing import IO, Any, cast
 import numpy as np
 
 from graph_assets.errors import StoreError
-from graph_assets.reader import RawGraph
+from graph_assets.input.reader import RawGraph
+from graph_assets.input.typed_input import TypedGraph, as_typed
 from graph_assets.schema import EdgeType, GraphSchema, NodeType, Relation, check_name
-from graph_assets.store import (
+from graph_assets.stored.store import (
     EDGE_ROWS_FILE,
     EDGE_TYPE_FILE,
     FORMAT_VERSION,
@@ -45,7 +46,6 @@ from graph_assets.store import (
     relation_bounds_file,
     removed_ids_file,
 )
-from graph_assets.typed_input import TypedGraph, as_typed
 
 _FEATURE_BLOCK_BYTES = 64 << 20
 

@@ -19,7 +19,7 @@ crash: :class:`UpdateLogCorrupt`, never a silent cut.
 
 Record layout: ``b"GNUP"`` | payload length (uint32, little endian) | CRC-32 of the payload
 (uint32) | payload (UTF-8 JSON ``{"seq": N, "format": 2, "operations": [...]}``: the
-operations in ``graph_assets.operations``' canonical form, whose version ``format`` is; a
+operations in ``graph_assets.live.operations``' canonical form, whose version ``format`` is; a
 record without it is format 1, written before).
 
 A log started for a compacted store on a fresh state directory begins with a start marker: a
@@ -45,7 +45,7 @@ from typing import Any
 
 from graph_assets.durable import fsync_path
 from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
-from graph_assets.operations import LOG_FORMAT
+from graph_assets.live.operations import LOG_FORMAT
 from graph_assets.private_dir import ensure_private_dir
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from graph_assets.errors import StoreError
 from graph_assets.private_dir import ensure_private_dir
-from graph_assets.store import META_FILE, StoreMeta, open_store, read_meta, store_files
+from graph_assets.stored.store import META_FILE, StoreMeta, open_store, read_meta, store_files
 
 logger = logging.getLogger(__name__)
 

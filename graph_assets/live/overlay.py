@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from graph_assets.operations import (
+from graph_assets.live.operations import (
     AddEdge,
     AddNode,
     EdgeOperation,
@@ -35,7 +35,7 @@ from graph_assets.operations import (
     UpdateRejected,
     shown,
 )
-from graph_assets.store import GraphStore, check_edge_ids, node_key
+from graph_assets.stored.store import GraphStore, check_edge_ids, node_key
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class GraphOverlay:
     def apply(
         self, operations: Sequence[Operation], seq: int, commit: Callable[[], None] | None = None
     ) -> None:
-        """Applies one request's operations (decoded: graph_assets.operations), all or none;
+        """Applies one request's operations (decoded: graph_assets.live.operations), all or none;
         ``seq`` becomes the graph version.
 
         ``commit`` runs once every operation is known to be valid (e.g. the durable append to

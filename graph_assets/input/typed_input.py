@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from graph_assets.errors import GraphInputError
-from graph_assets.reader import (
+from graph_assets.input.reader import (
     RawGraph,
     _edges,
     _labels,

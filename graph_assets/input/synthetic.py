@@ -20,8 +20,13 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 
 from graph_assets.schema import DEFAULT_NODE_TYPE, DEFAULT_RELATION, EdgeType
-from graph_assets.store import StoreMeta
-from graph_assets.writer import NodeTypeInput, RelationInput, StoreBuilder, feature_block_rows
+from graph_assets.stored.store import StoreMeta
+from graph_assets.stored.writer import (
+    NodeTypeInput,
+    RelationInput,
+    StoreBuilder,
+    feature_block_rows,
+)
 
 DEFAULT_FEATURE_DIM = 128
 DEFAULT_NUM_CLASSES = 8

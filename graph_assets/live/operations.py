@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from graph_assets.store import GraphStore
+from graph_assets.stored.store import GraphStore
 
 LOG_FORMAT = 2  # the operations' form in update log records; 1: before node and edge types
 NodeId = int | str

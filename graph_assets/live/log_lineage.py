@@ -12,8 +12,8 @@ import logging
 from pathlib import Path
 
 from graph_assets.errors import UpdateLogMismatch
-from graph_assets.store import GraphStore
-from graph_assets.update_log import UpdateLog
+from graph_assets.live.update_log import UpdateLog
+from graph_assets.stored.store import GraphStore
 
 logger = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The update log of one lineage on a Redis stream, shared by every server that serves it.
 
-The file log (graph_assets.update_log) serves one machine; this one serves many replicas. One
+The file log (graph_assets.live.update_log) serves one machine; this one serves many replicas. One
 stream per lineage, key ``gnnserve:updates:<lineage base checksum>``; one entry per record, its
-ID ``<seq>-0``, its field ``operations`` (JSON, graph_assets.operations' canonical form) and
+ID ``<seq>-0``, its field ``operations`` (JSON, graph_assets.live.operations' canonical form) and
 ``format`` (that form's version; an entry without it is format 1). Redis refuses an entry whose
 ID is not above the stream's last one, so two writers can never both write a seq: the loser gets
 :class:`UpdateLogConflict`, catches up and validates its update again. No lock, no home-made
@@ -37,15 +37,15 @@ from graph_assets.errors import (
     UpdateLogWriteFailed,
     UpdateNotReplicated,
 )
-from graph_assets.operations import LOG_FORMAT
-from graph_assets.store import GraphStore
-from graph_assets.update_log import MAX_RECORD_BYTES, LogRecord, TornTail
+from graph_assets.live.operations import LOG_FORMAT
+from graph_assets.live.update_log import MAX_RECORD_BYTES, LogRecord, TornTail
+from graph_assets.stored.store import GraphStore
 
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "gnnserve:updates:"
 _FIELD = b"operations"
-_FORMAT_FIELD = b"format"  # graph_assets.operations.LOG_FORMAT; absent: format 1
+_FORMAT_FIELD = b"format"  # graph_assets.live.operations.LOG_FORMAT; absent: format 1
 _PAGE = 10_000  # entries per XRANGE call while replaying
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 

@@ -20,7 +20,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from graph_assets.errors import GraphInputError
-from graph_assets.store import IdKind
+from graph_assets.stored.store import IdKind
 
 # An integer written as str(int) writes it: "42", "-7", "0"; not "042", "+4" or "-0". Only such
 # text is read as a number, so an ID like a zip code "02134" keeps its form (and is a string),
