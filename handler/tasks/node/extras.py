@@ -19,6 +19,7 @@ row, read by the edge ID the sampler reports. A model that reads edge features n
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
 from handler.core.batch import Batch, BatchEngine, Group, StageTimes, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.sampler import SampledSubgraph
+from handler.core.sampler import ALL_NEIGHBOURS, NeighbourSampler, SampledSubgraph
 from handler.core.typed_ego import typed_answer
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import api_error
@@ -82,7 +83,9 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         self.ego = ego
         self.device = ego.device
         self.model_version = model_version
-        self.samplers = one_hop_samplers(ego.sampler, serving_needs(ego.model).boundary_degrees)
+        self.samplers = one_hop_samplers(
+            cold_start_sampler(ego), serving_needs(ego.model).boundary_degrees
+        )
         self.output = serving_needs(ego.model).output
 
     def refresh(self) -> None:
@@ -102,12 +105,6 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
                     "node's embedding)"
                 )
             return Resolved(request, self.ego.lookup(list(request.node_ids)))
-        if self.ego.precomputed is not None and not schema.is_homogeneous:
-            raise BadRequest(
-                "new_node is not available yet on a precomputed archive of a graph of several "
-                "node types or relations; build the archive without --precompute to score new "
-                "nodes"
-            )
         if serving_needs(self.ego.model).edge_input is not EdgeInput.NONE:
             for name, ids in request.neighbors.items():
                 relation = schema.relations[schema.relation_index(name)]
@@ -136,8 +133,8 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             if self.ego.precomputed is not None:
                 return StoredRows(np.unique(nodes))
             return self.ego.sample(nodes)
-        if self.ego.precomputed is not None:  # exact for every model (new_node_rows)
-            return StoredRows(np.unique(first.nodes))
+        if self.ego.precomputed is not None and self.ego.store.schema.is_homogeneous:
+            return StoredRows(np.unique(first.nodes))  # exact for every model (new_node_rows)
         request, edges = first.request, first.edges
         assert isinstance(request, NewNodeRequest) and edges is not None
         node_type = self.ego.store.schema.type_index(request.node_type)
@@ -302,3 +299,17 @@ def _resolved(outcome: Resolved | ApiError) -> Resolved:
 
 def _request(outcome: Resolved | ApiError) -> EmbeddingRequest | NewNodeRequest:
     return _resolved(outcome).request
+
+
+def cold_start_sampler(ego: EgoGraphs) -> NeighbourSampler:
+    """The sampler a new node's ego-graph is drawn with: the archive's, or on a precomputed
+    archive of a graph of several node types, one taking every in-edge of every relation at
+    every hop. Its stored rows are outputs (``model.precompute``), so the new node's answer is
+    the model's forward on its whole in-neighbourhood in the augmented graph: exact, as the
+    rows an update reaches are recomputed."""
+    sampler = ego.sampler
+    if ego.precomputed is None or sampler.relations is None:
+        return sampler
+    hops = [ALL_NEIGHBOURS] * sampler.num_hops
+    every = tuple(tuple(hops) for _ in sampler.relations.fanouts)
+    return sampler.with_fanouts(hops, dataclasses.replace(sampler.relations, fanouts=every))

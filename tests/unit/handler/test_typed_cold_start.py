@@ -23,6 +23,7 @@ from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.requests import parse_node_extra
 from handler.tasks.node.task import node_router
+from model.precompute import open_precomputed, precompute
 from model.served_hetero import HeteroNodeModel, UserHeteroModel
 from model.typed_batch import HeteroInput
 from model.typed_graph import whole_graph_input
@@ -360,3 +361,27 @@ def test_a_new_node_of_a_featureless_type_is_refused() -> None:
     body = {"body": {"new_node": {"x": [], "neighbors": [3]}}}
     with pytest.raises(BadRequest, match="account nodes have no features"):
         parse_node_extra(body, schema, 8)
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn", "heteroconv"])
+def test_a_new_user_on_a_precomputed_archive_equals_the_forward_with_it_added(
+    store, tmp_path, arch
+):
+    """A precomputed archive stores outputs, sampled fanouts notwithstanding: a new node's
+    answer is the forward on its whole in-neighbourhood, so it is exact with fanouts [1, 1]."""
+    model = hetero_conv(store) if arch == "heteroconv" else node_recipe(store, arch)
+    precompute(model, store, tmp_path / "rows", "weights", progress=False, hops=2)
+    settings = ServingSettings.from_yaml_section({"fanouts": [1, 1]})
+    engine = NodeClassificationEngine.create(
+        store,
+        model,
+        settings,
+        torch.device("cpu"),
+        "1.0",
+        precomputed=open_precomputed(tmp_path / "rows", store, "weights"),
+    )
+    body, edges, x = payment_request(store)
+    [(status, answer)] = ask(node_router(engine, "1.0"), body)
+    assert status == 200, answer
+    inputs = whole_graph_input(store)
+    check(answer, *expected(model, inputs, store.schema, x, edges, stored_positions(store)))
