@@ -48,7 +48,7 @@ from model.config import Task
 from model.export import CONFIG_FILE, WEIGHTS_FILE, load_model
 from model.graph_level import GraphModel, as_data
 from model.hetero_link import HeteroLinkModel
-from model.in_closure import in_closure, store_in_edges
+from model.in_closure import in_closure, store_in_edges, typed_closure_forward
 from model.link import LinkModel, answer_scores
 from model.link_assets import LINK_DIR, LinkAssets, open_link_assets
 from model.precompute import Precomputed, open_precomputed, weights_digest
@@ -222,10 +222,15 @@ def reference_outputs(
     graph, or for a graph over ``WHOLE_GRAPH_EDGES`` every in-edge of every node within
     ``hops`` of the ``nodes`` (``model.in_closure``, the rule precomputed rows use too: a local
     model's answer and its sources' degrees are the whole graph's)."""
-    if isinstance(model, HeteroNodeModel):  # the target type's rows, the first indices
-        with torch.inference_mode():
+    if isinstance(model, HeteroNodeModel) and store.num_edges <= WHOLE_GRAPH_EDGES:
+        with torch.inference_mode():  # the target type's rows, the first indices
             out = _own_forward(model)(whole_graph_input(store))
         return out, np.arange(store.schema.target_type.num_nodes)
+    if isinstance(model, HeteroNodeModel):  # every relation's in-edges, per-type features
+        seeds = np.unique(nodes)
+        closure = in_closure(store_in_edges(store), seeds, hops + 1)
+        rows, _ = typed_closure_forward(model, closure, store.schema, store)
+        return torch.from_numpy(rows), seeds
     order = None
     if store.num_edges <= WHOLE_GRAPH_EDGES:
         rows = np.arange(store.num_nodes)

@@ -16,7 +16,7 @@ from graph_assets import GraphStore
 from handler.settings import ServingSettings
 from model import __main__ as model_cli
 from model.precompute import open_precomputed
-from tests.typed_graphs import fraud_store
+from tests.typed_graphs import fraud_store, node_recipe
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +59,18 @@ def test_a_typed_link_archives_stored_embeddings_are_verified(
     settings = ServingSettings(fanouts=(2, 2))
     result = verification.verify(model_dir, store, settings, 1e-5, precomputed_dir=rows)
     assert result.passed and result.worst_abs_diff <= 1e-5, result
+
+
+@pytest.mark.parametrize("arch", ["gcn", "gat", "hgt"])
+def test_a_typed_graph_too_large_is_checked_on_the_nodes_in_neighbourhoods(
+    store: GraphStore, arch: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Above WHOLE_GRAPH_EDGES a typed model's reference is its forward on the checked users'
+    (hops + 1)-hop in-neighbourhood over every relation: the whole graph's answers for them
+    (gcn: the sources' degrees; gat: edge features)."""
+    model = node_recipe(store, arch)
+    nodes = verification.verification_nodes(store)[:25]
+    whole = verification.reference_rows(model, store, nodes, 2)
+    monkeypatch.setattr(verification, "WHOLE_GRAPH_EDGES", 0)
+    closure = verification.reference_rows(model, store, nodes, 2)
+    assert float((closure - whole).abs().max()) <= 1e-6
