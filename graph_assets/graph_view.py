@@ -6,9 +6,22 @@ loaders)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class InLists:
+    """In-edge lists of some nodes as a small CSC: node ``i``'s sources are
+    ``indices[indptr[i]:indptr[i+1]]`` (int64 global indices, grouped by relation as stored),
+    with each edge's ID (its CSC position) in ``edge_ids`` and its relation in ``relations``."""
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    edge_ids: np.ndarray
+    relations: np.ndarray
 
 
 class GraphView(Protocol):
@@ -31,6 +44,12 @@ class GraphView(Protocol):
 
     def types_of(self, nodes: np.ndarray) -> np.ndarray:
         """The node type index of each of the internal ``nodes`` (graph_assets.schema)."""
+        ...
+
+    def in_lists(self, nodes: np.ndarray) -> InLists:
+        """The in-edge lists of internal ``nodes`` with their edge IDs and relations, in
+        stored order: what a sampler reads of a graph it does not map (one read for a whole
+        frontier, every relation at once)."""
         ...
 
     def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:

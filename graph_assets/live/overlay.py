@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from graph_assets.graph_view import InLists
 from graph_assets.live.operations import (
     AddEdge,
     AddNode,
@@ -78,7 +79,7 @@ class GraphOverlay:
         self._new_index: dict[tuple[int, int | bytes], int] = {}  # (type, ID key) -> node
         self.removed: set[int] = set()
         self.changed_rows: dict[int, np.ndarray] = {}  # feature rows set by updates
-        self.in_lists: dict[int, np.ndarray] = {}  # a dirty node's sources
+        self.changed_sources: dict[int, np.ndarray] = {}  # a dirty node's sources
         self.in_edge_ids: dict[int, np.ndarray] = {}  # and the ID of each of those edges
         self.added_edges = 0  # edge IDs given out: base.num_edges .. base.num_edges + this - 1
         # Added edge k: its relation and its row in that relation's table of added edges'
@@ -147,7 +148,7 @@ class GraphOverlay:
     def changes_so_far(self) -> OverlayChange:
         """Everything applied on top of the base as one change (a listener that starts after
         the log was replayed catches up with it)."""
-        nodes = set(self.in_lists)
+        nodes = set(self.changed_sources)
         if self.changed_edge_rows:  # a base edge's destination: the node whose CSC range holds it
             ids = np.fromiter(self.changed_edge_rows, dtype=np.int64)
             nodes.update((np.searchsorted(self._indptr, ids, side="right") - 1).tolist())
@@ -245,8 +246,8 @@ class GraphOverlay:
     def in_list(self, node: int) -> np.ndarray:
         """The current in-neighbours of ``node`` (int64, grouped by relation, ascending within
         one; a source once per edge)."""
-        if node in self.in_lists:
-            return self.in_lists[node]
+        if node in self.changed_sources:
+            return self.changed_sources[node]
         return self._base_in_list(node)
 
     def in_list_edge_ids(self, node: int) -> np.ndarray:
@@ -277,6 +278,13 @@ class GraphOverlay:
             indices=np.concatenate(lists).astype(np.int64) if lists else empty,
             edge_ids=np.concatenate(ids).astype(np.int64) if ids else empty,
         )
+
+    def in_lists(self, nodes: np.ndarray) -> InLists:
+        """The current in-lists of any ``nodes`` with their edge IDs and relations (the graph
+        view's read)."""
+        lists = self.in_edges(np.asarray(nodes, dtype=np.int64))
+        relations = self.edge_relations(lists.edge_ids)
+        return InLists(lists.indptr, lists.indices, lists.edge_ids, relations)
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
         """Current in-degrees of ``nodes``, self-loops not counted, as
@@ -464,7 +472,7 @@ class GraphOverlay:
             self.new_types.pop()
             del self._new_index[(node_type, key)]
             self.changed_rows.pop(node, None)
-            self.in_lists.pop(node, None)
+            self.changed_sources.pop(node, None)
             self.in_edge_ids.pop(node, None)
 
         undo.append(forget)
@@ -492,7 +500,9 @@ class GraphOverlay:
         nodes whose overlay in-list holds it. The scan over dirty lists makes a removal cost
         O(overlay edges); keeping no out-lists halves the overlay's memory, and removals are
         rare next to edge additions."""
-        found = {target for target, sources in self.in_lists.items() if self._holds(sources, node)}
+        found = {
+            target for target, sources in self.changed_sources.items() if self._holds(sources, node)
+        }
         if node < self.base.num_nodes:
             order, indptr = self._reverse_index()
             positions = order[indptr[node] : indptr[node + 1]]
@@ -517,21 +527,21 @@ class GraphOverlay:
         edge_ids: np.ndarray,
         undo: list[Callable[[], None]],
     ) -> None:
-        previous = self.in_lists.get(node)
+        previous = self.changed_sources.get(node)
         previous_ids = self.in_edge_ids.get(node)
         if node not in self._change.in_lists_before:
             self._change.in_lists_before[node] = self.in_list(node)
         # Callers pass fresh arrays.
-        self.in_lists[node] = np.asarray(sources, dtype=np.int64)
+        self.changed_sources[node] = np.asarray(sources, dtype=np.int64)
         self.in_edge_ids[node] = np.asarray(edge_ids, dtype=np.int64)
         if node < self.base.num_nodes:
             self._dirty[node] = True
 
         def restore() -> None:
             if previous is not None and previous_ids is not None:
-                self.in_lists[node], self.in_edge_ids[node] = previous, previous_ids
+                self.changed_sources[node], self.in_edge_ids[node] = previous, previous_ids
             else:
-                self.in_lists.pop(node, None)
+                self.changed_sources.pop(node, None)
                 self.in_edge_ids.pop(node, None)
 
         undo.append(restore)

@@ -17,6 +17,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from graph_assets.graph_view import InLists
 from graph_assets.live.redis_log import shown_url
 from graph_assets.remote.cache import BlockCache, BlockField
 from graph_assets.remote.connect import Client, connect, guarded
@@ -40,18 +41,6 @@ from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import IdKind, StoreMeta, check_edge_ids, node_key
 
 _MB = 1 << 20
-
-
-@dataclass(frozen=True)
-class InLists:
-    """In-edge lists of some nodes as a small CSC: node ``i``'s sources are
-    ``indices[indptr[i]:indptr[i+1]]`` (int64 global indices, grouped by relation as stored),
-    with each edge's ID (its CSC position) in ``edge_ids`` and its relation in ``relations``."""
-
-    indptr: np.ndarray
-    indices: np.ndarray
-    edge_ids: np.ndarray
-    relations: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import blake3
 import numpy as np
 
 from graph_assets.errors import StoreError
+from graph_assets.graph_view import InLists
 from graph_assets.schema import GraphSchema
 
 FORMAT_VERSION = 3
@@ -459,6 +460,23 @@ class GraphStore:
     def types_of(self, nodes: np.ndarray) -> np.ndarray:
         """The node type index of each of the global ``nodes``."""
         return self.schema.types_of(nodes)
+
+    def in_lists(self, nodes: np.ndarray) -> InLists:
+        """The in-edge lists of global ``nodes`` (a copy of their parts of the CSC arrays),
+        with each edge's ID and relation: the graph view's read of whole lists. The sampler
+        reads the mapped arrays in place instead."""
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        starts = np.take(self.indptr, nodes).astype(np.int64)
+        counts = np.take(self.indptr, nodes + 1).astype(np.int64) - starts
+        indptr = np.zeros(len(nodes) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        edge_ids = np.repeat(starts, counts) + _ragged(counts)
+        return InLists(
+            indptr=indptr,
+            indices=np.take(self.indices, edge_ids).astype(np.int64),
+            edge_ids=edge_ids,
+            relations=self.edge_relations(edge_ids),
+        )
 
     def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
         """The relation index (int64) of each edge by ID."""

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from graph_assets.errors import SubgraphTooLarge
-from graph_assets.graph_view import GraphView
+from graph_assets.graph_view import GraphView, InLists
 from graph_assets.schema import GraphSchema
 from handler.core.arrays import TorchOps
 from handler.core.sampler import (
@@ -177,6 +177,40 @@ class ColdStartView:
     def types_of(self, nodes: np.ndarray) -> np.ndarray:
         nodes = np.asarray(nodes, dtype=np.int64)
         return self._by_node(nodes, np.full(len(nodes), self.node_type), self.base.types_of)
+
+    def in_lists(self, nodes: np.ndarray) -> InLists:
+        """The augmented in-lists: a stored node's stored ones, then its edges from the new
+        node; the new node's, its senders (edge IDs ``-1 - k``)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        stored = nodes[nodes != self.new]
+        base = self.base.in_lists(stored)
+        senders = np.flatnonzero(self.edges.inward)
+        receivers = np.flatnonzero(~self.edges.inward)
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        place = np.cumsum(nodes != self.new) - 1  # a stored node's list in ``base``
+        for position, node in enumerate(nodes.tolist()):
+            if node == self.new:
+                k = senders
+                parts.append((self.edges.node[k], -1 - k, self.edges.relation[k]))
+                continue
+            at = int(place[position])
+            span = slice(int(base.indptr[at]), int(base.indptr[at + 1]))
+            k = receivers[self.edges.node[receivers] == node]
+            parts.append(
+                (
+                    np.concatenate([base.indices[span], np.full(len(k), self.new)]),
+                    np.concatenate([base.edge_ids[span], -1 - k]),
+                    np.concatenate([base.relations[span], self.edges.relation[k]]),
+                )
+            )
+        counts = np.array([len(part[0]) for part in parts], dtype=np.int64)
+        empty = np.empty(0, dtype=np.int64)
+        return InLists(
+            indptr=np.concatenate([[0], np.cumsum(counts)]).astype(np.int64),
+            indices=np.concatenate([p[0] for p in parts] or [empty]).astype(np.int64),
+            edge_ids=np.concatenate([p[1] for p in parts] or [empty]).astype(np.int64),
+            relations=np.concatenate([p[2] for p in parts] or [empty]).astype(np.int64),
+        )
 
     def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
         ids = np.asarray(edge_ids, dtype=np.int64)
