@@ -74,9 +74,12 @@ def gather_typed(
         rows = layout.rows[node_type.name].cpu().numpy()
         nodes = node[rows]
         real = nodes >= 0
-        x = np.zeros((len(rows), node_type.feature_dim), dtype=np.float32)
-        if real.any() and node_type.feature_dim:
-            x[real] = view.feature_rows(nodes[real])
+        if len(nodes) and real.all() and node_type.feature_dim:  # no boundary row: as gathered
+            x = view.feature_rows(nodes)
+        else:
+            x = np.zeros((len(rows), node_type.feature_dim), dtype=np.float32)
+            if real.any() and node_type.feature_dim:
+                x[real] = view.feature_rows(nodes[real])
         features[node_type.name] = torch.from_numpy(x).to(device)
         # A node an update added has no stored index within its type (its type has features:
         # graph_assets.live.operations refuses to add nodes of a featureless type).
