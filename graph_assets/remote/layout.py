@@ -1,13 +1,16 @@
 """Where a graph lives in Redis: the key of every piece and the format of every value, in one
 place for the loader that writes them and the reader that reads them.
 
-Nodes are grouped into blocks of ``block_size`` consecutive global indices. Everything one
-sampling step reads of a block (its in-lists, its feature rows per node type, its in-edges'
-relations and edge features per relation, its degrees, labels and external IDs) is keyed with
-the block's hash tag ``{NAME:b<block>}``, so it sits in one hash slot and a hop over any set of
-nodes is one pipelined round per shard. External ID -> index maps are small hashes spread by a
-hash of the ID (``{NAME:m<type>:<shard>}``); the record of the graph, the load's progress and
-each block's first edge ID sit under ``{NAME}``. Values are raw little-endian arrays.
+Nodes are grouped into blocks of ``block_size`` consecutive global indices, and blocks into
+``slot_groups`` groups (block ``b`` in group ``b % slot_groups``), each group one hash tag whose
+hash slot lies in its share of the cluster's 16384 slots, so the groups spread evenly over the
+shards. Everything one sampling step reads of a block (its in-lists, its feature rows per node
+type, its in-edges' relations and edge features per relation, its degrees, labels and external
+IDs) is a key under its group's tag: a read of any number of blocks is one MGET per group it
+touches (Redis costs per command far more than per key), all in one pipelined round. External
+ID -> index maps are small hashes spread by a hash of the ID (``{NAME:m<type>:<shard>}``); the
+record of the graph, the load's progress and each block's first edge ID sit under ``{NAME}``.
+Values are raw little-endian arrays.
 """
 
 from __future__ import annotations
@@ -20,12 +23,17 @@ from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore, StoreMeta, schema_of
 
-REMOTE_FORMAT = 1  # this layout's version, recorded with every loaded graph
+REMOTE_FORMAT = 2  # this layout's version, recorded with every loaded graph
 DEFAULT_BLOCK_SIZE = 32
+# Hash tags the blocks are spread over: a batched read costs one MGET per group it touches, and
+# the groups are the unit a cluster balances. 48 divides evenly over 2, 3, 4, 6, 8, 12, 16, 24
+# and 48 primaries; fewer groups read faster (measured: bench/experiments/remote_reads.py).
+SLOT_GROUPS = 48
 # Redis keeps a hash of up to 128 short fields as a listpack (a few bytes per field instead of
 # a hash table's ~60): about 64 IDs per shard keeps nearly every shard under that.
 IDS_PER_SHARD = 64
@@ -67,9 +75,30 @@ def check_prefix(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class Keys:
-    """The key names of the graph under ``prefix``."""
+    """The key names of the graph under ``prefix``, its blocks in ``slot_groups`` groups."""
 
     prefix: str
+    slot_groups: int = SLOT_GROUPS
+
+    @cached_property
+    def group_tags(self) -> tuple[str, ...]:
+        """Each group's hash tag: ``NAME:g<group>.<k>`` with the first ``k`` whose slot lies in
+        the group's equal share of the slots (a cluster created with equal slot ranges then
+        holds an equal share of the groups)."""
+        tags = []
+        for group in range(self.slot_groups):
+            low = group * REDIS_CLUSTER_HASH_SLOTS // self.slot_groups
+            high = (group + 1) * REDIS_CLUSTER_HASH_SLOTS // self.slot_groups
+            k = 0
+            while not low <= key_slot(f"{self.prefix}:g{group}.{k}".encode()) < high:
+                k += 1
+            tags.append(f"{self.prefix}:g{group}.{k}")
+        return tuple(tags)
+
+    def group(self, block: int) -> int:
+        """The group of ``block``: consecutive blocks fall in different groups, so a hot range
+        of nodes is spread over the shards."""
+        return block % self.slot_groups
 
     @property
     def graph(self) -> str:
@@ -85,7 +114,7 @@ class Keys:
         return f"{{{self.prefix}}}:edges:{part}"
 
     def block(self, block: int, field: str) -> str:
-        return f"{{{self.prefix}:b{block}}}:{field}"
+        return f"{{{self.group_tags[self.group(block)]}}}:b{block}:{field}"
 
     def id_shard(self, node_type: int, shard: int) -> str:
         return f"{{{self.prefix}:m{node_type}:{shard}}}"
@@ -120,6 +149,7 @@ class RemoteLayout:
     Attributes:
         meta: the store's meta.json (schema, counts, class names, files, checksum).
         block_size: nodes per block.
+        slot_groups: hash tags the blocks are spread over (`Keys`).
         chunk_blocks: blocks per chunk of a load (one pipelined round, about CHUNK_BYTES).
         ids_per_chunk: IDs per chunk of a load.
         id_shards: per node type, the hashes its ID map is spread over.
@@ -129,6 +159,7 @@ class RemoteLayout:
 
     meta: StoreMeta
     block_size: int
+    slot_groups: int
     chunk_blocks: int
     ids_per_chunk: int
     id_shards: tuple[int, ...]
@@ -146,6 +177,7 @@ class RemoteLayout:
         return cls(
             meta=store.meta,
             block_size=block_size,
+            slot_groups=SLOT_GROUPS,
             chunk_blocks=max(1, CHUNK_BYTES // block_bytes),
             ids_per_chunk=IDS_PER_CHUNK,
             id_shards=tuple(-(-max(1, t.num_nodes) // IDS_PER_SHARD) for t in types),
@@ -157,6 +189,7 @@ class RemoteLayout:
         record = {
             "format": REMOTE_FORMAT,
             "block_size": self.block_size,
+            "slot_groups": self.slot_groups,
             "chunk_blocks": self.chunk_blocks,
             "ids_per_chunk": self.ids_per_chunk,
             "id_shards": list(self.id_shards),
@@ -171,14 +204,19 @@ class RemoteLayout:
         """The recorded layout; ValueError saying what is wrong with it."""
         try:
             record = json.loads(text)
-            if record["format"] != REMOTE_FORMAT:
-                raise ValueError(
-                    f"it is layout format {record['format']}, this gnnserve reads "
-                    f"{REMOTE_FORMAT}: load the graph again with this version"
-                )
+            found = record["format"]
+        except (KeyError, TypeError, json.JSONDecodeError) as error:
+            raise ValueError(f"the recorded layout is malformed: {error}") from None
+        if found != REMOTE_FORMAT:
+            raise ValueError(
+                f"it was loaded in layout format {found}, this gnnserve reads {REMOTE_FORMAT}: "
+                "reload it with `python -m graph_assets load-redis` under a new --prefix"
+            )
+        try:
             layout = cls(
                 meta=record["meta"],
                 block_size=_positive(record["block_size"]),
+                slot_groups=_positive(record["slot_groups"]),
                 chunk_blocks=_positive(record["chunk_blocks"]),
                 ids_per_chunk=_positive(record["ids_per_chunk"]),
                 id_shards=tuple(_positive(s) for s in record["id_shards"]),
@@ -186,7 +224,7 @@ class RemoteLayout:
                 id_dtypes=tuple(str(np.dtype(d).str) for d in record["id_dtypes"]),
             )
             schema = layout.schema
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as error:
+        except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"the recorded layout is malformed: {error}") from None
         count = len(schema.node_types)
         if len(layout.id_shards) != count or len(layout.id_dtypes) != count:
@@ -196,6 +234,10 @@ class RemoteLayout:
     @cached_property
     def schema(self) -> GraphSchema:
         return schema_of(self.meta)
+
+    def keys(self, prefix: str) -> Keys:
+        """The key names of this layout's graph under ``prefix``."""
+        return Keys(prefix, self.slot_groups)
 
     @property
     def checksum(self) -> str:

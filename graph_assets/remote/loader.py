@@ -111,8 +111,8 @@ def load_store(
     that many chunks (a later run continues). RemoteGraphError when the prefix holds another
     graph or layout; RemoteUnavailable when Redis fails (rerun to continue)."""
     started = time.perf_counter()
-    keys = Keys(check_prefix(prefix))
     layout = RemoteLayout.of_store(store, block_size)
+    keys = layout.keys(check_prefix(prefix))
     writer = _Writer(store, layout, keys, client, shown_url)
     chunks = plan(store, layout)
     done = writer.start()

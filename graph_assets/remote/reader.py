@@ -1,10 +1,12 @@
 """`RemoteStore`: a graph loaded into Redis, read in batches.
 
-Each batched read is one pipelined round (the cluster client sends it to every shard it needs
-at once), never one per node: in-lists of many nodes, feature rows of many nodes of one type,
-edge-feature rows by edge ID, degrees, labels, external IDs of indices, lookups of external
-IDs. Decoded block fields stay in a bounded LRU cache until an update drops their blocks. The
-reads and their meanings are the memory-mapped store's (`graph_assets.graph_view.GraphView`).
+Each batched read is one pipelined round (the cluster client writes to every shard it needs,
+then reads their replies), never one per node, and costs one MGET per group of blocks it
+touches (graph_assets.remote.layout; on a single Redis one MGET): in-lists of many nodes,
+feature rows of many nodes of one type, edge-feature rows by edge ID, degrees, labels,
+external IDs of indices, lookups of external IDs. Decoded block fields stay in a bounded LRU
+cache until an update drops their blocks. The reads and their meanings are the memory-mapped
+store's (`graph_assets.graph_view.GraphView`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
+from redis.cluster import RedisCluster
 
 from graph_assets.graph_view import InLists
 from graph_assets.live.redis_log import shown_url
 from graph_assets.remote.cache import BlockCache, BlockField
-from graph_assets.remote.connect import Client, connect, guarded
+from graph_assets.remote.connect import Client, connect, execute, guarded
 from graph_assets.remote.errors import RemoteGraphError
 from graph_assets.remote.layout import (
     ADJ,
@@ -58,10 +61,12 @@ class _BlockLists:
 
 @dataclass
 class RemoteCounters:
-    """What a store's reads cost so far: pipelined rounds, value bytes received, block fields
-    found in or missing from the cache, and seconds spent waiting for Redis."""
+    """What a store's reads cost so far: pipelined rounds and the commands they carried, value
+    bytes received, block fields found in or missing from the cache, and seconds spent waiting
+    for Redis."""
 
     round_trips: int = 0
+    commands: int = 0
     bytes_read: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
@@ -89,10 +94,11 @@ def open_remote_store(
     client = connect(url, timeout_ms, environ)
     try:
         layout = _checked_layout(client, keys, shown, expected_checksum)
+        keys = layout.keys(keys.prefix)
         pipe = client.pipeline(transaction=False)
         for part in range(layout.edge_start_parts):
             pipe.get(keys.edge_starts(part))
-        values = guarded(shown, pipe.execute)
+        values = execute(client, pipe, shown)
         if any(value is None for value in values):
             raise RemoteGraphError(_lost(shown, keys, "the table of each block's first edge"))
         edge_starts = np.concatenate([np.frombuffer(v, dtype="<i8") for v in values])
@@ -460,8 +466,7 @@ class RemoteStore:
         self._counters.cache_misses += len(missing)
         if not missing:
             return found
-        values = self._round(lambda pipe: [pipe.get(self.keys.block(*m)) for m in missing])
-        for (block, field), value in zip(missing, values, strict=True):
+        for (block, field), value in zip(missing, self._values(missing), strict=True):
             if value is None:
                 raise RemoteGraphError(
                     _lost(self.shown, self.keys, f"key {self.keys.block(block, field)}")
@@ -501,13 +506,36 @@ class RemoteStore:
             "again to restore it"
         )
 
+    def _values(self, requests: Sequence[BlockField]) -> list[bytes | None]:
+        """The raw values of ``requests`` in one round: an MGET per group of blocks on a
+        cluster (a command's keys must share a slot), one MGET on a single Redis."""
+        if not isinstance(self.client, RedisCluster):
+            names = [self.keys.block(*request) for request in requests]
+            (reply,) = self._round(lambda pipe: [pipe.execute_command("MGET", *names)])
+            return cast(list[bytes | None], reply)
+        groups: dict[int, list[int]] = {}
+        for position, (block, _) in enumerate(requests):
+            groups.setdefault(self.keys.group(block), []).append(position)
+        replies = self._round(
+            lambda pipe: [
+                pipe.execute_command("MGET", *(self.keys.block(*requests[p]) for p in members))
+                for members in groups.values()
+            ]
+        )
+        values: list[bytes | None] = [None] * len(requests)
+        for members, reply in zip(groups.values(), replies, strict=True):
+            for position, value in zip(members, reply, strict=True):
+                values[position] = value
+        return values
+
     def _round(self, queue: Callable[[Any], object]) -> list[Any]:
         """One pipelined round trip: ``queue(pipeline)`` adds the commands; their replies."""
         pipe = self.client.pipeline(transaction=False)
         queue(pipe)
+        self._counters.commands += len(pipe)
         started = time.perf_counter()
         try:
-            replies = guarded(self.shown, pipe.execute)
+            replies = execute(self.client, pipe, self.shown)
         finally:
             self._counters.round_trips += 1
             self._counters.read_seconds += time.perf_counter() - started

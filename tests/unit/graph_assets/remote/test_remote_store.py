@@ -6,6 +6,7 @@ line."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,6 +161,25 @@ def test_each_batched_read_is_one_round_trip_across_shards(
     assert cached.counters.round_trips == before + 1
 
 
+@pytest.mark.parametrize("target", ["cluster", "single"])
+def test_a_read_is_one_command_per_group_of_blocks(loaded: Loader, target: str) -> None:
+    """Redis costs per command more than per key: a read sends one MGET per group of blocks
+    it touches on a cluster (their keys share a slot), one on a single Redis."""
+    url, prefix, store = loaded(target, "typed")
+    view = remote(url, prefix, store, cache_mb=0)
+    keys = view.keys
+    for nodes in (np.arange(3), np.arange(0, store.num_nodes, 2), np.arange(store.num_nodes)):
+        blocks = np.unique(nodes // BLOCK)
+        groups = len({keys.group(int(b)) for b in blocks})
+        before = view.counters
+        view.in_lists(nodes)
+        view.degree_rows(nodes)
+        after = view.counters
+        assert after.round_trips - before.round_trips == 2
+        assert after.commands - before.commands == (2 * groups if target == "cluster" else 2)
+    assert len(blocks) > keys.slot_groups  # the last batch: more blocks than groups
+
+
 def test_the_cache_hits_stays_bounded_and_drops_invalidated_blocks(loaded: Loader) -> None:
     url, prefix, store = loaded("single", "typed")
     view = remote(url, prefix, store, cache_mb=1)
@@ -195,6 +215,28 @@ def test_a_wrong_or_missing_graph_is_refused_in_one_line(
     assert "\n" not in str(missing.value)
     with pytest.raises(RemoteGraphError, match="prefix is 1-100 letters"):
         open_remote_store(url, "no{braces}", store.checksum, cache_mb=1, timeout_ms=1000)
+
+
+def test_a_load_of_an_older_layout_is_refused_with_how_to_reload(
+    single_redis: RedisServer, one_type_store: GraphStore
+) -> None:
+    client = connect(single_redis.url, 5000)
+    try:
+        load_store(one_type_store, client, "stale", shown_url=single_redis.url, block_size=BLOCK)
+        graph = Keys("stale").graph
+        record = json.loads(client.hget(graph, "layout"))  # type: ignore[arg-type]
+        record["format"] = 1
+        client.hset(graph, "layout", json.dumps(record))
+        with pytest.raises(RemoteGraphError) as loading:
+            load_store(one_type_store, client, "stale", shown_url=single_redis.url)
+    finally:
+        client.close()
+    with pytest.raises(RemoteGraphError) as opening:
+        remote(single_redis.url, "stale", one_type_store)
+    for refused in (loading, opening):
+        message = str(refused.value)
+        assert "\n" not in message and "loaded in layout format 1, this gnnserve reads 2" in message
+        assert "reload it with `python -m graph_assets load-redis` under a new --prefix" in message
 
 
 def test_an_unfinished_load_is_refused(single_redis: RedisServer, typed_store: GraphStore) -> None:
