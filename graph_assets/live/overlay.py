@@ -1,11 +1,15 @@
-"""Live updates on top of a memory-mapped base graph, without copying the base.
+"""Live updates on top of a base graph, without copying the base.
 
 The overlay holds only what changed: new nodes (internal indices ``N``, ``N+1``, ... after the
 base's ``N``), replaced feature rows, removed nodes, and an explicit in-edge list for every
 node whose in-edges changed ("dirty" nodes). A sampler reads a clean node's in-edges from the
-base CSC arrays and a dirty node's from the overlay, so serving cost stays proportional to the
-sampled subgraph. Every request's operations are applied all-or-nothing: a bad operation
-undoes the ones before it and raises :class:`UpdateRejected` naming the offending item.
+base and a dirty node's from the overlay, so serving cost stays proportional to the sampled
+subgraph. The base is read only through :class:`OverlayBase` (the graph view's batched reads,
+``in_lists`` above all, one call per request), so it may be the memory-mapped store or a graph
+in Redis (graph_assets.remote). The base never changes under an overlay: what a worker caches of
+it stays true, and updates never invalidate it. Every request's operations are applied
+all-or-nothing: a bad operation undoes the ones before it and raises :class:`UpdateRejected`
+naming the offending item.
 
 The graph stays as given: ``add_edge`` may add a self-loop, and adding a pair that exists adds
 a parallel edge. Every edge has an ID: a base edge keeps its CSC position, an added edge gets
@@ -20,10 +24,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from graph_assets.graph_view import InLists
+from graph_assets.graph_view import GraphView, InLists
 from graph_assets.live.operations import (
     AddEdge,
     AddNode,
@@ -36,18 +41,40 @@ from graph_assets.live.operations import (
     UpdateRejected,
     shown,
 )
-from graph_assets.stored.store import GraphStore, check_edge_ids, node_key
+from graph_assets.schema import GraphSchema
+from graph_assets.stored.store import check_edge_ids, node_key
+
+# Nodes per read when the reverse index is built from the base's in-lists (bounded memory per
+# read; on a graph in Redis, one pipelined round each).
+_REVERSE_CHUNK = 65_536
 
 
-@dataclass(frozen=True)
-class InEdges:
-    """In-edge lists of some nodes as a small CSC: node ``i``'s sources are
-    ``indices[indptr[i]:indptr[i+1]]`` and ``edge_ids`` (int64, same layout) holds each edge's
-    ID (:meth:`GraphOverlay.edge_feature_rows` reads its features by it)."""
+class OverlayBase(GraphView, Protocol):
+    """What the overlay reads of its base graph: the graph view, plus the base's own size,
+    schema and lineage (``GraphStore``; ``RemoteStore`` for a graph in Redis)."""
 
-    indptr: np.ndarray
-    indices: np.ndarray
-    edge_ids: np.ndarray
+    @property
+    def num_edges(self) -> int:
+        """Edges stored: every base edge's ID is below it."""
+        ...
+
+    @property
+    def schema(self) -> GraphSchema:
+        """Node types and relations."""
+        ...
+
+    @property
+    def folded_seq(self) -> int:
+        """Seq of the last update record folded into the base (0 for a base never updated)."""
+        ...
+
+    def was_removed(self, node_id: int | str, node_type: str | None = None) -> bool:
+        """Whether an update removed ``node_id`` before the base was compacted."""
+        ...
+
+
+# The sampler's name for the in-lists of dirty nodes (GraphOverlay.in_edges).
+InEdges = InLists
 
 
 @dataclass
@@ -66,7 +93,7 @@ class GraphOverlay:
     ``listeners`` are called with each applied request's :class:`OverlayChange`, after it is
     committed and the seq moved (precomputed rows refresh from it)."""
 
-    def __init__(self, base: GraphStore, max_new_nodes: int = 10_000_000) -> None:
+    def __init__(self, base: OverlayBase, max_new_nodes: int = 10_000_000) -> None:
         self.base = base
         self.max_new_nodes = max_new_nodes
         # A compacted store already holds its lineage's records up to folded_seq.
@@ -92,15 +119,13 @@ class GraphOverlay:
         ]
         self._added_counts = [0] * len(base.schema.relations)
         self.changed_edge_rows: dict[int, np.ndarray] = {}  # base edges' rows set by updates
+        self._edge_dst: dict[int, int] = {}  # the destination of each edge in changed_edge_rows
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
-        # Plain ndarray views of the base's memory maps (no copy): numpy.memmap indexes through
-        # a Python-level __getitem__ (~1 us a call), which replay paid several times per edge
-        # operation (a quarter of applying a 10-edge update) and sampling per changed node.
-        self._indptr = np.asarray(base.indptr)
-        self._indices = np.asarray(base.indices)
-        self._edge_type = None if base.edge_type is None else np.asarray(base.edge_type)
-        # During apply: the base index of each (node type, ID) the request names.
+        # During apply: the base index of each (node type, ID) the request names, and the base
+        # in-lists (sources, edge IDs) the request reads, fetched together.
         self._base_index: dict[tuple[int, int | str], int] = {}
+        self._fetched: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._relation_ends: dict[str, tuple[int, int]] = {}
         # Set when a base node's in-list moves to the overlay; never cleared (a flagged node
         # whose list was restored just reads the base list through in_list()).
         self._dirty = np.zeros(base.num_nodes, dtype=bool)
@@ -128,6 +153,7 @@ class GraphOverlay:
         """
         undo: list[Callable[[], None]] = []
         self._base_index = self._look_up_base_ids(operations)
+        self._fetch_base_lists(self._destinations(operations))  # after the lookups it needs
         change = self._change = OverlayChange(set(), {})
         try:
             for index, operation in enumerate(operations):
@@ -140,6 +166,7 @@ class GraphOverlay:
             raise
         finally:
             self._base_index = {}
+            self._fetched = {}
             self._change = OverlayChange(set(), {})
         self.seq = seq
         for listener in self.listeners:
@@ -149,19 +176,64 @@ class GraphOverlay:
         """Everything applied on top of the base as one change (a listener that starts after
         the log was replayed catches up with it)."""
         nodes = set(self.changed_sources)
-        if self.changed_edge_rows:  # a base edge's destination: the node whose CSC range holds it
-            ids = np.fromiter(self.changed_edge_rows, dtype=np.int64)
-            nodes.update((np.searchsorted(self._indptr, ids, side="right") - 1).tolist())
+        nodes.update(self._edge_dst[edge_id] for edge_id in self.changed_edge_rows)
+        ordered = np.array(sorted(nodes), dtype=np.int64)
+        base = ordered[ordered < self.base.num_nodes]
+        lists = self.base.in_lists(base)
+        before = {
+            node: lists.indices[lists.indptr[i] : lists.indptr[i + 1]]
+            for i, node in enumerate(base.tolist())
+        }
+        empty = np.empty(0, dtype=np.int64)
         return OverlayChange(
             feature_rows=set(self.changed_rows),
-            in_lists_before={node: self._base_in_list(node) for node in nodes},
+            in_lists_before={node: before.get(node, empty) for node in ordered.tolist()},
         )
 
-    def _base_in_list(self, node: int) -> np.ndarray:
-        if node < self.base.num_nodes:
-            start, end = int(self._indptr[node]), int(self._indptr[node + 1])
-            return np.asarray(self._indices[start:end], dtype=np.int64)
-        return np.empty(0, dtype=np.int64)
+    def _destinations(self, operations: Sequence[Operation]) -> list[int]:
+        """The nodes whose in-lists the request's edge operations read, as far as the
+        pre-looked-up base indices tell (a node an earlier operation adds has none in the base)."""
+        return [
+            self._base_index.get((self._ends(operation.edge_type)[1], operation.dst), -1)
+            for operation in operations
+            if not isinstance(operation, AddNode | SetFeatures | RemoveNode)
+        ]
+
+    def _fetch_base_lists(self, nodes: Sequence[int]) -> None:
+        """Reads the base in-lists of those of ``nodes`` that the request may read from the base
+        (in the base, not dirty, not fetched yet), in one read: a request costs one read of the
+        base, however many edges it changes."""
+        wanted = sorted(
+            {
+                node
+                for node in nodes
+                if 0 <= node < self.base.num_nodes
+                and node not in self.changed_sources
+                and node not in self._fetched
+            }
+        )
+        if not wanted:
+            return
+        lists = self.base.in_lists(np.array(wanted, dtype=np.int64))
+        ptr = lists.indptr.tolist()
+        for i, node in enumerate(wanted):
+            self._fetched[node] = (
+                lists.indices[ptr[i] : ptr[i + 1]],
+                lists.edge_ids[ptr[i] : ptr[i + 1]],
+            )
+
+    def _current(self, node: int) -> tuple[np.ndarray, np.ndarray]:
+        """``node``'s in-list now and its edge IDs (fetched from the base when not at hand)."""
+        if node in self.changed_sources:
+            return self.changed_sources[node], self.in_edge_ids[node]
+        found = self._fetched.get(node)
+        if found is not None:
+            return found
+        if node >= self.base.num_nodes:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, empty
+        lists = self.base.in_lists(np.array([node], dtype=np.int64))
+        return lists.indices, lists.edge_ids
 
     def _look_up_base_ids(
         self, operations: Sequence[Operation]
@@ -188,9 +260,14 @@ class GraphOverlay:
         return found
 
     def _ends(self, edge_type: str) -> tuple[int, int]:
-        """The source and destination node type of a relation."""
-        relation = self.schema.relations[self.schema.relation_index(edge_type)].edge_type
-        return self.schema.type_index(relation.src), self.schema.type_index(relation.dst)
+        """The source and destination node type of a relation (remembered: a request asks
+        several times per edge operation)."""
+        ends = self._relation_ends.get(edge_type)
+        if ends is None:
+            relation = self.schema.relations[self.schema.relation_index(edge_type)].edge_type
+            ends = self.schema.type_index(relation.src), self.schema.type_index(relation.dst)
+            self._relation_ends[edge_type] = ends
+        return ends
 
     def _node_of(self, node_id: int | str, node_type: int) -> int:
         """``lookup`` of one ID of ``node_type``, from the request's pre-looked-up base
@@ -234,6 +311,8 @@ class GraphOverlay:
     def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
         """The relation index of each edge by ID (added edges included)."""
         edge_ids = np.asarray(edge_ids, dtype=np.int64)
+        if len(self.schema.relations) == 1:
+            return np.zeros(len(edge_ids), dtype=np.int64)
         stored = self.base.num_edges
         added = edge_ids >= stored
         relations = self.base.edge_relations(np.where(added, 0, edge_ids))
@@ -246,17 +325,44 @@ class GraphOverlay:
     def in_list(self, node: int) -> np.ndarray:
         """The current in-neighbours of ``node`` (int64, grouped by relation, ascending within
         one; a source once per edge)."""
-        if node in self.changed_sources:
-            return self.changed_sources[node]
-        return self._base_in_list(node)
+        return self._current(node)[0]
 
     def in_list_edge_ids(self, node: int) -> np.ndarray:
         """The ID of each edge of ``in_list(node)``, in the same order (int64)."""
-        if node in self.in_edge_ids:
-            return self.in_edge_ids[node]
-        if node < self.base.num_nodes:
-            return np.arange(int(self._indptr[node]), int(self._indptr[node + 1]), dtype=np.int64)
-        return np.empty(0, dtype=np.int64)
+        return self._current(node)[1]
+
+    def in_lists(self, nodes: np.ndarray) -> InLists:
+        """The current in-lists of any ``nodes`` with their edge IDs and relations (the graph
+        view's read): a dirty node's from the overlay, the others' from the base in one read."""
+        nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
+        base_count = self.base.num_nodes
+        own = self.dirty_mask(nodes)  # flagged: in the overlay unless an undo restored it
+        own[own] = [node in self.changed_sources for node in nodes[own].tolist()]
+        from_base = ~own & (nodes < base_count)
+        if from_base.all():
+            return self.base.in_lists(nodes)
+        counts = np.zeros(len(nodes), dtype=np.int64)
+        base = self.base.in_lists(nodes[from_base]) if from_base.any() else None
+        if base is not None:
+            counts[from_base] = np.diff(base.indptr)
+        own_nodes = nodes[own].tolist()
+        own_sources = [self.changed_sources[node] for node in own_nodes]
+        own_ids = [self.in_edge_ids[node] for node in own_nodes]
+        counts[own] = [len(sources) for sources in own_sources]
+        indptr = np.zeros(len(nodes) + 1, dtype=np.int64)
+        np.cumsum(counts, out=indptr[1:])
+        indices = np.empty(int(indptr[-1]), dtype=np.int64)
+        edge_ids = np.empty(int(indptr[-1]), dtype=np.int64)
+        relations = np.empty(int(indptr[-1]), dtype=np.int64)
+        if base is not None:
+            at = _positions(indptr, from_base)
+            indices[at], edge_ids[at], relations[at] = base.indices, base.edge_ids, base.relations
+        if own_nodes:
+            at = _positions(indptr, own)
+            indices[at] = np.concatenate(own_sources)
+            edge_ids[at] = ids = np.concatenate(own_ids)
+            relations[at] = self.edge_relations(ids)
+        return InLists(indptr, indices, edge_ids, relations)
 
     def dirty_mask(self, nodes: np.ndarray) -> np.ndarray:
         """Which of ``nodes`` must read their in-edges from the overlay (O(len(nodes)))."""
@@ -266,25 +372,8 @@ class GraphOverlay:
         return mask
 
     def in_edges(self, nodes: np.ndarray) -> InEdges:
-        """In-edge lists of (dirty) ``nodes`` as a small CSC, with their edge IDs."""
-        lists = [self.in_list(int(node)) for node in nodes.tolist()]
-        ids = [self.in_list_edge_ids(int(node)) for node in nodes.tolist()]
-        counts = np.array([len(items) for items in lists], dtype=np.int64)
-        indptr = np.zeros(len(lists) + 1, dtype=np.int64)
-        np.cumsum(counts, out=indptr[1:])
-        empty = np.empty(0, dtype=np.int64)
-        return InEdges(
-            indptr=indptr,
-            indices=np.concatenate(lists).astype(np.int64) if lists else empty,
-            edge_ids=np.concatenate(ids).astype(np.int64) if ids else empty,
-        )
-
-    def in_lists(self, nodes: np.ndarray) -> InLists:
-        """The current in-lists of any ``nodes`` with their edge IDs and relations (the graph
-        view's read)."""
-        lists = self.in_edges(np.asarray(nodes, dtype=np.int64))
-        relations = self.edge_relations(lists.edge_ids)
-        return InLists(lists.indptr, lists.indices, lists.edge_ids, relations)
+        """``in_lists`` under the name the sampler reads dirty nodes' lists by."""
+        return self.in_lists(nodes)
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
         """Current in-degrees of ``nodes``, self-loops not counted, as
@@ -293,10 +382,12 @@ class GraphOverlay:
         degree = np.zeros(len(nodes), dtype=np.int64)
         degree[clean] = self.base.degree_rows(nodes[clean])
         dirty = np.flatnonzero(self.dirty_mask(nodes))
-        for position in dirty:
-            node = int(nodes[position])
-            in_list = self.in_list(node)
-            degree[position] = len(in_list) - int(np.count_nonzero(in_list == node))
+        if dirty.size:
+            lists = self.in_lists(nodes[dirty])
+            counts = np.diff(lists.indptr)
+            loops = lists.indices == np.repeat(nodes[dirty], counts)
+            owner = np.repeat(np.arange(len(dirty)), counts)
+            degree[dirty] = counts - np.bincount(owner[loops], minlength=len(dirty))
         return degree
 
     @property
@@ -397,7 +488,7 @@ class GraphOverlay:
         src_type, dst_type = self._ends(operation.edge_type)
         src = self._existing(index, operation.src, "src", src_type)
         dst = self._existing(index, operation.dst, "dst", dst_type)
-        current, ids = self.in_list(dst), self.in_list_edge_ids(dst)
+        current, ids = self._current(dst)
         # An in-list is grouped by relation, ascending sources within a relation, the pair's
         # edges one run in ascending edge ID: one sort key, (relation, source).
         keys = self._sort_keys(current, ids)
@@ -430,7 +521,7 @@ class GraphOverlay:
             )
             return
         for edge_id in ids[start:end].tolist():
-            self._set_edge_row(edge_id, operation.attr, undo)
+            self._set_edge_row(edge_id, dst, operation.attr, undo)
         if dst not in self._change.in_lists_before:  # its in-edges changed as a layer sees them
             self._change.in_lists_before[dst] = current
 
@@ -485,11 +576,13 @@ class GraphOverlay:
         return bool((sources == node).any())
 
     def _remove_node(self, node: int, undo: list[Callable[[], None]]) -> None:
-        for target in self._out_neighbours(node).tolist():
-            current = self.in_list(target)
+        targets = self._out_neighbours(node).tolist()
+        self._fetch_base_lists([*targets, node])
+        for target in targets:
+            current, ids = self._current(target)
             if self._holds(current, node):
                 kept = current != node
-                self._set_in_list(target, current[kept], self.in_list_edge_ids(target)[kept], undo)
+                self._set_in_list(target, current[kept], ids[kept], undo)
         none = np.empty(0, dtype=np.int64)
         self._set_in_list(node, none, none, undo)
         self.removed.add(node)
@@ -504,20 +597,27 @@ class GraphOverlay:
             target for target, sources in self.changed_sources.items() if self._holds(sources, node)
         }
         if node < self.base.num_nodes:
-            order, indptr = self._reverse_index()
-            positions = order[indptr[node] : indptr[node + 1]]
-            targets = np.searchsorted(self._indptr, positions, side="right") - 1
-            found.update(targets.tolist())
+            targets, indptr = self._reverse_index()
+            found.update(targets[indptr[node] : indptr[node + 1]].tolist())
         return np.array(sorted(found), dtype=np.int64)
 
     def _reverse_index(self) -> tuple[np.ndarray, np.ndarray]:
-        """CSR of the base graph, built once on the first node removal (O(E log E))."""
+        """The base graph's out-lists (targets, CSR pointers), built once on the first node
+        removal from every base in-list (O(E log E); on a graph in Redis, a read of all of it:
+        removing a base node is the one update that reads the whole base)."""
         if self._base_out is None:
-            indices = np.asarray(self._indices, dtype=np.int64)
-            order = np.argsort(indices, kind="stable")
-            indptr = np.zeros(self.base.num_nodes + 1, dtype=np.int64)
-            np.cumsum(np.bincount(indices, minlength=self.base.num_nodes), out=indptr[1:])
-            self._base_out = (order, indptr)
+            count = self.base.num_nodes
+            sources = np.empty(self.base.num_edges, dtype=np.int64)
+            targets = np.empty(self.base.num_edges, dtype=np.int64)
+            for start in range(0, count, _REVERSE_CHUNK):
+                nodes = np.arange(start, min(count, start + _REVERSE_CHUNK), dtype=np.int64)
+                lists = self.base.in_lists(nodes)
+                sources[lists.edge_ids] = lists.indices
+                targets[lists.edge_ids] = np.repeat(nodes, np.diff(lists.indptr))
+            order = np.argsort(sources, kind="stable")
+            indptr = np.zeros(count + 1, dtype=np.int64)
+            np.cumsum(np.bincount(sources, minlength=count), out=indptr[1:])
+            self._base_out = (targets[order], indptr)
         return self._base_out
 
     def _set_in_list(
@@ -578,7 +678,9 @@ class GraphOverlay:
             return sources
         return self.edge_relations(edge_ids) * self.num_nodes + sources
 
-    def _set_edge_row(self, edge_id: int, attr: np.ndarray, undo: list[Callable[[], None]]) -> None:
+    def _set_edge_row(
+        self, edge_id: int, dst: int, attr: np.ndarray, undo: list[Callable[[], None]]
+    ) -> None:
         stored = self.base.num_edges
         if edge_id >= stored:
             k = edge_id - stored
@@ -593,6 +695,7 @@ class GraphOverlay:
             return
         replaced = self.changed_edge_rows.get(edge_id)
         self.changed_edge_rows[edge_id] = attr
+        self._edge_dst[edge_id] = dst  # a base edge's destination never changes
 
         def restore() -> None:
             if replaced is None:
@@ -634,3 +737,10 @@ def _contains(ascending: np.ndarray, value: int) -> bool:
     cost ~150 us per edge operation)."""
     at = int(ascending.searchsorted(value))
     return at < len(ascending) and int(ascending[at]) == value
+
+
+def _positions(indptr: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """The positions, in a CSC of ``indptr``, of the lists ``which`` selects, end to end."""
+    starts, counts = indptr[:-1][which], np.diff(indptr)[which]
+    total = int(counts.sum())
+    return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)

@@ -466,17 +466,25 @@ class GraphStore:
         with each edge's ID and relation: the graph view's read of whole lists. The sampler
         reads the mapped arrays in place instead."""
         nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
-        starts = np.take(self.indptr, nodes).astype(np.int64)
-        counts = np.take(self.indptr, nodes + 1).astype(np.int64) - starts
+        pointers, sources = self._csc
+        starts = pointers[nodes].astype(np.int64)
+        counts = pointers[nodes + 1].astype(np.int64) - starts
         indptr = np.zeros(len(nodes) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         edge_ids = np.repeat(starts, counts) + _ragged(counts)
         return InLists(
             indptr=indptr,
-            indices=np.take(self.indices, edge_ids).astype(np.int64),
+            indices=sources[edge_ids].astype(np.int64),
             edge_ids=edge_ids,
             relations=self.edge_relations(edge_ids),
         )
+
+    @cached_property
+    def _csc(self) -> tuple[np.ndarray, np.ndarray]:
+        """Plain ndarray views of ``indptr`` and ``indices`` (no copy): indexing a numpy.memmap
+        pays a Python-level ``__array_finalize__`` per call, half of a small ``in_lists`` read
+        (the overlay reads one per update request)."""
+        return np.asarray(self.indptr), np.asarray(self.indices)
 
     def edge_relations(self, edge_ids: np.ndarray) -> np.ndarray:
         """The relation index (int64) of each edge by ID."""
