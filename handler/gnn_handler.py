@@ -240,7 +240,7 @@ class GNNHandler(BaseHandler):
             f"+{want}, and did not reach it within {self.settings.min_version_wait_ms:g} ms; "
             f"retry (this or another replica)"
         )
-        return Response(error.status, error.body(), headers={"Retry-After": str(RETRY_AFTER_S)})
+        return Response(error.status, error.body())
 
     def inference(self, data: RoutedBatch, *args: Any, **kwargs: Any) -> RoutedResult:
         """One forward pass for the batch, under ``torch.inference_mode()`` (in the engine)."""
@@ -260,7 +260,7 @@ class GNNHandler(BaseHandler):
             phrase = HTTPStatus(response.status).phrase
             self.context.set_response_status(code=response.status, phrase=phrase, idx=index)
             self.context.set_response_content_type(index, "application/json")
-            for name, value in response.headers.items():
+            for name, value in retry_after(response).headers.items():
                 self.context.set_response_header(index, name, value)
         return [encode_body(response.body) for response in responses]
 
@@ -373,6 +373,15 @@ def drop_torchserve_batch_line() -> None:
     root = logging.getLogger()
     if _not_the_batch_line not in root.filters:
         root.addFilter(_not_the_batch_line)
+
+
+def retry_after(response: Response) -> Response:
+    """A 503 says when to try again (``Retry-After``, seconds): every 503 of this handler is
+    a state that passes (a graph version not reached yet, the graph store failing over)."""
+    if response.status != Unavailable.status or "Retry-After" in response.headers:
+        return response
+    headers = {**response.headers, "Retry-After": str(RETRY_AFTER_S)}
+    return Response(response.status, response.body, headers)
 
 
 def lowercase_headers(context: Context, index: int) -> dict[str, str]:

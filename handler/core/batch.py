@@ -21,7 +21,12 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from graph_assets.errors import SubgraphTooLarge
-from handler.protocol.error_table import api_error, internal_error, is_out_of_memory
+from handler.protocol.error_table import (
+    api_error,
+    batch_error,
+    internal_error,
+    is_out_of_memory,
+)
 from handler.protocol.errors import ApiError, InternalError
 from handler.settings import ServingSettings
 
@@ -237,6 +242,8 @@ class BatchEngine(ABC, Generic[R]):
 
     def _raise_if_fatal(self, error: Exception) -> None:
         raise_if_fatal(error, self.device)
+        if batch_error(error) is not None:
+            raise error  # the whole batch's answer (the router's), not retried one by one
 
     def _respond(self, position: int, outcome: R | ApiError, batch: Batch[R]) -> Response:
         if isinstance(outcome, ApiError):
@@ -256,7 +263,9 @@ def parsed_or_error(parse: Callable[[Any], T], item: Any) -> T | ApiError:
         return parse(item)
     except ApiError as error:
         return error
-    except Exception:
+    except Exception as error:
+        if batch_error(error) is not None:
+            raise  # the whole batch's answer (the router's)
         logger.exception("unexpected error while parsing a request")
         return InternalError("the request could not be parsed; the error is in the server log")
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from handler.core.batch import DeviceFailure, Response, StageTimes
 from handler.protocol.body import as_request
+from handler.protocol.error_table import batch_error
 from handler.protocol.errors import ApiError, InternalError
 
 logger = logging.getLogger(__name__)
@@ -96,9 +97,12 @@ class Router:
                 part.prepared = self.engines[route].prepare([item for _, item in entries])
             except DeviceFailure:
                 raise
-            except Exception:
-                logger.exception("the %s engine failed to prepare its requests", route)
-                part.error = InternalError("the request could not be prepared; see the server log")
+            except Exception as error:
+                part.error = _shared(error, route) or InternalError(
+                    "the request could not be prepared; see the server log"
+                )
+                if isinstance(part.error, InternalError):
+                    logger.exception("the %s engine failed to prepare its requests", route)
             batch.parts.append(part)
         return batch
 
@@ -110,9 +114,12 @@ class Router:
                 part.result = self.engines[part.route].run(part.prepared)
             except DeviceFailure:
                 raise
-            except Exception:
-                logger.exception("the %s engine failed on its requests", part.route)
-                part.error = InternalError("the computation failed; the error is in the server log")
+            except Exception as error:
+                part.error = _shared(error, part.route) or InternalError(
+                    "the computation failed; the error is in the server log"
+                )
+                if isinstance(part.error, InternalError):
+                    logger.exception("the %s engine failed on its requests", part.route)
         return RoutedResult(batch=batch)
 
     def respond(self, result: RoutedResult) -> list[Response]:
@@ -123,8 +130,10 @@ class Router:
             if part.error is None:
                 try:
                     responses = self.engines[part.route].respond(part.result)
-                except Exception:
-                    logger.exception("the %s engine failed to format its answers", part.route)
+                except Exception as failure:
+                    part.error = _shared(failure, part.route)
+                    if part.error is None:
+                        logger.exception("the %s engine failed to format its answers", part.route)
             if responses is None or len(responses) != len(part.positions):
                 error = part.error or InternalError("no answer was formatted; see the server log")
                 responses = [Response(error.status, error.body()) for _ in part.positions]
@@ -138,6 +147,15 @@ class Router:
     def handle(self, items: Sequence[Any], explain: Sequence[bool] | None = None) -> list[Response]:
         """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks)."""
         return self.respond(self.run(self.prepare(items, explain)))
+
+
+def _shared(error: Exception, route: str) -> ApiError | None:
+    """The answer of every request of an engine's share for an error they all meet alike (the
+    graph store unavailable: 503), logged in one line; None for any other error."""
+    shared = batch_error(error)
+    if shared is not None:
+        logger.warning("the %s engine's requests answered %d: %s", route, shared.status, error)
+    return shared
 
 
 def predict_or_explain(body: Any, explain: bool) -> str:

@@ -9,6 +9,7 @@ import torch
 
 from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
 from graph_assets.live.operations import Rejection, UpdateRejected
+from graph_assets.remote.errors import RemoteUnavailable
 from handler.protocol.errors import (
     ApiError,
     BadRequest,
@@ -35,6 +36,9 @@ def api_error(error: Exception) -> ApiError | None:
     or a fault of the server, which the caller answers 500 and logs)."""
     if isinstance(error, ApiError):
         return error
+    shared = batch_error(error)
+    if shared is not None:
+        return shared
     if isinstance(error, UpdateRejected):
         return _REJECTIONS[error.kind](str(error))
     if isinstance(error, SubgraphTooLarge):
@@ -45,6 +49,20 @@ def api_error(error: Exception) -> ApiError | None:
     if isinstance(error, UpdateLogWriteFailed):
         full = error.errno in _FULL_ERRNOS
         return (InsufficientStorage if full else Unavailable)(str(error))
+    return None
+
+
+def batch_error(error: BaseException) -> ApiError | None:
+    """The answer for an error that every request of a batch meets alike: the graph store
+    (Redis) down, failing over or slower than ``remote_timeout_ms``. It answers the whole batch
+    at once (503, with Retry-After), never request by request, which would wait out the
+    timeout again for each. None for any other error. The cause is the server log's, not the
+    client's: the message names no address."""
+    if isinstance(error, RemoteUnavailable):
+        return Unavailable(
+            "the graph store is unavailable (failing over, or slower than its timeout); retry "
+            "after the Retry-After seconds"
+        )
     return None
 
 

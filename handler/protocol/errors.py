@@ -74,7 +74,8 @@ class InternalError(ApiError):
 
 
 class Unavailable(ApiError):
-    """503: this worker cannot take updates now (it could not apply a record of the log)."""
+    """503, with Retry-After: this worker cannot answer now but may soon. It could not apply a
+    record of the update log, or the graph store (Redis) did not answer in time."""
 
     status = 503
 

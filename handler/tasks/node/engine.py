@@ -26,6 +26,7 @@ from handler.core.sampler import NeighbourSampler, SampledSubgraph
 from handler.core.typed_ego import typed_answer
 from handler.live.live_graph import LiveGraph
 from handler.protocol.class_answer import node_answer
+from handler.protocol.error_table import batch_error
 from handler.protocol.errors import ApiError, InternalError, NodeNotFound
 from handler.protocol.kserve_v2 import v2_response
 from handler.settings import ServingSettings
@@ -108,7 +109,9 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         request = self._parse_request(item)
         try:
             nodes = self.ego.find(request.node_ids)
-        except Exception:
+        except Exception as error:
+            if batch_error(error) is not None:
+                raise  # the whole batch's answer (the router's)
             logger.exception("node lookup failed for a request")
             raise InternalError("the node lookup failed; the error is in the server log") from None
         resolved = _resolved(request, nodes)
@@ -123,7 +126,9 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         requests = [request for request in parsed if isinstance(request, NodeRequest)]
         try:
             found = self.ego.find([node for r in requests for node in r.node_ids])
-        except Exception:
+        except Exception as error:
+            if batch_error(error) is not None:
+                raise  # the whole batch's answer (the router's), not one lookup per request
             logger.exception("node lookup failed for the batch; looking up request by request")
             return [self._parse(item) for item in items]
         all_found = found.size == 0 or int(found.min()) >= 0  # then no request needs a 404
