@@ -29,6 +29,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,12 @@ BATCHES = (10, 100, 1000)
 SEEDS, FANOUT = 12, 10
 
 
-def p50_ms(call: Callable[[], object], repeats: int) -> float:
+def p50_ms(read: Callable[[np.ndarray], object], batches: list[np.ndarray]) -> float:
+    """The median time of ``read`` over ``batches``, in ms."""
     times = []
-    for _ in range(repeats):
+    for batch in batches:
         started = time.perf_counter()
-        call()
+        read(batch)
         times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)
 
@@ -81,15 +83,12 @@ def batched(url: str, prefix: str, store: GraphStore, repeats: int) -> list[dict
         batches = [rng.choice(store.num_nodes, size, replace=False) for _ in range(repeats)]
         for read in ("in_lists", "feature_rows"):
             before = cold.counters
-            it = iter(batches)
-            cold_ms = p50_ms(lambda read=read, it=it: getattr(cold, read)(next(it)), repeats)
+            cold_ms = p50_ms(getattr(cold, read), batches)
             after = cold.counters
             for nodes in batches:
                 getattr(warm, read)(nodes)
-            it = iter(batches)
-            warm_ms = p50_ms(lambda read=read, it=it: getattr(warm, read)(next(it)), repeats)
-            it = iter(batches)
-            local_ms = p50_ms(lambda read=read, it=it: getattr(store, read)(next(it)), repeats)
+            warm_ms = p50_ms(getattr(warm, read), batches)
+            local_ms = p50_ms(getattr(store, read), batches)
             rows.append(
                 {
                     "batch": size,
@@ -102,14 +101,8 @@ def batched(url: str, prefix: str, store: GraphStore, repeats: int) -> list[dict
                 }
             )
         for name, fetch in (("MGET per group", mget_per_group), ("GET per block", get_per_block)):
-            it = iter(batches)
-            rows.append(
-                {
-                    "batch": size,
-                    "read": f"in-list values only, one {name}",
-                    "cold_ms": p50_ms(lambda it=it, fetch=fetch: fetch(cold, next(it)), repeats),
-                }
-            )
+            values_ms = p50_ms(partial(fetch, cold), batches)
+            rows.append({"batch": size, "read": f"in-list values, {name}", "cold_ms": values_ms})
     cold.close()
     warm.close()
     return rows
@@ -163,11 +156,9 @@ def request_cold(url: str, prefix: str, store: GraphStore, repeats: int) -> dict
     seeds = [rng.choice(store.num_nodes, SEEDS, replace=False) for _ in range(repeats)]
     view = open_remote_store(url, prefix, store.checksum, cache_mb=0, timeout_ms=5000)
     before = view.counters
-    it = iter(seeds)
-    remote_ms = p50_ms(lambda: request_reads(view, next(it), rng), repeats)
+    remote_ms = p50_ms(partial(request_reads, view, rng=rng), seeds)
     after = view.counters
-    it = iter(seeds)
-    local_ms = p50_ms(lambda: request_reads(store, next(it), rng), repeats)
+    local_ms = p50_ms(partial(request_reads, store, rng=rng), seeds)
     view.close()
     return {
         "remote_cold_ms": remote_ms,
