@@ -87,10 +87,46 @@ class LocalCluster:
                 )
             time.sleep(0.05)
 
+    def a_primary(self) -> tuple[RedisServer, RedisServer]:
+        """A primary other than the first node (``url`` keeps reaching the cluster when it
+        fails), and its replica."""
+        for node in self.nodes[1:]:
+            client = node.client()
+            try:
+                replication = client.info("replication")
+            finally:
+                client.close()
+            if replication["role"] == "master":
+                port = int(replication["slave0"]["port"])
+                return node, next(n for n in self.nodes if n.port == port)
+        raise RuntimeError("no primary among the nodes after the first")
+
+    def wait_promoted(self, replica: RedisServer, timeout_s: float = 30.0) -> None:
+        """Waits until ``replica`` is a primary and reports ``cluster_state:ok`` (its failed
+        primary's slots served again); TimeoutError past ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while not _promoted(replica):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the replica on port {replica.port} was not promoted within {timeout_s} s"
+                )
+            time.sleep(0.05)
+
     def stop(self) -> None:
         """Stops every node by PID (SIGTERM, then SIGKILL if it lingers)."""
         for node in self.nodes:
             node.stop()
+
+
+def _promoted(node: RedisServer) -> bool:
+    client = node.client()
+    try:
+        role = client.info("replication")["role"]
+        return role == "master" and client.cluster("info").get("cluster_state") == "ok"
+    except redis.ConnectionError:
+        return False
+    finally:
+        client.close()
 
 
 def _cluster_ok(node: RedisServer, count: int) -> bool:
