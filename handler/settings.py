@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import PurePosixPath
 from typing import Any
 
+from graph_assets.remote.location import is_remote, parse_location
+
 DEFAULT_FANOUTS = (25, 10)
 TASKS = ("node", "link", "graph")
 _CHECKSUM = re.compile(r"[0-9a-f]{64}")
@@ -42,10 +44,16 @@ class ServingSettings:
         graph_dir: folder of the serialized graph inside the unpacked archive.
         graph_location: absolute path of a graph store that workers map where it is, read-only,
             instead of a copy inside the archive (``build_mar.sh --graph-location``): a large
-            graph is then not unpacked again by every server start. Empty = ``graph_dir``.
+            graph is then not unpacked again by every server start; or
+            ``redis[s]://host:port/NAME``, a graph loaded into a Redis Cluster or a single
+            Redis under prefix NAME, which workers read in batches (never a password: it
+            comes from ``GNNSERVE_REDIS_PASSWORD_FILE``). Empty = ``graph_dir``.
         graph_checksum: the checksum of the store at ``graph_location`` the archive was built
-            and trained with; a worker refuses a store whose meta.json names another. Given
-            together with ``graph_location``, or not at all.
+            and trained with; a worker refuses a store (or a graph in Redis) that names
+            another. Given together with ``graph_location``, or not at all.
+        remote_cache_mb: a graph in Redis: MB of fetched blocks each worker keeps (least
+            recently used dropped first); 0 keeps none.
+        remote_timeout_ms: a graph in Redis: how long one read may wait for Redis.
         share_graph: map the graph from a cache shared by every archive version with the same
             graph checksum (one copy in memory) instead of from this archive's unpacked copy;
             ignored with ``graph_location``, which every version maps in place already.
@@ -91,6 +99,8 @@ class ServingSettings:
     graph_dir: str = "graph"
     graph_location: str = ""
     graph_checksum: str = ""
+    remote_cache_mb: float = 256.0
+    remote_timeout_ms: int = 1000
     share_graph: bool = True
     graph_cache_dir: str = ""
     torch_threads: int = 1
@@ -158,6 +168,7 @@ class ServingSettings:
             "explain_time_budget_ms",
             "explain_top_k",
             "max_update_operations",
+            "remote_timeout_ms",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -186,6 +197,9 @@ class ServingSettings:
             raise ValueError(
                 f"min_version_wait_ms must be a number of milliseconds in [0, 600000); got {wait!r}"
             )
+        cache = self.remote_cache_mb
+        if not isinstance(cache, (int, float)) or isinstance(cache, bool) or not 0 <= cache < 1e7:
+            raise ValueError(f"remote_cache_mb must be a number of MB >= 0; got {cache!r}")
         for name in ("verify_checksum", "share_graph", "updates_enabled"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
@@ -204,10 +218,15 @@ class ServingSettings:
                 "graph_location and graph_checksum go together (the store and the checksum it "
                 f"must have); got graph_location={location!r}, graph_checksum={checksum!r}"
             )
-        if location and not PurePosixPath(location).is_absolute():
+        if location and is_remote(location):
+            try:
+                parse_location(location)
+            except ValueError as error:
+                raise ValueError(f"graph_location: {error}") from None
+        elif location and not PurePosixPath(location).is_absolute():
             raise ValueError(
                 f"graph_location must be an absolute path (workers start in TorchServe's "
-                f"directories, not the builder's); got {location!r}"
+                f"directories, not the builder's) or redis://host:port/NAME; got {location!r}"
             )
         if checksum and not _CHECKSUM.fullmatch(checksum):
             raise ValueError(

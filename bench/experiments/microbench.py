@@ -25,6 +25,7 @@ import torch
 from graph_assets import GraphStore, open_store
 from graph_assets.graph_view import GraphView
 from handler.core.arrays import readonly_tensor
+from handler.core.graph_source import mapped_graph
 from handler.settings import ServingSettings, parse_fanouts
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model
@@ -74,10 +75,8 @@ def place_features(engine: NodeClassificationEngine, place: str) -> None:
         raise ValueError(f"--features {place} needs --device cuda; got {engine.device}")
     if place not in FEATURE_PLACES:
         raise ValueError(f"features must be one of {FEATURE_PLACES}; got {place!r}")
-    features, degrees = (
-        readonly_tensor(engine.store.features),
-        readonly_tensor(engine.store.in_degree),
-    )
+    store = mapped_graph(engine.store, "--features " + place)
+    features, degrees = readonly_tensor(store.features), readonly_tensor(store.in_degree)
     if place == "pinned":
         features = features.clone().pin_memory()
     else:

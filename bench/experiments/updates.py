@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
+import numpy as np
 import psutil
 import torch
 
@@ -260,8 +261,9 @@ def overlay_memory(store_dir: Path, edges: int) -> float:
             overlay.apply(decode_operations(batch, overlay.base), seq)
         except ValueError:
             seq -= 1
-    added = sum(len(v) for v in overlay.in_lists.values()) - sum(
-        int(overlay.base.in_degree[n]) for n in overlay.in_lists
+    dirty = np.fromiter(overlay.changed_sources, dtype=np.int64)
+    added = sum(len(v) for v in overlay.changed_sources.values()) - int(
+        overlay.base.in_lists(dirty).indptr[-1]
     )
     grown = (process.memory_info().rss - before) / (1 << 20)
     return grown / (added / 1_000_000)

@@ -377,6 +377,29 @@ class RemoteStore:
         table, table_base = _concatenated(fetched, blocks, field)
         return table[table_base[inverse] + row]
 
+    def prefetch(self, nodes: np.ndarray, edge_ids: np.ndarray) -> None:
+        """Fetches into the cache, in one round, what gathering an ego-graph's inputs reads:
+        the feature rows and degrees of ``nodes`` and the features of ``edge_ids``, so that
+        the ``feature_rows``, ``degree_rows`` and ``edge_feature_rows`` calls that follow
+        (one per node type and relation) cost no round trip of their own. The edges' relations
+        are read from their blocks' in-lists, which sampling them cached."""
+        nodes, edge_ids = self._checked(nodes), self._checked_edges(edge_ids)
+        requests: list[BlockField] = []
+        for block in np.unique(nodes // self.layout.block_size).tolist():
+            requests.append((block, DEG))
+            for t, kind in enumerate(self.schema.node_types):
+                low, high = self.layout.type_rows(block, t)
+                if kind.feature_dim and low < high:
+                    requests.append((block, features_field(t)))
+        wide = [r.edge_feature_dim > 0 for r in self.schema.relations]
+        if len(edge_ids) and any(wide):
+            blocks, inverse, _ = self._edge_blocks(edge_ids)
+            owner = blocks[inverse]
+            relations = self.edge_relations(edge_ids)
+            pairs = np.unique(np.stack([owner, relations], axis=1), axis=0).tolist()
+            requests += [(b, edge_features_field(r)) for b, r in pairs if wide[r]]
+        self._fetch(requests)
+
     def _block_lists(self, blocks: np.ndarray) -> _BlockLists:
         """The in-lists of ``blocks`` (unique), end to end; one round for those not cached."""
         fetched = self._fetch([(b, ADJ) for b in blocks.tolist()])

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
+from graph_assets.remote import RemoteStore
+from handler.core.graph_source import ServedGraph, mapped_graph
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.live.live_graph import LiveGraph
@@ -45,7 +46,7 @@ class EgoGraphs:
     """A stored graph (plus its live updates, if any), its sampler and the model that reads the
     sampled ego-graphs."""
 
-    store: GraphStore
+    store: ServedGraph
     model: torch.nn.Module
     sampler: NeighbourSampler
     device: torch.device
@@ -57,7 +58,7 @@ class EgoGraphs:
     @classmethod
     def create(
         cls,
-        store: GraphStore,
+        store: ServedGraph,
         model: torch.nn.Module,
         settings: ServingSettings,
         device: torch.device,
@@ -70,7 +71,9 @@ class EgoGraphs:
         model = to_serving_device(model, device)
         rows = None
         if precomputed is not None:
-            rows = PrecomputedRows(precomputed, model, store, overlay)
+            rows = PrecomputedRows(
+                precomputed, model, mapped_graph(store, "a --precompute archive"), overlay
+            )
             if live is not None:  # the follower recomputes marked rows between batches
                 live.background.append(functools.partial(rows.drain, DRAIN_ROWS))
         return cls(
@@ -147,7 +150,21 @@ class EgoGraphs:
         explanation clones the structure it differentiates through)."""
         seeds = torch.from_numpy(np.unique(nodes))
         with torch.inference_mode():
-            return seeds, self.sampler.sample(seeds)
+            sub = self.sampler.sample(seeds)
+        self._prefetch(sub)
+        return seeds, sub
+
+    def _prefetch(self, sub: SampledSubgraph) -> None:
+        """On a graph in Redis, what gathering ``sub``'s inputs reads (features and degrees of
+        its rows, features of its edges when the model reads them) in one round, so that a
+        batch costs its hops' rounds and this one."""
+        if not isinstance(self.store, RemoteStore) or self.view() is not self.store:
+            return
+        nodes = sub.node.cpu().numpy()
+        edges = np.empty(0, dtype=np.int64)
+        if serving_needs(self.model).edge_input is not EdgeInput.NONE:
+            edges = sub.edge.cpu().numpy()
+        self.store.prefetch(nodes[nodes >= 0], edges)
 
     def gather(
         self, rows: torch.Tensor, view: GraphView | None = None
@@ -188,7 +205,7 @@ class OnEgoGraphs:
     ego: EgoGraphs
 
     @property
-    def store(self) -> GraphStore:
+    def store(self) -> ServedGraph:
         return self.ego.store
 
     @property

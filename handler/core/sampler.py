@@ -16,7 +16,9 @@ import numpy as np
 import torch
 
 from graph_assets.errors import SubgraphTooLarge
+from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay
+from graph_assets.remote import RemoteStore
 from graph_assets.stored.store import GraphStore
 from handler.core.arrays import Array, ArrayOps, ops_for, readonly_tensor
 from handler.settings import ServingSettings, parse_fanouts
@@ -78,7 +80,8 @@ class RelationSegments:
             in the stored graph (nodes added by updates lie beyond every range).
         dst_type: per relation, the index of its destination node type.
         starts, ends: per relation, ``[n_dst]`` absolute CSC positions of each destination's
-            segment (by its index within its type).
+            segment (by its index within its type); empty for a graph read through its view
+            (a remote store), whose segments each hop finds from its in-lists' relations.
         src_type: per relation, the index of its source node type.
         fanouts: per relation, neighbours kept per hop (``-1``: all).
     """
@@ -91,7 +94,9 @@ class RelationSegments:
     fanouts: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def of(cls, store: GraphStore, settings: ServingSettings, ops: ArrayOps) -> RelationSegments:
+    def of(
+        cls, store: GraphStore | RemoteStore, settings: ServingSettings, ops: ArrayOps
+    ) -> RelationSegments:
         """The store's segments with the archive's fanouts per relation (ValueError naming
         the graph's relations for a relation it does not have)."""
         schema = store.schema
@@ -101,32 +106,45 @@ class RelationSegments:
                 f"relation_fanouts names {', '.join(unknown)}, which this graph does not have; "
                 f"its edge types are {', '.join(schema.edge_type_names)}"
             )
-        indptr = ops.from_numpy(np.asarray(store.indptr, dtype=np.int64))
-        dst_range, dst_type, starts, ends, src_type, fanouts = [], [], [], [], [], []
+        dst_range, dst_type, src_type, fanouts = [], [], [], []
         for relation in schema.relations:
             dst = schema.type_index(relation.edge_type.dst)
             node_type = schema.node_types[dst]
-            into = schema.relations_into(node_type.name)
-            slot = into.index(schema.relation_index(relation.name))
-            if len(into) == 1:
-                starts.append(indptr[node_type.offset : node_type.stop])
-                ends.append(indptr[node_type.offset + 1 : node_type.stop + 1])
-            else:
-                bounds = np.asarray(store.relation_bounds[dst], dtype=np.int64)
-                starts.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot])))
-                ends.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot + 1])))
             dst_range.append((node_type.offset, node_type.stop))
             dst_type.append(dst)
             src_type.append(schema.type_index(relation.edge_type.src))
             fanouts.append(settings.fanouts_of(relation.name))
+        starts, ends = _segment_bounds(store, ops) if isinstance(store, GraphStore) else ((), ())
         return cls(
             tuple(dst_range),
             tuple(dst_type),
-            tuple(starts),
-            tuple(ends),
+            starts,
+            ends,
             tuple(src_type),
             tuple(fanouts),
         )
+
+
+def _segment_bounds(store: GraphStore, ops: ArrayOps) -> tuple[tuple[Array, ...], ...]:
+    """Per relation, where each destination's segment of its in-list starts and ends in the
+    mapped CSC arrays: the pointers themselves for a type with one relation into it, its
+    ``relation_bounds`` columns otherwise."""
+    schema = store.schema
+    indptr = ops.from_numpy(np.asarray(store.indptr, dtype=np.int64))
+    starts, ends = [], []
+    for relation in schema.relations:
+        dst = schema.type_index(relation.edge_type.dst)
+        node_type = schema.node_types[dst]
+        into = schema.relations_into(node_type.name)
+        if len(into) == 1:
+            starts.append(indptr[node_type.offset : node_type.stop])
+            ends.append(indptr[node_type.offset + 1 : node_type.stop + 1])
+        else:
+            slot = into.index(schema.relation_index(relation.name))
+            bounds = np.asarray(store.relation_bounds[dst], dtype=np.int64)
+            starts.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot])))
+            ends.append(ops.from_numpy(np.ascontiguousarray(bounds[:, slot + 1])))
+    return tuple(starts), tuple(ends)
 
 
 def boundary_node(node_type: int) -> int:
@@ -161,8 +179,9 @@ def _ragged_arange(ops: ArrayOps, counts: Array) -> Array:
 
 @dataclass(frozen=True)
 class _RelationLists:
-    """The overlay's in-lists of some nodes (grouped by relation, as stored ones are), with
-    where each relation's segment of each list starts."""
+    """In-lists of some nodes read through a graph view (the overlay's, or a remote store's),
+    grouped by relation as stored ones are, with where each relation's segment of each list
+    starts."""
 
     indices: np.ndarray
     edge_ids: np.ndarray
@@ -170,10 +189,10 @@ class _RelationLists:
     relations: int
 
     @classmethod
-    def of(cls, overlay: GraphOverlay, nodes: np.ndarray, relations: int) -> _RelationLists:
-        lists = overlay.in_edges(nodes)
+    def of(cls, view: GraphView, nodes: np.ndarray, relations: int) -> _RelationLists:
+        lists = view.in_lists(nodes)
         owner = np.repeat(np.arange(len(nodes), dtype=np.int64), np.diff(lists.indptr))
-        keys = owner * relations + overlay.edge_relations(lists.edge_ids)
+        keys = owner * relations + lists.relations
         return cls(lists.indices, lists.edge_ids, keys, relations)
 
     def segment(self, lists: np.ndarray, relation: int) -> tuple[np.ndarray, np.ndarray]:
@@ -204,6 +223,11 @@ class NeighbourSampler:
             an in-list with the relation's own fanout (``fanouts`` then only counts the hops).
         ops: the array library to sample with; by default numpy for CPU tensors (views of the
             same memory) and torch on their device otherwise (handler.core.arrays says why).
+        view: a graph that is not mapped here (a remote store): each hop reads its frontier's
+            in-lists, every relation at once, in one ``view.in_lists`` call and samples them
+            with the same draws, so the ego-graph is the stored arrays' (``indptr`` and
+            ``indices`` are then empty and only name the device; with live updates the
+            overlay's in-lists are read, the overlay reading its base's in one call).
     """
 
     def __init__(
@@ -219,7 +243,9 @@ class NeighbourSampler:
         boundary: bool = False,
         ops: ArrayOps | None = None,
         relations: RelationSegments | None = None,
+        view: GraphView | None = None,
     ) -> None:
+        self.view = view
         self.relations = relations
         self.ops = ops or ops_for(indptr.device)
         self.device = indptr.device
@@ -258,6 +284,7 @@ class NeighbourSampler:
             overlay=self.overlay,
             ops=self.ops,
             relations=self.relations if relations is None else relations,
+            view=self.view,
         )
 
     def sample(self, seeds: torch.Tensor) -> SampledSubgraph:
@@ -323,6 +350,14 @@ class NeighbourSampler:
             boundary=self.boundary,
         )
 
+    def _lists_source(self) -> GraphView:
+        """Where lists that are not read from the mapped arrays come from: the overlay when it
+        holds updates (its base's lists in one read of the base), else the remote view."""
+        if self.overlay is not None and not self.overlay.is_empty:
+            return self.overlay
+        assert self.view is not None
+        return self.view
+
     def _check_limits(self, nodes: int, edges: int) -> None:
         if nodes > self.max_nodes or edges > self.max_edges:
             raise SubgraphTooLarge(nodes, edges, self.max_nodes, self.max_edges)
@@ -337,7 +372,9 @@ class NeighbourSampler:
         """
         ops, overlay = self.ops, self.overlay
         dirty_mask = None
-        if overlay is not None and not overlay.is_empty:
+        if self.view is not None:  # every list from one read of the view
+            dirty_mask = np.ones(len(frontier), dtype=bool)
+        elif overlay is not None and not overlay.is_empty:
             dirty_mask = overlay.dirty_mask(ops.to_numpy(frontier))
         # No changed node in this frontier (the common case on a big graph): the base arrays
         # alone, in one pass, draw exactly what the split below would.
@@ -352,7 +389,6 @@ class NeighbourSampler:
                 nodes_so_far,
                 edges_so_far,
             )
-        assert overlay is not None
         dirty = ops.from_numpy(dirty_mask)
         clean_rows = ops.flatnonzero(~dirty)
         dirty_rows = ops.flatnonzero(dirty)
@@ -366,7 +402,7 @@ class NeighbourSampler:
             nodes_so_far,
             edges_so_far,
         )
-        changed = overlay.in_edges(ops.to_numpy(frontier[dirty_rows]))
+        changed = self._lists_source().in_lists(ops.to_numpy(frontier[dirty_rows]))
         more_rows, more_neighbours, more_positions = self._sample_csc(
             ops.from_numpy(changed.indptr),
             ops.from_numpy(changed.indices),
@@ -415,18 +451,22 @@ class NeighbourSampler:
         """One hop on a graph with several relations: each relation's segment of the in-list of
         each frontier node of its destination type, with the relation's fanout (``fanout``
         overrides it). Nodes whose in-edges changed (or were added) read their segments from
-        the overlay's in-lists, which keep the same grouping. Returns (row, source, edge ID,
-        relation) per sampled edge."""
+        the overlay's in-lists, which keep the same grouping; on a graph read through its view
+        every node does, from one read. Returns (row, source, edge ID, relation) per sampled
+        edge."""
         ops, segments, overlay = self.ops, self.relations, self.overlay
         assert segments is not None
         live = overlay is not None and not overlay.is_empty
         nodes_np = ops.to_numpy(frontier)
         dirty = overlay.dirty_mask(nodes_np) if live and overlay else None
         types = overlay.types_of(nodes_np) if live and overlay else None
+        if self.view is not None:
+            dirty = np.ones(len(nodes_np), dtype=bool)
         changed = None
         if dirty is not None and dirty.any():
-            assert overlay is not None
-            changed = _RelationLists.of(overlay, nodes_np[dirty], len(segments.dst_range))
+            changed = _RelationLists.of(
+                self._lists_source(), nodes_np[dirty], len(segments.dst_range)
+            )
             changed_row = np.cumsum(dirty) - 1  # a dirty frontier row's place in ``changed``
         parts: list[tuple[Array, Array, Array, Array]] = []
         for relation, (start, stop) in enumerate(segments.dst_range):
@@ -568,7 +608,7 @@ def self_loops_in_place(
 
 
 def sampler_for(
-    store: GraphStore,
+    store: GraphStore | RemoteStore,
     settings: ServingSettings,
     device: torch.device,
     overlay: GraphOverlay | None = None,
@@ -576,10 +616,16 @@ def sampler_for(
 ) -> NeighbourSampler:
     """The one way a serving sampler is built: the archive's fanouts, seed and limits, keyed on
     the graph's checksum. The structure is small next to the features: on a GPU it moves there
-    so that sampling runs there; features stay memory-mapped and only sampled rows are copied."""
-    indptr, indices = readonly_tensor(store.indptr), readonly_tensor(store.indices)
-    if device.type != "cpu":
-        indptr, indices = indptr.to(device), indices.to(device)
+    so that sampling runs there; features stay memory-mapped and only sampled rows are copied.
+    A remote store is read through its view, one read of in-lists per hop."""
+    view: GraphView | None = None
+    if isinstance(store, GraphStore):
+        indptr, indices = readonly_tensor(store.indptr), readonly_tensor(store.indices)
+        if device.type != "cpu":
+            indptr, indices = indptr.to(device), indices.to(device)
+    else:
+        indptr = indices = torch.empty(0, dtype=torch.int64, device=device)
+        view = store
     relations = None
     if len(store.schema.relations) > 1:
         relations = RelationSegments.of(store, settings, ops_for(device))
@@ -594,4 +640,5 @@ def sampler_for(
         overlay=overlay,
         boundary=boundary,
         relations=relations,
+        view=view,
     )

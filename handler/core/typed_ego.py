@@ -9,14 +9,14 @@ from __future__ import annotations
 import torch
 
 from graph_assets.graph_view import GraphView
-from graph_assets.stored.store import GraphStore
+from handler.core.graph_source import ServedGraph
 from handler.core.sampler import SampledSubgraph
 from model.served_hetero import HeteroNodeModel
 from model.typed_rows import typed_rows
 
 
 def typed_answer(
-    store: GraphStore,
+    store: ServedGraph,
     view: GraphView,
     model: HeteroNodeModel,
     sub: SampledSubgraph,

@@ -8,14 +8,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from graph_assets import GraphStore
 from handler.core.explain import METHOD
+from handler.core.graph_source import ServedGraph, mapped_graph
 from handler.tasks.graph.task import TASK as GRAPH
 from handler.tasks.link.task import TASK as LINK
 from handler.tasks.node.task import TASK as NODE
 from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec
 from model.export import load_model
-from model.precompute import open_archive_precomputed
+from model.precompute import PRECOMPUTED_DIR, open_archive_precomputed
 
 TASKS: dict[str, TaskSpec] = {
     "node": NODE,
@@ -24,7 +24,7 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
-def start_task(archive: Archive, open_graph: Callable[[], GraphStore]) -> StartedTask:
+def start_task(archive: Archive, open_graph: Callable[[], ServedGraph]) -> StartedTask:
     """Loads the model (and the graph, if the task serves one) and starts the archive's task."""
     task = archive.settings.task
     spec = TASKS[task]
@@ -36,9 +36,11 @@ def start_task(archive: Archive, open_graph: Callable[[], GraphStore]) -> Starte
             f"model-config YAML (gnn: task) says {task!r}; rebuild the archive"
         )
     precomputed = None
-    if store is not None:
+    if store is not None and (archive.model_dir / PRECOMPUTED_DIR).is_dir():
         precomputed = open_archive_precomputed(
-            archive.model_dir, store, archive.settings.verify_checksum
+            archive.model_dir,
+            mapped_graph(store, "a --precompute archive"),
+            archive.settings.verify_checksum,
         )
     loaded = Loaded(model=model, config=config, store=store, precomputed=precomputed)
     return spec.start(archive, loaded)
@@ -77,7 +79,7 @@ def describe(task: StartedTask) -> dict[str, Any]:
         described["graph"] = {
             "nodes": store.num_nodes,
             "edges": store.num_edges,
-            "feature_dim": store.feature_dim,
+            "feature_dim": store.schema.target_type.feature_dim,
             "num_classes": store.num_classes,
             "class_names": store.class_names,
             "checksum": store.checksum,

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from graph_assets import GraphStore
+from handler.core.graph_source import ServedGraph
 from handler.core.precomputed import PrecomputedRows
 from handler.core.router import Router
 from handler.live.live_graph import LiveGraph, UpdatePolicy
@@ -37,10 +37,10 @@ class Loaded:
 
     model: torch.nn.Module
     config: ModelConfig | UserModelConfig
-    store: GraphStore | None
+    store: ServedGraph | None
     precomputed: Precomputed | None = None  # built with --precompute
 
-    def stored_graph(self) -> GraphStore:
+    def stored_graph(self) -> ServedGraph:
         if self.store is None:
             raise RuntimeError("this task serves a stored graph, but none was opened")
         return self.store
@@ -55,7 +55,7 @@ class StartedTask:
     engine: Any  # the task's prediction engine
     router: Router
     details: Callable[[], dict[str, Any]] | None = None  # the task's own describe fields
-    store: GraphStore | None = None
+    store: ServedGraph | None = None
     live: LiveGraph | None = None
     update_policy: UpdatePolicy = field(default_factory=lambda: UpdatePolicy(None, 0))
     precomputed: PrecomputedRows | None = None  # answers read stored rows (--precompute)
@@ -81,17 +81,18 @@ class TaskSpec:
 
 def check_fits(
     config: ModelConfig | UserModelConfig,
-    store: GraphStore,
+    store: ServedGraph,
     settings: ServingSettings,
     classes: bool,
 ) -> None:
     """Refuses weights, graph and fanouts that do not fit together, naming each mismatch
     (``classes``: the model's outputs are the graph's classes)."""
     problems = []
-    if config.in_dim != store.feature_dim:
+    feature_dim = store.schema.target_type.feature_dim
+    if config.in_dim != feature_dim:
         problems.append(
             f"the model expects {config.in_dim} features (model_config.json in_dim), the graph "
-            f"has {store.feature_dim} (graph/meta.json feature_dim)"
+            f"has {feature_dim} (graph/meta.json feature_dim)"
         )
     if classes and config.out_dim != store.num_classes:
         problems.append(

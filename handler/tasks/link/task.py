@@ -7,6 +7,7 @@ from __future__ import annotations
 from handler.core.batch import apply_threads
 from handler.core.ego import EgoGraphs
 from handler.core.explain import ExplainEngine
+from handler.core.graph_source import mapped_graph
 from handler.core.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
 from handler.live.live_graph import open_live_graph
 from handler.tasks.link.engine import LinkEngine
@@ -17,7 +18,8 @@ from model.link_assets import LINK_DIR, open_link_assets
 
 def start(archive: Archive, loaded: Loaded) -> StartedTask:
     """Checks the graph, the model and the candidate embeddings fit together."""
-    store, config, settings = loaded.stored_graph(), loaded.config, archive.settings
+    store = mapped_graph(loaded.stored_graph(), "a link archive (top-k reads every out-list)")
+    config, settings = loaded.config, archive.settings
     check_fits(config, store, settings, classes=False)
     assets = open_link_assets(archive.model_dir / LINK_DIR, store, settings.verify_checksum)
     if assets.embeddings.shape[1] != config.out_dim:

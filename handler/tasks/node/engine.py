@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from graph_assets import GraphStore
 from handler.core.batch import (
     Batch,
     BatchEngine,
@@ -22,6 +21,7 @@ from handler.core.batch import (
     timed,
 )
 from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
+from handler.core.graph_source import ServedGraph
 from handler.core.sampler import NeighbourSampler, SampledSubgraph
 from handler.core.typed_ego import typed_answer
 from handler.live.live_graph import LiveGraph
@@ -72,7 +72,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
     @classmethod
     def create(
         cls,
-        store: GraphStore,
+        store: ServedGraph,
         model: torch.nn.Module,
         settings: ServingSettings,
         device: torch.device,

@@ -1,0 +1,207 @@
+"""Serving from a graph in Redis (a real 3+3 Redis Cluster and a real single Redis) samples
+the very ego-graphs the memory-mapped store gives (same rows, edges, edge IDs and order) for a
+one-type graph with edge features and the typed fraud graph, at every fanout (``-1``,
+per-relation fanouts, the boundary hop); the node engine's answers and embeddings are the
+local ones; a batch costs at most hops + 2 round trips cold and only its ID lookup warm."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.nn.models import GAT
+
+from archive_build import own_model
+from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
+from graph_assets import GraphStore
+from graph_assets.remote import RemoteStore, load_store, open_remote_store
+from graph_assets.remote.connect import connect
+from handler.core.sampler import SampledSubgraph, sampler_for
+from handler.settings import ServingSettings
+from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.task import node_router
+from model.export import load_model
+from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
+from tests.redis_cluster import LocalCluster
+from tests.typed_graphs import fraud_store, node_recipe
+
+BLOCK = 8  # small blocks: the graphs span many of them, on every shard
+GAT_ARGS = {
+    "in_channels": FEATURES, "hidden_channels": 8, "num_layers": 2, "out_channels": 3,
+    "edge_dim": EDGE_DIM, "heads": 2,
+}  # fmt: skip
+
+Remote = Callable[[str, str], RemoteStore]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    if redis_server_binary() is None:
+        pytest.fail(MISSING)
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    single = RedisServer(tmp_path_factory.mktemp("redis"))
+    try:
+        cluster.start()
+        single.start()
+        yield {"cluster": cluster.url, "single": single.url}
+    finally:
+        single.stop()
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, GraphStore]:
+    return {
+        "one_type": edge_feature_store(tmp_path_factory.mktemp("edges")),
+        "typed": fraud_store(tmp_path_factory.mktemp("fraud"), 200, 30, 40, 900, seed=2),
+    }
+
+
+@pytest.fixture(scope="module")
+def remote(servers: dict[str, str], stores: dict[str, GraphStore]) -> Remote:
+    """``(target, graph) -> RemoteStore`` (a fresh one, cold cache), each graph loaded once."""
+    loaded: set[tuple[str, str]] = set()
+
+    def open_one(target: str, graph: str) -> RemoteStore:
+        url, store = servers[target], stores[graph]
+        if (target, graph) not in loaded:
+            client = connect(url, 5000)
+            try:
+                assert load_store(store, client, graph, shown_url=url, block_size=BLOCK).complete
+            finally:
+                client.close()
+            loaded.add((target, graph))
+        return open_remote_store(url, graph, store.checksum, cache_mb=64, timeout_ms=5000)
+
+    return open_one
+
+
+def same(local: SampledSubgraph, far: SampledSubgraph) -> None:
+    assert far.level_sizes == local.level_sizes
+    assert torch.equal(far.node, local.node)
+    assert torch.equal(far.edge_index, local.edge_index)
+    assert torch.equal(far.edge, local.edge)
+
+
+@pytest.mark.parametrize("target", ["cluster", "single"])
+@pytest.mark.parametrize("graph", ["one_type", "typed"])
+def test_in_lists_equal_the_stores(remote: Remote, stores, target: str, graph: str) -> None:
+    store, far = stores[graph], remote(target, graph)
+    nodes = np.random.default_rng(0).integers(0, store.num_nodes, 60)
+    local, read = store.in_lists(nodes), far.in_lists(nodes)
+    for name in ("indptr", "indices", "edge_ids", "relations"):
+        assert np.array_equal(getattr(read, name), getattr(local, name)), name
+
+
+@pytest.mark.parametrize("target", ["cluster", "single"])
+@pytest.mark.parametrize(
+    ("graph", "gnn"),
+    [
+        ("one_type", {"fanouts": [2, 3]}),
+        ("one_type", {"fanouts": [-1, -1]}),
+        ("one_type", {"fanouts": [1, -1, 2]}),
+        ("typed", {"fanouts": [2, 2]}),
+        ("typed", {"fanouts": [-1, -1]}),
+        (
+            "typed",
+            {
+                "fanouts": [3, 1],
+                "relation_fanouts": {
+                    "user__pays__merchant": [-1, 2],
+                    "device__rev_uses__user": [1, 1],
+                },
+            },
+        ),
+    ],
+)
+@pytest.mark.parametrize("boundary", [False, True])
+def test_sampled_ego_graphs_are_the_stores(
+    remote: Remote, stores, target: str, graph: str, gnn: dict, boundary: bool
+) -> None:
+    store, far = stores[graph], remote(target, graph)
+    settings = ServingSettings.from_yaml_section(gnn)
+    cpu = torch.device("cpu")
+    local = sampler_for(store, settings, cpu, boundary=boundary)
+    read = sampler_for(far, settings, cpu, boundary=boundary)
+    rng = np.random.default_rng(1)
+    targets = store.schema.target_type.num_nodes
+    for size in (1, 5, 40):
+        seeds = torch.from_numpy(np.unique(rng.integers(0, targets, size)))
+        same(local.sample(seeds), read.sample(seeds))
+
+
+@pytest.fixture(scope="module")
+def gat(tmp_path_factory: pytest.TempPathFactory, stores) -> torch.nn.Module:
+    """A GAT reading edge features, packaged for the one-type graph as a build does."""
+    root = tmp_path_factory.mktemp("gat")
+    torch.manual_seed(0)
+    torch.save(GAT(**GAT_ARGS).state_dict(), root / "weights.pt")
+    argv = [
+        "--store", str(stores["one_type"].path), "--model-class", "torch_geometric.nn.models.GAT",
+        "--model-args", json.dumps(GAT_ARGS), "--weights", str(root / "weights.pt"),
+        "--out", str(root / "model"),
+    ]  # fmt: skip
+    assert own_model.main(argv) == 0
+    return load_model(root / "model")[0]
+
+
+def engines(
+    store: GraphStore, far: RemoteStore, model: torch.nn.Module, fanouts: list[int]
+) -> tuple[NodeClassificationEngine, NodeClassificationEngine]:
+    settings = ServingSettings.from_yaml_section({"fanouts": fanouts})
+    return tuple(  # type: ignore[return-value]
+        NodeClassificationEngine.create(graph, model, settings, torch.device("cpu"), "1.0")
+        for graph in (store, far)
+    )
+
+
+def answers(engine: NodeClassificationEngine, bodies: list[dict]) -> list[tuple[int, dict]]:
+    router = node_router(engine, "1.0")
+    return [(r.status, r.body) for r in router.handle([{"body": b} for b in bodies])]
+
+
+def check_same_answers(local: list[tuple[int, dict]], far: list[tuple[int, dict]]) -> None:
+    assert len(local) == len(far)
+    for (status, body), (far_status, far_body) in zip(local, far, strict=True):
+        assert status == far_status == 200, (body, far_body)
+        rows = body.get("predictions", [body])
+        far_rows = far_body.get("predictions", [far_body])
+        for row, far_row in zip(rows, far_rows, strict=True):
+            assert far_row["predicted_class"] == row["predicted_class"]
+            for key in ("probabilities", "embedding"):
+                if key in row:
+                    gap = np.abs(np.array(far_row[key]) - np.array(row[key])).max()
+                    assert gap <= 1e-6, key
+
+
+def one_type_bodies(store: GraphStore) -> list[dict]:
+    ids = store.external_ids(np.arange(store.num_nodes))
+    new_node = {"x": [0.5] * FEATURES, "neighbors": ids[:3], "direction": "both"}
+    new_node["edge_attr"] = [[0.1 * k] * EDGE_DIM for k in range(3)]
+    return [
+        {"node_ids": ids[:7]},
+        {"node_id": ids[-1]},
+        {"node_ids": ids[3:9], "return_embedding": True},
+        {"new_node": new_node, "return_embedding": True},
+    ]
+
+
+@pytest.mark.parametrize("fanouts", [[2, 2], [-1, -1]])
+def test_one_type_answers_are_the_stores(remote: Remote, stores, gat, fanouts) -> None:
+    store = stores["one_type"]
+    local, far = engines(store, remote("cluster", "one_type"), gat, fanouts)
+    bodies = one_type_bodies(store)
+    check_same_answers(answers(local, bodies), answers(far, bodies))
+
+
+@pytest.mark.parametrize("arch", ["sage", "gcn"])
+def test_typed_answers_are_the_stores(remote: Remote, stores, arch: str) -> None:
+    store = stores["typed"]
+    model = node_recipe(store, arch)
+    local, far = engines(store, remote("cluster", "typed"), model, [3, 2])
+    ids = store.external_ids(np.arange(store.schema.target_type.num_nodes))
+    bodies = [{"node_ids": ids[:9]}, {"node_id": ids[20], "return_embedding": True}]
+    check_same_answers(answers(local, bodies), answers(far, bodies))
