@@ -51,8 +51,6 @@ import torch
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay, OverlayChange
-from handler.core.arrays import readonly_tensor
-from handler.core.sampler import NeighbourSampler
 from model.hetero_link import HeteroLinkModel
 from model.in_closure import (
     UNLIMITED,
@@ -125,16 +123,6 @@ class PrecomputedRows:
         self.stats = RefreshStats()
         self._out_indptr = np.asarray(precomputed.out_indptr, dtype=np.int64)
         self._out_indices = np.asarray(precomputed.out_indices)
-        self._in_neighbourhoods = NeighbourSampler(
-            readonly_tensor(store.indptr),
-            readonly_tensor(store.indices),
-            fanouts=[-1],
-            seed=0,
-            graph_key=0,
-            max_nodes=UNLIMITED,
-            max_edges=UNLIMITED,
-            overlay=overlay,
-        )
         if overlay is not None:
             if not overlay.is_empty:  # the log was replayed before these rows existed
                 self.mark(overlay.changes_so_far())
@@ -172,29 +160,26 @@ class PrecomputedRows:
             return self.store.feature_dim
         return int(self.precomputed.layers[layer - 1].shape[1])
 
+    @property
+    def graph(self) -> GraphView:
+        """The served version's in-lists: the overlay's (which reads its base through the
+        graph view) or the base's, whichever graph source it is."""
+        return self.overlay if self.overlay is not None else self.store
+
     def in_list(self, node: int) -> np.ndarray:
-        """The current in-neighbours of ``node`` (int64, ascending)."""
-        if self.overlay is not None:
-            return self.overlay.in_list(node)
-        start, end = int(self.store.indptr[node]), int(self.store.indptr[node + 1])
-        return np.asarray(self.store.indices[start:end], dtype=np.int64)
+        """The current in-neighbours of ``node`` (int64, grouped by relation)."""
+        return self.graph.in_lists(np.array([node], dtype=np.int64)).indices
 
     def in_list_edge_ids(self, node: int) -> np.ndarray:
         """The ID of each edge of ``in_list(node)``, in the same order."""
-        if self.overlay is not None:
-            return self.overlay.in_list_edge_ids(node)
-        return np.arange(int(self.store.indptr[node]), int(self.store.indptr[node + 1]))
+        return self.graph.in_lists(np.array([node], dtype=np.int64)).edge_ids
 
     def in_edges(self, nodes: np.ndarray) -> InEdgeLists:
-        """Every current in-edge of ``nodes`` (unique), with its edge ID: the
+        """Every current in-edge of ``nodes`` (unique), with its edge ID, in one read: the
         :data:`model.in_closure.InEdgeReader` of the served version."""
-        if nodes.size == 0:
-            empty = np.empty(0, dtype=np.int64)
-            return InEdgeLists(src=empty, dst=empty, edge_ids=empty)
-        sub = self._in_neighbourhoods.sample(torch.from_numpy(nodes))
-        rows = sub.node.numpy()
-        src, dst = sub.edge_index.numpy()
-        return InEdgeLists(src=rows[src], dst=rows[dst], edge_ids=sub.edge.numpy())
+        lists = self.graph.in_lists(nodes)
+        dst = np.repeat(np.asarray(nodes, dtype=np.int64), np.diff(lists.indptr))
+        return InEdgeLists(src=lists.indices, dst=dst, edge_ids=lists.edge_ids)
 
     def edge_rows(self, edge_ids: np.ndarray, new_edge_rows: np.ndarray | None) -> np.ndarray:
         """Features of edges by ID; an ID ``< 0`` is a cold-start node's edge, whose row is
@@ -425,16 +410,18 @@ class PrecomputedRows:
         view = self.view
         degree = view.degree_rows if self.plan.degree else None
         for chunk in _chunks(nodes, view.degree_rows(nodes), CHUNK_EDGES):
-            sub = self._in_neighbourhoods.sample(torch.from_numpy(chunk))
-            local = sub.node.numpy()
-            graph = LocalGraph(nodes=local, edge_index=sub.edge_index, rows=len(chunk))
+            lists = self.graph.in_lists(chunk)
+            local, src = _local_index(chunk, lists.indices)
+            dst = np.repeat(np.arange(len(chunk), dtype=np.int64), np.diff(lists.indptr))
+            edge_index = torch.from_numpy(np.stack([src, dst]))
+            graph = LocalGraph(nodes=local, edge_index=edge_index, rows=len(chunk))
             out = layer_rows(
                 self.plan,
                 layer - 1,
                 graph,
                 self.rows(layer - 1, local),
                 None if degree is None else degree(local),
-                self.edge_rows(sub.edge.numpy(), None) if self.plan.edge_attr else None,
+                self.edge_rows(lists.edge_ids, None) if self.plan.edge_attr else None,
             )
             target.update(zip(chunk.tolist(), out, strict=True))
 
@@ -451,3 +438,11 @@ def _chunks(nodes: np.ndarray, degrees: np.ndarray, budget: int) -> list[np.ndar
         parts.append(nodes[start:stop])
         start = stop
     return parts
+
+
+def _local_index(seeds: np.ndarray, sources: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The nodes of a one-hop subgraph (``seeds`` (unique) first, then the other sources,
+    ascending) and each source's position among them."""
+    nodes = np.concatenate([seeds, np.setdiff1d(sources, seeds)])
+    order = np.argsort(nodes, kind="stable")
+    return nodes, order[np.searchsorted(nodes[order], sources)]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from graph_assets.graph_view import GraphView
 from graph_assets.schema import EdgeType
 from graph_assets.stored.store import GraphStore
 from model.hetero_link import HeteroLinkModel
@@ -71,13 +72,11 @@ class LinkEnds:
         """What a pair is, for a 404 of an ID of the wrong type."""
         return f"a pair is [{self.src_type} ID, {self.dst_type} ID] on {self.relation}"
 
-    def neighbours(self, store: GraphStore, assets: LinkAssets, node: int) -> list[np.ndarray]:
+    def neighbours(self, graph: GraphView, assets: LinkAssets, node: int) -> list[np.ndarray]:
         """``node``'s neighbours on the relation: its out-neighbours (``link/``'s out-lists hold
-        the relation's edges only) and its in-neighbours on :attr:`in_relations`."""
-        start, stop = int(store.indptr[node]), int(store.indptr[node + 1])
-        sources = np.asarray(store.indices[start:stop])
-        if store.edge_type is not None:
-            kinds = np.asarray(store.edge_type[start:stop])
-            sources = sources[np.isin(kinds, self.in_relations)]
+        the relation's edges only) and its in-neighbours on :attr:`in_relations`, read through
+        the graph view (one read, whichever graph source serves)."""
+        lists = graph.in_lists(np.array([node], dtype=np.int64))
+        sources = lists.indices[np.isin(lists.relations, self.in_relations)]
         out = assets.out_indices[assets.out_indptr[node] : assets.out_indptr[node + 1]]
         return [sources, np.asarray(out)]
