@@ -41,7 +41,13 @@ from graph_assets.remote.layout import (
 )
 from graph_assets.remote.loader import COMPLETE
 from graph_assets.schema import GraphSchema
-from graph_assets.stored.store import IdKind, StoreMeta, check_edge_ids, node_key
+from graph_assets.stored.store import (
+    IdKind,
+    StoreMeta,
+    check_edge_ids,
+    node_key,
+    removed_ids_file,
+)
 
 _MB = 1 << 20
 
@@ -189,6 +195,26 @@ class RemoteStore:
     @property
     def num_classes(self) -> int:
         return self.meta["num_classes"]
+
+    @property
+    def folded_seq(self) -> int:
+        """Seq of the last update record folded into the loaded store (live updates continue
+        after it, as on the store itself)."""
+        lineage = self.meta.get("update_log")
+        return lineage["seq"] if lineage is not None else 0
+
+    def was_removed(self, node_id: int | str, node_type: str | None = None) -> bool:
+        """Whether an update removed ``node_id`` before the store was compacted. The removed
+        IDs of a compacted store are not loaded into Redis: a store that has some is refused
+        here (RemoteGraphError) rather than let ``add_node`` reuse one."""
+        t = 0 if node_type is None else self.schema.type_index(node_type)
+        entry = self.meta["files"].get(removed_ids_file(t))
+        if entry is not None and entry["shape"][0] > 0:
+            raise RemoteGraphError(
+                f"{self.shown} prefix {self.keys.prefix!r}: the store was compacted after "
+                "node removals, whose IDs are not in Redis; serve it from its directory"
+            )
+        return False
 
     @property
     def class_names(self) -> list[str] | None:
