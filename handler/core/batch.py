@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from graph_assets.errors import SubgraphTooLarge
+from graph_assets.remote import RemoteCounters
 from handler.protocol.error_table import (
     api_error,
     batch_error,
@@ -76,7 +77,9 @@ def is_fatal_device_error(error: BaseException) -> bool:
 
 @dataclass
 class StageTimes:
-    """Seconds spent per stage of one batch, and its sizes (reported as metrics)."""
+    """Seconds spent per stage of one batch, and its sizes (reported as metrics); on a graph
+    in Redis, what its reads cost (round trips, value bytes, cache hits and misses of block
+    fields, seconds waiting for Redis, which the stages' times include)."""
 
     batch_size: int = 0
     seed_nodes: int = 0
@@ -87,6 +90,21 @@ class StageTimes:
     gather: float = 0.0
     forward: float = 0.0
     format: float = 0.0
+    remote_round_trips: int = 0
+    remote_bytes: int = 0
+    remote_cache_hits: int = 0
+    remote_cache_misses: int = 0
+    remote_read: float = 0.0
+
+    def add_reads(self, before: RemoteCounters | None, after: RemoteCounters | None) -> None:
+        """Adds what a graph in Redis read between two snapshots of its counters."""
+        if before is None or after is None:
+            return
+        self.remote_round_trips += after.round_trips - before.round_trips
+        self.remote_bytes += after.bytes_read - before.bytes_read
+        self.remote_cache_hits += after.cache_hits - before.cache_hits
+        self.remote_cache_misses += after.cache_misses - before.cache_misses
+        self.remote_read += after.read_seconds - before.read_seconds
 
 
 @dataclass(frozen=True)
@@ -130,6 +148,10 @@ class BatchEngine(ABC, Generic[R]):
     def refresh(self) -> None:
         """Runs before each batch is parsed (node archives: read the live updates)."""
 
+    def read_counters(self) -> RemoteCounters | None:
+        """What the graph's reads cost so far when it is read from Redis; None otherwise."""
+        return None
+
     @abstractmethod
     def parse(self, item: Any) -> R:
         """One raw TorchServe request -> a validated request; raises ApiError."""
@@ -156,6 +178,7 @@ class BatchEngine(ABC, Generic[R]):
 
     def prepare(self, items: Sequence[Any]) -> Batch[R]:
         batch: Batch[R] = Batch(outcomes=[], times=StageTimes(batch_size=len(items)))
+        reads = self.read_counters()
         start = time.perf_counter()
         self.refresh()
         batch.outcomes = self.parse_batch(items)
@@ -165,11 +188,14 @@ class BatchEngine(ABC, Generic[R]):
         for positions in self.plan(valid, batch.outcomes) if valid else []:
             batch.groups += self._make_groups(positions, batch.outcomes)
         batch.times.sample = time.perf_counter() - start
+        batch.times.add_reads(reads, self.read_counters())
         return batch
 
     def run(self, batch: Batch[R]) -> Batch[R]:
+        reads = self.read_counters()
         for group in batch.groups:
             self._run(group, batch)
+        batch.times.add_reads(reads, self.read_counters())
         return batch
 
     def respond(self, batch: Batch[R]) -> list[Response]:

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from graph_assets.graph_view import GraphView
-from graph_assets.remote import RemoteStore
+from graph_assets.remote import RemoteCounters, RemoteStore
 from handler.core.graph_source import ServedGraph, mapped_graph
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
@@ -162,7 +162,9 @@ class EgoGraphs:
             return
         nodes = sub.node.cpu().numpy()
         edges = np.empty(0, dtype=np.int64)
-        if serving_needs(self.model).edge_input is not EdgeInput.NONE:
+        # A typed model gets every relation's edge features (model.typed_rows).
+        typed = not self.store.schema.is_homogeneous
+        if typed or serving_needs(self.model).edge_input is not EdgeInput.NONE:
             edges = sub.edge.cpu().numpy()
         self.store.prefetch(nodes[nodes >= 0], edges)
 
@@ -219,6 +221,11 @@ class OnEgoGraphs:
     @property
     def live(self) -> LiveGraph | None:
         return self.ego.live
+
+    def read_counters(self) -> RemoteCounters | None:
+        """The graph's read costs when it is read from Redis (BatchEngine's hook)."""
+        store = self.ego.store
+        return store.counters if isinstance(store, RemoteStore) else None
 
 
 def missing_nodes(

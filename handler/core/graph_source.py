@@ -80,8 +80,8 @@ def open_remote_graph(settings: ServingSettings) -> RemoteStore:
             cache_mb=settings.remote_cache_mb,
             timeout_ms=settings.remote_timeout_ms,
         )
-    except StoreError as error:
-        raise StoreError(f"graph_location {settings.graph_location}: {error}") from None
+    except StoreError as error:  # RemoteGraphError or RemoteUnavailable, each naming the URL
+        raise type(error)(f"graph_location: {error}") from None
 
 
 def mapped_graph(graph: ServedGraph, what: str) -> GraphStore:

@@ -25,9 +25,15 @@ GAUGES: dict[str, tuple[str, str]] = {
     "gather": ("GnnGatherTime", "ms"),
     "forward": ("GnnForwardTime", "ms"),
     "format": ("GnnFormatTime", "ms"),
+    "remote_round_trips": ("GnnRemoteRoundTrips", "Count"),
+    "remote_bytes": ("GnnRemoteBytes", "Count"),
+    "remote_cache_hits": ("GnnRemoteCacheHits", "Count"),
+    "remote_cache_misses": ("GnnRemoteCacheMisses", "Count"),
+    "remote_read": ("GnnRemoteReadTime", "ms"),
 }
 _FIELDS = tuple(entry.name for entry in fields(StageTimes))
 _SECONDS = tuple(name for name, (_, unit) in GAUGES.items() if unit == "ms")  # timed in s
+_STAGES = tuple(name for name in _SECONDS if not name.startswith("remote_"))  # the read is in them
 
 
 @dataclass
@@ -52,8 +58,20 @@ class BatchSummary:
             f"gnn batches: {self.batches} in {self.seconds:.2f} s, requests per batch mean "
             f"{mean['batch_size']:.1f} max {self.largest_batch}; per batch {mean['seed_nodes']:.0f}"
             f" seeds, {mean['sampled_nodes']:.0f} sampled nodes, {mean['sampled_edges']:.0f} "
-            f"sampled edges, {sum(mean[name] for name in _SECONDS):.2f} ms in the engine; "
-            f"{self.errors} error answers"
+            f"sampled edges, {sum(mean[name] for name in _STAGES):.2f} ms in the engine; "
+            f"{self.errors} error answers{self._remote(mean)}"
+        )
+
+    def _remote(self, mean: dict[str, float]) -> str:
+        """The Redis part of the line, on a graph read from Redis."""
+        hits, misses = self.totals["remote_cache_hits"], self.totals["remote_cache_misses"]
+        if not self.totals["remote_round_trips"] and not hits + misses:
+            return ""
+        ratio = hits / (hits + misses) if hits + misses else 1.0
+        return (
+            f"; Redis per batch {mean['remote_round_trips']:.1f} round trips, "
+            f"{mean['remote_bytes'] / 1024:.1f} KiB, {mean['remote_read']:.2f} ms, cache hit "
+            f"ratio {ratio:.2f}"
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,9 +17,12 @@ from torch_geometric.nn.models import GAT
 
 from archive_build import own_model
 from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
-from graph_assets import GraphStore
-from graph_assets.remote import RemoteStore, load_store, open_remote_store
+from bench.harness.torchserve import free_ports
+from graph_assets import GraphStore, StoreError
+from graph_assets.remote import RemoteStore, RemoteUnavailable, load_store, open_remote_store
 from graph_assets.remote.connect import connect
+from handler.core.batch import StageTimes
+from handler.core.graph_source import open_graph
 from handler.core.sampler import SampledSubgraph, sampler_for
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
@@ -27,6 +31,8 @@ from model.export import load_model
 from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
 from tests.redis_cluster import LocalCluster
 from tests.typed_graphs import fraud_store, node_recipe
+
+from .conftest import random_model
 
 BLOCK = 8  # small blocks: the graphs span many of them, on every shard
 GAT_ARGS = {
@@ -46,7 +52,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     try:
         cluster.start()
         single.start()
-        yield {"cluster": cluster.url, "single": single.url}
+        yield {"cluster": cluster.url, "single": single.url.rsplit("/", 1)[0]}
     finally:
         single.stop()
         cluster.stop()
@@ -205,3 +211,74 @@ def test_typed_answers_are_the_stores(remote: Remote, stores, arch: str) -> None
     ids = store.external_ids(np.arange(store.schema.target_type.num_nodes))
     bodies = [{"node_ids": ids[:9]}, {"node_id": ids[20], "return_embedding": True}]
     check_same_answers(answers(local, bodies), answers(far, bodies))
+
+
+def batch_reads(engine: NodeClassificationEngine, bodies: list[dict]) -> StageTimes:
+    batch = engine.run(engine.prepare([{"body": body} for body in bodies]))
+    assert all(r.status == 200 for r in engine.respond(batch))
+    return batch.times
+
+
+@pytest.mark.parametrize(
+    ("graph", "fanouts"), [("one_type", [3, 3]), ("one_type", [-1, -1, -1]), ("typed", [4, 2])]
+)
+def test_a_batch_costs_at_most_hops_plus_two_round_trips(
+    remote: Remote, stores, gat, graph: str, fanouts: list[int]
+) -> None:
+    """Cold: the ID lookup, one round per hop, one for every feature, degree and edge feature
+    row; warm (the same batch again): the lookup only."""
+    store = stores[graph]
+    model = node_recipe(store, "sage") if graph == "typed" else gat
+    if len(fanouts) == 3:
+        model = random_model(store, "sage", num_layers=3)
+    _, far = engines(store, remote("single", graph), model, fanouts)
+    ids = store.external_ids(np.arange(0, store.schema.target_type.num_nodes, 3))
+    bodies = [{"node_ids": ids[:12]}, {"node_id": ids[-1]}]
+    cold = batch_reads(far, bodies)
+    assert 1 + len(fanouts) <= cold.remote_round_trips <= len(fanouts) + 2
+    assert cold.remote_bytes > 0 and cold.remote_cache_misses > 0 and cold.remote_read > 0
+    warm = batch_reads(far, bodies)
+    assert warm.remote_round_trips == 1  # the ID lookup: every block is cached
+    assert warm.remote_cache_misses == 0 and warm.remote_cache_hits > 0
+
+
+def test_the_local_store_reports_no_reads(stores, gat) -> None:
+    store = stores["one_type"]
+    settings = ServingSettings.from_yaml_section({"fanouts": [2, 2]})
+    local = NodeClassificationEngine.create(store, gat, settings, torch.device("cpu"), "1.0")
+    times = batch_reads(local, [{"node_id": store.external_ids(np.arange(1))[0]}])
+    assert times.remote_round_trips == 0 and times.remote_bytes == 0
+
+
+def remote_settings(location: str, checksum: str) -> ServingSettings:
+    return ServingSettings.from_yaml_section(
+        {"graph_location": location, "graph_checksum": checksum, "remote_timeout_ms": 300}
+    )
+
+
+def test_a_worker_opens_the_graph_its_archive_names(remote: Remote, servers, stores) -> None:
+    store = stores["typed"]
+    remote("cluster", "typed")  # loaded
+    location = f"{servers['cluster']}/typed"
+    graph = open_graph(Path("unused"), remote_settings(location, store.checksum))
+    assert isinstance(graph, RemoteStore) and graph.checksum == store.checksum
+    assert graph.cache.capacity_bytes == 256 << 20  # remote_cache_mb's default
+
+
+def test_a_worker_refuses_another_graph_in_one_line(remote: Remote, servers, stores) -> None:
+    remote("cluster", "typed")
+    other = stores["one_type"].checksum
+    with pytest.raises(StoreError) as refused:
+        open_graph(Path("unused"), remote_settings(f"{servers['cluster']}/typed", other))
+    message = str(refused.value)
+    assert "\n" not in message and "expected" in message and other[:12] in message
+    with pytest.raises(StoreError, match="holds no graph"):
+        open_graph(Path("unused"), remote_settings(f"{servers['single']}/nothing", other))
+
+
+def test_a_worker_refuses_an_unreachable_redis_in_one_line(stores) -> None:
+    (port,) = free_ports(1)
+    location = f"redis://127.0.0.1:{port}/typed"
+    with pytest.raises(RemoteUnavailable) as refused:
+        open_graph(Path("unused"), remote_settings(location, stores["typed"].checksum))
+    assert "\n" not in str(refused.value) and f"127.0.0.1:{port}" in str(refused.value)
