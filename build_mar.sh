@@ -35,6 +35,16 @@ Graph
                           the archive"). Alone, DIR must hold a store (e.g. from
                           `python -m graph_assets build`); with --graph or --synthetic, the
                           store is built in DIR, which must not exist yet or be empty
+  --graph-location redis://HOST:PORT/NAME
+                          node archives: serve the graph loaded into a Redis Cluster or a
+                          single Redis under prefix NAME (python -m graph_assets load-redis;
+                          rediss:// for TLS; the password comes from the file that
+                          GNNSERVE_REDIS_PASSWORD_FILE names, never the URL). The build reads
+                          --store DIR (or --graph/--synthetic) here as usual, records the URL
+                          and the store's checksum, and checks the graph under NAME is that
+                          store (docs/redis-cluster.md)
+  --remote-cache-mb MB    a graph in Redis: MB of fetched blocks each worker caches (default 256)
+  --remote-timeout-ms MS  a graph in Redis: how long one read may wait (default 1000)
   --feature-dim N         features of a synthetic graph (default 128)
   --num-classes N         classes of a synthetic graph (default 8)
   --undirected            add the reverse of every edge (a relation between two node types
@@ -175,7 +185,7 @@ die() { echo "build_mar.sh: error: $*" >&2; exit 2; }
 step() { echo "==> $*"; }
 
 graph="$ROOT/graph_assets/demo"; store=""; synthetic=(); undirected=(); task=node; arch=""
-graph_location=""; referenced=""; precompute=""
+graph_location=""; referenced=""; precompute=""; remote=""
 name=gnn; version=1.0; export_path="$ROOT/model_store"; weights=""; graph_given=""
 synthetic_graphs=""; model_args=(); train_args=(); synth_args=(); yaml_args=(); task_args=()
 own_args=(); model_class=""; graph_args=(); verify_tolerance=1e-5; verify=1
@@ -214,6 +224,7 @@ while [ $# -gt 0 ]; do
     --explain-steps|--explain-budget-ms|--fanouts-file)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
     --enable-updates|--no-verify-checksum) yaml_args+=("$1"); shift ;;
+    --remote-cache-mb|--remote-timeout-ms) need "$@"; yaml_args+=("$1" "$2"); shift 2 ;;
     --precompute) precompute=1; shift ;;
     --update-state-dir|--update-secret-file|--update-follow-interval|--min-version-wait)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
@@ -258,7 +269,12 @@ elif [ ${#own_args[@]} -gt 0 ]; then
 fi
 if [ -n "$store" ]; then [ -f "$store/meta.json" ] || die "--store $store: not a graph store (no meta.json)"
 elif [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no such directory"; fi
-if [ -n "$graph_location" ]; then
+if [[ "$graph_location" =~ ^rediss?:// ]]; then
+  remote=1  # the build reads its local store; workers read the graph loaded into Redis
+  [ "$task" = node ] || die "--graph-location $graph_location serves node archives; a $task archive needs its graph mapped (give --graph-location a directory)"
+  [ -z "$precompute" ] || die "--precompute needs the graph mapped; a graph in Redis is sampled at each request"
+fi
+if [ -n "$graph_location" ] && [ -z "$remote" ]; then
   [ "$task" != graph ] || die "--graph-location goes with --task node or link (a graph archive carries no stored graph)"
   [ -z "$store" ] || die "--store copies a store into the archive; to serve $store in place, give --graph-location $store alone"
   if [ -n "$graph_given" ] || [ ${#synthetic[@]} -gt 0 ]; then
@@ -290,6 +306,10 @@ cd "$ROOT"
 
 # The store the model is trained from: the archive's graph/, or the one it references.
 graph_store="${graph_location:-$stage/graph}"
+if [ -n "$remote" ]; then
+  graph_store="${store:-$work/graph}"  # read here, never packed: workers read Redis
+  yaml_args+=("--graph-location=$graph_location" "--graph-store=$graph_store")
+fi
 graph_meta="$graph_store"
 if [ "$task" = graph ]; then
   graph_meta="$work/dataset"  # training data only: a graph archive carries no graph
@@ -303,7 +323,7 @@ if [ "$task" = graph ]; then
       "${graph_args[@]}"
   fi
 elif [ -n "$store" ] || [ -n "$referenced" ]; then
-  if [ -n "$store" ]; then cp -R "$store" "$graph_store"; fi
+  if [ -n "$store" ] && [ -z "$remote" ]; then cp -R "$store" "$graph_store"; fi
   step "1/5 checking the graph store ${store:-$graph_store}"
   "$PYTHON" -c 'import sys; from pathlib import Path; from graph_assets import open_store; s = open_store(Path(sys.argv[1])); print(f"  {s.num_nodes} nodes, {s.num_edges} edges, checksum {s.checksum}")' "$graph_store"
 elif [ ${#synthetic[@]} -gt 0 ]; then
@@ -384,6 +404,8 @@ step "5/5 packaging $archive with torch-model-archiver"
   --config-file "$work/model-config.yaml" --export-path "$work/out" --force
 mv -f "$work/out/$name.mar" "$export_path/$archive"
 echo "built $export_path/$archive ($(du -h "$export_path/$archive" | cut -f1))"
-if [ -n "$graph_location" ]; then
+if [ -n "$remote" ]; then
+  echo "its graph is not inside: workers read it from $graph_location"
+elif [ -n "$graph_location" ]; then
   echo "its graph is not inside: workers map the store at $graph_location, read-only"
 fi

@@ -18,6 +18,8 @@ from typing import Any
 import yaml
 
 from graph_assets import StoreError, read_meta
+from graph_assets.remote import open_remote_store
+from graph_assets.remote.location import is_remote, parse_location
 from handler.settings import (
     TASKS,
     ServingSettings,
@@ -205,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             verify_checksum=not args.no_verify_checksum,
             graph_location=graph_location,
             graph_checksum=graph_checksum,
+            remote_cache_mb=args.remote_cache_mb,
+            remote_timeout_ms=args.remote_timeout_ms,
         )
         settings = ServingSettings.from_yaml_section(settings.to_yaml_section())
         device = detect_device_type() if args.device == "auto" else args.device
@@ -270,9 +274,27 @@ def _add_graph_options(parser: argparse.ArgumentParser) -> None:
     """Where workers find the graph, and what they check of it at start."""
     parser.add_argument(
         "--graph-location",
+        help="serve the store in this directory in place instead of a copy in the archive "
+        "(its checksum is read from its meta.json), or the graph loaded into Redis at "
+        "redis[s]://host:port/NAME (with --graph-store)",
+    )
+    parser.add_argument(
+        "--graph-store",
         type=Path,
-        help="serve the store in this directory in place instead of a copy in the archive; "
-        "its checksum is read from its meta.json",
+        help="with a redis:// --graph-location: the local store the build read, whose "
+        "checksum the graph in Redis must have",
+    )
+    parser.add_argument(
+        "--remote-cache-mb",
+        type=float,
+        default=ServingSettings.remote_cache_mb,
+        help="a graph in Redis: MB of fetched blocks each worker caches",
+    )
+    parser.add_argument(
+        "--remote-timeout-ms",
+        type=int,
+        default=ServingSettings.remote_timeout_ms,
+        help="a graph in Redis: how long one read may wait for Redis",
     )
     parser.add_argument(
         "--no-verify-checksum",
@@ -291,8 +313,34 @@ def _graph_reference(args: argparse.Namespace) -> tuple[str, str]:
             "--graph-location applies to node and link archives; a graph archive "
             "serves no stored graph"
         )
+    if is_remote(args.graph_location):
+        return _remote_reference(args)
     location = Path(os.path.abspath(args.graph_location))
     return str(location), read_meta(location)["checksum"]
+
+
+def _remote_reference(args: argparse.Namespace) -> tuple[str, str]:
+    """The graph in Redis, after checking it is the build's store, completely loaded: what a
+    worker checks at start, refused here first (ValueError, one line)."""
+    if args.graph_store is None:
+        raise ValueError("a redis:// --graph-location needs --graph-store (the store loaded there)")
+    if args.task != "node":
+        raise ValueError(
+            f"--graph-location {args.graph_location} serves node archives; a {args.task} "
+            "archive needs its graph mapped (give a directory)"
+        )
+    if args.enable_updates:
+        raise ValueError(
+            "--enable-updates needs the graph mapped (the overlay reads its base's arrays); "
+            "a graph in Redis is served as loaded: give --graph-location a directory"
+        )
+    where = parse_location(args.graph_location)
+    checksum = read_meta(args.graph_store)["checksum"]
+    graph = open_remote_store(
+        where.url, where.prefix, checksum, cache_mb=0, timeout_ms=args.remote_timeout_ms
+    )
+    graph.close()
+    return args.graph_location, checksum
 
 
 def _check_task_options(args: argparse.Namespace) -> None:
