@@ -1,0 +1,443 @@
+"""Serving from a graph in a Redis Cluster against serving the same graph from the local store,
+side by side in one run: what issue 26's backend costs a served request.
+
+``python -m bench.experiments.remote_graph [--pairs 3] [--seconds 8] [--out FILE]``
+
+A 3-primary, 3-replica cluster on loopback (bench/harness/redis_cluster.py) holds two synthetic
+graphs (128 float32 features, 8 classes, seed 0; bench/harness/artifacts.py): the 1M-edge one
+(100,000 nodes) and the 10M-edge one (1,000,000 nodes), each loaded with ``load_store`` (the
+code of ``python -m graph_assets load-redis``), timed. Three archives with the same random
+GraphSAGE weights (``--weights``), fanouts [10,10], batch 16 / 5 ms, one worker, one intra-op
+thread, CPU, the default cache (``gnn.remote_cache_mb`` 256):
+
+1. local: the 1M store in the archive;
+2. remote: the 1M graph in the cluster (``--graph-location redis://.../g1m``);
+3. remote_10M: the 10M graph in the cluster, served for the memory and cache figures only.
+
+One TorchServe serves all three. Every request asks for 10-14 node IDs (mean 12). Measured, in
+this order:
+
+- served: after a warm-up of each, local and remote back to back in ``--pairs`` pairs, the order
+  alternating from pair to pair, at 32 connections (throughput) and then at one (p50), uniformly
+  random IDs, the same sequence of requests for both; the figures are the medians of the pairs'
+  ratios, remote over local;
+- Redis round trips per batch: from the worker's batch log line (handler.core.metrics: the mean
+  per batch of each interval), weighted by the interval's batches, over the remote pairs;
+- cache: the same load, IDs drawn by Zipf(1.1) rank from a random permutation of the nodes, on
+  both remote archives for ``--zipf-seconds`` each; the hit ratio of the second half;
+- memory: the PSS (``/proc/<pid>/smaps_rollup``, the pid from the describe API) of each remote
+  worker once it has served that Zipf load;
+- Redis: the load rate (rows/s: nodes, edges and IDs written), ``used_memory`` summed over the
+  primaries per graph, and ``MEMORY USAGE`` of a sample of blocks' in-lists and feature rows:
+  bytes per edge and per feature byte (one copy; the replicas hold a second).
+
+Results go to ``--out`` (JSON) and a markdown table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.experiments.suite import machine
+from bench.experiments.typed_graph import check_answers, level
+from bench.experiments.updates import alternate
+from bench.harness import loadgen
+from bench.harness.artifacts import GRAPHS, ROOT, Artifacts
+from bench.harness.redis_cluster import LocalCluster
+from bench.harness.torchserve import TorchServe, model_worker_pids
+from bench.harness.watch import CpuWatch, host_steal, memory_of, steal_percent
+from bench.systems import servers
+from graph_assets import GraphStore, open_store
+from graph_assets.remote import load_store
+from graph_assets.remote.connect import connect
+from graph_assets.remote.layout import ADJ, DEFAULT_BLOCK_SIZE, RemoteLayout, features_field
+
+SYSTEMS = ("local", "remote")
+FANOUTS = (10, 10)
+HOPS = len(FANOUTS)
+BATCH, DELAY = 16, 5
+CONNECTIONS = 32
+IDS = (10, 14)
+PREFIXES = {"1M": "g1m", "10M": "g10m"}
+LATENCY_TARGET, THROUGHPUT_TARGET, MEMORY_TARGET = 1.5, 0.6, 1.2
+SAMPLED_BLOCKS = 256
+BATCH_LINE = re.compile(
+    r"W-\d+-(?P<model>\S+?)_[\d.]+-stdout MODEL_LOG - gnn batches: (?P<batches>\d+) in .*?"
+    r"Redis per batch (?P<round_trips>[\d.]+) round trips, (?P<kib>[\d.]+) KiB, "
+    r"(?P<read_ms>[\d.]+) ms, cache hit ratio (?P<hit_ratio>[\d.]+)"
+)
+
+
+# -- requests ---------------------------------------------------------------------------------
+
+
+def uniform_bodies(nodes: int, count: int, seed: int = 3) -> list[bytes]:
+    """``count`` requests of 10-14 uniformly random node IDs (synthetic IDs are 0..N-1)."""
+    rng = np.random.default_rng(seed)
+    return [
+        json.dumps(
+            {"node_ids": rng.integers(0, nodes, rng.integers(*IDS, endpoint=True)).tolist()}
+        ).encode()
+        for _ in range(count)
+    ]
+
+
+def zipf_bodies(nodes: int, count: int, seed: int = 4) -> list[bytes]:
+    """``count`` requests of 10-14 IDs drawn by Zipf(1.1) rank from a random permutation of the
+    nodes: a few nodes are asked for very often, most rarely."""
+    rng = np.random.default_rng(seed)
+    ranked = rng.permutation(nodes)
+    bodies = []
+    for _ in range(count):
+        ranks = np.minimum(rng.zipf(1.1, rng.integers(*IDS, endpoint=True)), nodes) - 1
+        bodies.append(json.dumps({"node_ids": ranked[ranks].tolist()}).encode())
+    return bodies
+
+
+# -- the cluster ------------------------------------------------------------------------------
+
+
+@contextmanager
+def cluster(home: Path) -> Iterator[LocalCluster]:
+    """A 3+3 cluster under ``home``, stopped by PID on exit."""
+    started = LocalCluster(home).start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def primaries_memory(redis: LocalCluster) -> int:
+    """``used_memory`` summed over the cluster's primaries (one copy of the data)."""
+    total = 0
+    for node in redis.nodes:
+        client = node.client()
+        try:
+            if client.info("replication")["role"] == "master":
+                total += int(client.info("memory")["used_memory"])
+        finally:
+            client.close()
+    return total
+
+
+def load(redis: LocalCluster, store: GraphStore, prefix: str) -> dict[str, Any]:
+    """Loads ``store`` under ``prefix``, timed, with what it adds to the primaries' memory."""
+    before = primaries_memory(redis)
+    client = connect(redis.url, 60_000)
+    try:
+        report = load_store(store, client, prefix, shown_url=redis.url)
+        sizes = sampled_sizes(client, store, prefix)
+    finally:
+        client.close()
+    if not report.complete:
+        raise RuntimeError(f"the load of {prefix} did not complete: {report}")
+    used = primaries_memory(redis) - before
+    return {
+        "rows": report.rows,
+        "value_bytes": report.bytes,
+        "seconds": round(report.seconds, 2),
+        "rows_per_s": round(report.rows / report.seconds),
+        "used_memory_bytes": used,
+        "used_memory_per_edge_and_feature_byte": round(
+            used / (store.num_edges * 4 + store.num_nodes * store.feature_dim * 4), 3
+        ),
+        **sizes,
+    }
+
+
+def sampled_sizes(client: Any, store: GraphStore, prefix: str) -> dict[str, float]:
+    """``MEMORY USAGE`` of ``SAMPLED_BLOCKS`` random blocks' in-lists and feature rows: Redis
+    bytes per edge (an in-list holds its block's pointers and sources) and per feature byte."""
+    layout = RemoteLayout.of_store(store, DEFAULT_BLOCK_SIZE)
+    keys = layout.keys(prefix)
+    rng = np.random.default_rng(5)
+    blocks = rng.choice(layout.num_blocks, min(SAMPLED_BLOCKS, layout.num_blocks), replace=False)
+    adjacency = features = edges = rows = 0
+    indptr = np.asarray(store.indptr)
+    for block in blocks.tolist():
+        start, stop = layout.block_nodes(block)
+        adjacency += int(client.memory_usage(keys.block(block, ADJ)))
+        features += int(client.memory_usage(keys.block(block, features_field(0))))
+        edges += int(indptr[stop] - indptr[start])
+        rows += stop - start
+    return {
+        "bytes_per_edge": round(adjacency / edges, 3),
+        "bytes_per_feature_byte": round(features / (rows * store.feature_dim * 4), 3),
+        "sampled_blocks": len(blocks),
+    }
+
+
+# -- archives ---------------------------------------------------------------------------------
+
+
+def build(artifacts: Artifacts, name: str, graph: str, location: str | None) -> Path:
+    """The archive ``name`` of ``graph``'s store with the shared random weights, its graph in
+    the archive or, with ``location``, in Redis (rebuilt: the cluster's ports change)."""
+    extra = ["--graph-location", location] if location else []
+    if location:
+        shutil.rmtree(artifacts.archives / name, ignore_errors=True)
+    return artifacts.built(
+        name,
+        [
+            *("--store", str(artifacts.store(graph)), *extra),
+            *("--weights", str(artifacts.model_dir() / "model.pt")),
+            *("--fanouts", ",".join(map(str, FANOUTS)), "--torch-threads", "1"),
+            *("--batch-size", str(BATCH), "--max-batch-delay", str(DELAY)),
+            *("--min-workers", "1", "--max-workers", "1", "--device", "cpu"),
+        ],
+    )
+
+
+# -- served -----------------------------------------------------------------------------------
+
+
+def log_offset(server: TorchServe) -> int:
+    path = server.home / "logs" / "model_log.log"
+    return path.stat().st_size if path.exists() else 0
+
+
+def batch_reads(server: TorchServe, model: str, since: int) -> dict[str, Any]:
+    """The Redis figures of ``model``'s batch log lines written after byte ``since``: means per
+    batch weighted by each interval's batches (the first interval, one batch, left out), and
+    the largest interval's mean round trips."""
+    text = (server.home / "logs" / "model_log.log").read_bytes()[since:].decode(errors="replace")
+    lines = [m for m in BATCH_LINE.finditer(text) if m["model"] == model and int(m["batches"]) > 1]
+    if not lines:
+        raise RuntimeError(f"no batch log line of {model} with Redis figures in {server.home}")
+    weights = [int(m["batches"]) for m in lines]
+
+    def mean(key: str) -> float:
+        return float(np.average([float(m[key]) for m in lines], weights=weights))
+
+    return {
+        "batches": sum(weights),
+        "intervals": len(lines),
+        "round_trips": round(mean("round_trips"), 3),
+        "round_trips_max_interval": max(float(m["round_trips"]) for m in lines),
+        "kib": round(mean("kib"), 2),
+        "read_ms": round(mean("read_ms"), 3),
+        "hit_ratio": round(mean("hit_ratio"), 4),
+    }
+
+
+def pairs(
+    server: TorchServe, payload: list[bytes], count: int, seconds: float
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Pairs at 32 connections, then at one, the order alternating from pair to pair; and the
+    remote worker's Redis figures over them."""
+    auth = server.auth("inference")
+    targets = {
+        name: loadgen.Target(f"{server.inference_url}/predictions/{name}", payload, auth)
+        for name in SYSTEMS
+    }
+    for target in targets.values():
+        check_answers(target.url, auth, payload[0])
+    cpu = {name: CpuWatch.of(server, name) for name in SYSTEMS}
+    for target in targets.values():
+        loadgen.closed_loop(target, CONNECTIONS, 5.0, 100_000, timeout_s=180)  # warm-up
+    since = log_offset(server)
+    levels = []
+    for concurrency in (CONNECTIONS, 1):
+        for pair in range(count):
+            measured = {
+                name: level(targets[name], concurrency, cpu[name], seconds)
+                for name in alternate(SYSTEMS, pair)
+            }
+            levels.append({"concurrency": concurrency, "pair": pair} | measured)
+            print(
+                f"    c={concurrency:<3} pair {pair}: "
+                + " | ".join(
+                    f"{name} {measured[name]['throughput']:7.1f} req/s p50 "
+                    f"{measured[name]['p50_ms']:6.2f} p99 {measured[name]['p99_ms']:6.2f} ms"
+                    for name in SYSTEMS
+                ),
+                flush=True,
+            )
+    return levels, batch_reads(server, "remote", since)
+
+
+def zipf_and_memory(
+    server: TorchServe, models: dict[str, int], seconds: float
+) -> dict[str, dict[str, Any]]:
+    """Each remote archive under Zipf(1.1) requests at 32 connections for ``seconds``: the
+    cache hit ratio of the second half, then the worker's PSS."""
+    auth = server.auth("inference")
+    figures = {}
+    for model, nodes in models.items():
+        url = f"{server.inference_url}/predictions/{model}"
+        target = loadgen.Target(url, zipf_bodies(nodes, 20_000), auth)
+        check_answers(url, auth, target.bodies[0])
+        loadgen.closed_loop(target, CONNECTIONS, seconds / 2, 1_000_000, timeout_s=180)
+        since = log_offset(server)
+        result = loadgen.closed_loop(target, CONNECTIONS, seconds / 2, 1_000_000, timeout_s=180)
+        memory = memory_of(model_worker_pids(server, model))
+        figures[model] = {
+            "throughput": result.throughput,
+            "errors": result.errors,
+            "reads": batch_reads(server, model, since),
+            "pss_mib": round(memory.pss, 1),
+            "pss_anon_mib": round(memory.pss_anon, 1),
+            "pss_file_mib": round(memory.pss_file, 1),
+        }
+        print(f"    {model}: {figures[model]}", flush=True)
+    return figures
+
+
+# -- report -----------------------------------------------------------------------------------
+
+
+def ratio(results: dict[str, Any], concurrency: int, key: str) -> tuple[float, list[float]]:
+    """The median over pairs of remote / local ``key`` at ``concurrency``, and each pair's."""
+    levels = [p for p in results["served"] if p["concurrency"] == concurrency]
+    ratios = [p["remote"][key] / p["local"][key] for p in levels]
+    return statistics.median(ratios), ratios
+
+
+def _verdict(value: float, op: str, bound: float) -> str:
+    return "met" if (value <= bound if op == "<=" else value >= bound) else "missed"
+
+
+def table(results: dict[str, Any]) -> str:
+    """The issue's six figures as a markdown table."""
+    rows = ["| figure | target | measured | detail |", "|---|---|---|---|"]
+
+    def medians(concurrency: int, key: str) -> str:
+        levels = [p for p in results["served"] if p["concurrency"] == concurrency]
+        remote = statistics.median(p["remote"][key] for p in levels)
+        local = statistics.median(p["local"][key] for p in levels)
+        return f"{remote:,.2f} vs {local:,.2f}"
+
+    p50, p50_pairs = ratio(results, 1, "p50_ms")
+    rows.append(
+        f"| p50 at 1 conn, 1M edges, [10,10], remote / local | <= {LATENCY_TARGET} | {p50:.2f} | "
+        f"{_verdict(p50, '<=', LATENCY_TARGET)}: {medians(1, 'p50_ms')} ms (medians); pairs "
+        + ", ".join(f"{r:.2f}" for r in p50_pairs)
+        + " |"
+    )
+    tput, tput_pairs = ratio(results, CONNECTIONS, "throughput")
+    rows.append(
+        f"| throughput at {CONNECTIONS} conns, remote / local | >= {THROUGHPUT_TARGET} "
+        f"| {tput:.2f} | {_verdict(tput, '>=', THROUGHPUT_TARGET)}: "
+        f"{medians(CONNECTIONS, 'throughput')} req/s (medians); pairs "
+        + ", ".join(f"{r:.2f}" for r in tput_pairs)
+        + " |"
+    )
+    zipf = results["zipf"]
+    small, large = zipf["remote"], zipf["remote_10M"]
+    memory = large["pss_mib"] / small["pss_mib"]
+    rows.append(
+        f"| worker PSS serving 10M edges / 1M edges, remote | <= {MEMORY_TARGET} | {memory:.2f} "
+        f"| {_verdict(memory, '<=', MEMORY_TARGET)}: {large['pss_mib']:,.0f} vs "
+        f"{small['pss_mib']:,.0f} MiB (anonymous {large['pss_anon_mib']:,.0f} vs "
+        f"{small['pss_anon_mib']:,.0f}) after the same Zipf load |"
+    )
+    reads = results["reads"]
+    rows.append(
+        f"| Redis round trips per batch | <= hops + 2 = {HOPS + 2} | {reads['round_trips']:.2f} "
+        f"| {_verdict(reads['round_trips_max_interval'], '<=', HOPS + 2)}: mean over "
+        f"{reads['batches']:,} batches of the remote pairs, largest interval "
+        f"{reads['round_trips_max_interval']:.2f}; {reads['kib']:.1f} KiB and "
+        f"{reads['read_ms']:.2f} ms of reads a batch |"
+    )
+    rows.append(
+        f"| cache hit ratio, Zipf(1.1), default cache (256 MB) | report "
+        f"| {large['reads']['hit_ratio']:.3f} | 10M edges (512 MB of features); 1M edges "
+        f"{small['reads']['hit_ratio']:.3f}; {large['reads']['round_trips']:.2f} vs "
+        f"{small['reads']['round_trips']:.2f} round trips a batch |"
+    )
+    loads = results["load"]
+    big, one = loads["10M"], loads["1M"]
+    rows.append(
+        f"| load rate; Redis memory per edge and per feature byte | report "
+        f"| {big['rows_per_s']:,} rows/s | 10M: {big['rows']:,} rows in {big['seconds']:.1f} s "
+        f"(1M: {one['rows_per_s']:,} rows/s); {big['bytes_per_edge']:.2f} B per edge, "
+        f"{big['bytes_per_feature_byte']:.3f} B per feature byte (MEMORY USAGE of "
+        f"{big['sampled_blocks']} blocks); used_memory of the primaries "
+        f"{big['used_memory_bytes'] / 2**20:,.0f} MiB for 10M, "
+        f"{one['used_memory_bytes'] / 2**20:,.0f} MiB for 1M |"
+    )
+    return "\n".join(rows)
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--work", type=Path, default=ROOT / "build" / "bench", help="build dir")
+    parser.add_argument("--pairs", type=int, default=3, help="pairs per connection count")
+    parser.add_argument("--seconds", type=float, default=8.0, help="seconds per level")
+    parser.add_argument(
+        "--zipf-seconds", type=float, default=20.0, help="Zipf load per remote archive"
+    )
+    parser.add_argument("--out", type=Path, help="JSON results file")
+    args = parser.parse_args()
+    started, steal, measured_on = time.perf_counter(), host_steal(), machine()
+    artifacts = Artifacts(args.work)
+    stores = {
+        graph: open_store(artifacts.store(graph), verify_checksum=False) for graph in PREFIXES
+    }
+    local = build(artifacts, "remote_graph_local", "1M", None)
+    results: dict[str, Any] = {
+        "machine": measured_on,
+        "config": {
+            "graphs": {g: {"nodes": s.num_nodes, "edges": s.num_edges} for g, s in stores.items()},
+            "arch": "sage (random weights, the same for every archive)",
+            "fanouts": list(FANOUTS),
+            "batch": [BATCH, DELAY],
+            "ids_per_request": list(IDS),
+            "cluster": "3 primaries + 3 replicas, loopback",
+            "remote_cache_mb": 256,
+            "pairs": args.pairs,
+            "seconds": args.seconds,
+            "zipf_seconds": args.zipf_seconds,
+        },
+    }
+    with tempfile.TemporaryDirectory(prefix="remote-graph-") as tmp, cluster(Path(tmp)) as redis:
+        results["load"] = {}
+        for graph, prefix in PREFIXES.items():
+            results["load"][graph] = load(redis, stores[graph], prefix)
+            print(f"== load {graph}: {results['load'][graph]}", flush=True)
+        folders = {
+            "local": local,
+            "remote": build(artifacts, "remote_graph_remote", "1M", f"{redis.url}/g1m"),
+            "remote_10M": build(artifacts, "remote_graph_10M", "10M", f"{redis.url}/g10m"),
+        }
+        models = [f"{name}={folder.name}" for name, folder in folders.items()]
+        payload = uniform_bodies(GRAPHS["1M"].nodes, 20_000)
+        home = artifacts.work / "run" / "remote_graph"
+        print(
+            f"== served, {CONNECTIONS} connections then 1, batch {BATCH} / {DELAY} ms", flush=True
+        )
+        with servers.torchserve(home, artifacts.archives, models) as server:
+            results["served"], results["reads"] = pairs(server, payload, args.pairs, args.seconds)
+            print(f"== Redis reads of the remote pairs: {results['reads']}", flush=True)
+            results["zipf"] = zipf_and_memory(
+                server,
+                {"remote": stores["1M"].num_nodes, "remote_10M": stores["10M"].num_nodes},
+                args.zipf_seconds,
+            )
+    results["steal_percent"] = steal_percent(steal)
+    results["run_s"] = round(time.perf_counter() - started, 1)
+    print(table(results), flush=True)
+    print(f"(run took {results['run_s']} s; steal {results['steal_percent']}%)", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
