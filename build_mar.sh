@@ -36,13 +36,13 @@ Graph
                           `python -m graph_assets build`); with --graph or --synthetic, the
                           store is built in DIR, which must not exist yet or be empty
   --graph-location redis://HOST:PORT/NAME
-                          node archives: serve the graph loaded into a Redis Cluster or a
-                          single Redis under prefix NAME (python -m graph_assets load-redis;
-                          rediss:// for TLS; the password comes from the file that
+                          node and link archives: serve the graph loaded into a Redis
+                          Cluster or a single Redis under prefix NAME (python -m graph_assets
+                          load-redis; rediss:// for TLS; the password comes from the file
                           GNNSERVE_REDIS_PASSWORD_FILE names, never the URL). The build reads
                           --store DIR (or --graph/--synthetic) here as usual, records the URL
                           and the store's checksum, and checks the graph under NAME is that
-                          store (docs/redis-cluster.md)
+                          store; no --precompute or --enable-updates (docs/redis-cluster.md)
   --remote-cache-mb MB    a graph in Redis: MB of fetched blocks each worker caches (default 256)
   --remote-timeout-ms MS  a graph in Redis: how long one read may wait (default 1000)
   --feature-dim N         features of a synthetic graph (default 128)
@@ -271,7 +271,7 @@ if [ -n "$store" ]; then [ -f "$store/meta.json" ] || die "--store $store: not a
 elif [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no such directory"; fi
 if [[ "$graph_location" =~ ^rediss?:// ]]; then
   remote=1  # the build reads its local store; workers read the graph loaded into Redis
-  [ "$task" = node ] || die "--graph-location $graph_location serves node archives; a $task archive needs its graph mapped (give --graph-location a directory)"
+  [ "$task" != graph ] || die "--graph-location goes with --task node or link (a graph archive carries no stored graph)"
   [ -z "$precompute" ] || die "--precompute needs the graph mapped; a graph in Redis is sampled at each request"
 fi
 if [ -n "$graph_location" ] && [ -z "$remote" ]; then

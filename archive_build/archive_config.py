@@ -324,15 +324,10 @@ def _remote_reference(args: argparse.Namespace) -> tuple[str, str]:
     worker checks at start, refused here first (ValueError, one line)."""
     if args.graph_store is None:
         raise ValueError("a redis:// --graph-location needs --graph-store (the store loaded there)")
-    if args.task != "node":
+    if args.enable_updates and args.task != "node":
         raise ValueError(
-            f"--graph-location {args.graph_location} serves node archives; a {args.task} "
-            "archive needs its graph mapped (give a directory)"
-        )
-    if args.enable_updates:
-        raise ValueError(
-            "--enable-updates needs the graph mapped (the overlay reads its base's arrays); "
-            "a graph in Redis is served as loaded: give --graph-location a directory"
+            f"--enable-updates on a {args.task} archive needs the graph mapped (live updates "
+            "over a graph in Redis serve node archives): give --graph-location a directory"
         )
     where = parse_location(args.graph_location)
     checksum = read_meta(args.graph_store)["checksum"]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from graph_assets.errors import StoreError
+from graph_assets.remote import RemoteStore
 from graph_assets.stored.store import GraphStore, file_digests, index_dtype, open_recorded_array
 from model.hetero_link import HeteroLinkModel
 from model.served import serving_needs
@@ -138,8 +139,11 @@ def predicted_relation(model: torch.nn.Module, store: GraphStore) -> int | None:
     return store.schema.relation_index("__".join(model.edge_type))
 
 
-def open_link_assets(path: Path, store: GraphStore, verify_checksum: bool = True) -> LinkAssets:
-    """Opens and checks ``path`` against the graph it was built from; StoreError if off."""
+def open_link_assets(
+    path: Path, store: GraphStore | RemoteStore, verify_checksum: bool = True
+) -> LinkAssets:
+    """Opens and checks ``path`` against the graph it was built from (mapped, or in Redis);
+    StoreError if off."""
     path = Path(path)
     meta_path = path / META_FILE
     if not meta_path.is_file():

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from graph_assets.graph_view import GraphView
+from graph_assets.remote import RemoteStore
 from graph_assets.schema import EdgeType
 from graph_assets.stored.store import GraphStore
 from model.hetero_link import HeteroLinkModel
@@ -46,7 +47,7 @@ class LinkEnds:
     relation: str
 
     @classmethod
-    def of(cls, store: GraphStore, model: torch.nn.Module) -> LinkEnds:
+    def of(cls, store: GraphStore | RemoteStore, model: torch.nn.Module) -> LinkEnds:
         """The ends of the relation a typed graph's link model predicts
         (``model.hetero_link.HeteroLinkModel``), or of a graph of one type's one relation."""
         schema = store.schema

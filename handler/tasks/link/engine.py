@@ -34,7 +34,6 @@ import torch
 from handler.core.arrays import readonly_tensor
 from handler.core.batch import Batch, BatchEngine, Group, timed
 from handler.core.ego import EgoGraphs, OnEgoGraphs, plain_module, seed_rows
-from handler.core.graph_source import mapped_graph
 from handler.core.sampler import SampledSubgraph
 from handler.core.typed_ego import typed_answer
 from handler.protocol.body import NodeId
@@ -71,8 +70,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         self.ego = ego
         # Both protocols score alike: score(z_src, z_dst) and score_against(z_src, table).
         self.predictor = cast(LinkModel, ego.model)
-        self.graph = mapped_graph(ego.store, "a link archive (top-k reads every out-list)")
-        self.ends = LinkEnds.of(self.graph, model)
+        self.ends = LinkEnds.of(ego.store, model)
         self._candidate_type = ego.store.schema.type_index(self.ends.dst_type)
         recorded = assets.meta.get("target_edge_type")
         if self.ends.typed and recorded != self.ends.relation:
@@ -269,7 +267,7 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         if rows is not None and self.ego.live is not None:
             relation = self.store.schema.relation_index(self.ends.relation)
             return rows.neighbours_on(node, self.ends.in_relations, relation)
-        return self.ends.neighbours(self.graph, self.assets, node)
+        return self.ends.neighbours(self.ego.view(), self.assets, node)
 
     def body(self, request: ResolvedLink, result: Any) -> dict[str, Any]:
         inner = request.request

@@ -7,19 +7,16 @@ from __future__ import annotations
 from handler.core.batch import apply_threads
 from handler.core.ego import EgoGraphs
 from handler.core.explain import ExplainEngine
-from handler.core.graph_source import mapped_graph
 from handler.core.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
-from handler.live.live_graph import open_live_graph
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.link.explain import PairExplanation
-from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits
+from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits, open_updates
 from model.link_assets import LINK_DIR, open_link_assets
 
 
 def start(archive: Archive, loaded: Loaded) -> StartedTask:
     """Checks the graph, the model and the candidate embeddings fit together."""
-    store = mapped_graph(loaded.stored_graph(), "a link archive (top-k reads every out-list)")
-    config, settings = loaded.config, archive.settings
+    store, config, settings = loaded.stored_graph(), loaded.config, archive.settings
     check_fits(config, store, settings, classes=False)
     assets = open_link_assets(archive.model_dir / LINK_DIR, store, settings.verify_checksum)
     if assets.embeddings.shape[1] != config.out_dim:
@@ -33,7 +30,7 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
             "node's embedding); rebuild it with ./build_mar.sh --task link --precompute"
         )
     apply_threads(settings)
-    live, policy = open_live_graph(store, settings)
+    live, policy = open_updates(store, settings)
     ego = EgoGraphs.create(
         store, loaded.model, settings, archive.device, live, precomputed=loaded.precomputed
     )

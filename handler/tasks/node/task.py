@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from graph_assets import GraphStore
 from handler.core.explain import ExplainEngine
-from handler.core.graph_source import mapped_graph
 from handler.core.router import EXPLAIN, EXTRAS, PREDICT, Router, TaskEngine
-from handler.live.live_graph import UpdatePolicy, open_live_graph
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.explain import NodeExplanation
 from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.node.requests import is_node_extra
-from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits
+from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits, open_updates
 from model.served import serving_needs
 from model.user_model import Output
 
@@ -40,10 +37,7 @@ def start(archive: Archive, loaded: Loaded) -> StartedTask:
     store, settings = loaded.stored_graph(), archive.settings
     classes = serving_needs(loaded.model).output is not Output.RAW
     check_fits(loaded.config, store, settings, classes=classes)
-    if isinstance(store, GraphStore) or settings.updates_enabled:
-        live, policy = open_live_graph(mapped_graph(store, "live updates"), settings)
-    else:  # a graph in Redis serves without live updates (the overlay maps its base)
-        live, policy = None, UpdatePolicy(None, settings.max_update_operations)
+    live, policy = open_updates(store, settings)
     engine = NodeClassificationEngine.create(
         store,
         loaded.model,

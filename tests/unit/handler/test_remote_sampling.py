@@ -22,12 +22,16 @@ from graph_assets import GraphStore, StoreError
 from graph_assets.remote import RemoteStore, RemoteUnavailable, load_store, open_remote_store
 from graph_assets.remote.connect import connect
 from handler.core.batch import StageTimes
+from handler.core.ego import EgoGraphs
 from handler.core.graph_source import open_graph
 from handler.core.sampler import SampledSubgraph, sampler_for
 from handler.settings import ServingSettings
+from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
+from model import build_model
 from model.export import load_model
+from model.link_assets import open_link_assets, write_link_assets
 from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
 from tests.redis_cluster import LocalCluster
 from tests.typed_graphs import fraud_store, node_recipe
@@ -282,3 +286,35 @@ def test_a_worker_refuses_an_unreachable_redis_in_one_line(stores) -> None:
     with pytest.raises(RemoteUnavailable) as refused:
         open_graph(Path("unused"), remote_settings(location, stores["typed"].checksum))
     assert "\n" not in str(refused.value) and f"127.0.0.1:{port}" in str(refused.value)
+
+
+@pytest.mark.parametrize("fanouts", [[2, 2], [-1, -1]])
+def test_link_scores_and_top_k_are_the_stores(
+    remote: Remote, stores, tmp_path: Path, fanouts: list[int]
+) -> None:
+    store = stores["one_type"]
+    torch.manual_seed(0)
+    config = {"task": "link", "arch": "sage", "in_dim": FEATURES, "out_dim": 8, "hidden_dim": 16}
+    model = build_model(config).eval()
+    write_link_assets(model, store, tmp_path / "link")
+    settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": fanouts})
+    served = []
+    for graph in (store, remote("cluster", "one_type")):
+        ego = EgoGraphs.create(graph, model, settings, torch.device("cpu"))
+        served.append(LinkEngine(ego, open_link_assets(tmp_path / "link", graph), "1.0"))
+    ids = store.external_ids(np.arange(store.num_nodes))
+    bodies = [
+        {"pairs": [[ids[i], ids[-1 - i]] for i in range(8)]},
+        {"src": ids[0], "top_k": 5},
+        {"src": ids[3], "top_k": 5, "exclude_neighbors": False},
+    ]
+    local, far = (
+        [(r.status, r.body) for r in e.handle([{"body": b} for b in bodies])] for e in served
+    )
+    assert [s for s, _ in far] == [s for s, _ in local] == [200, 200, 200]
+    for (_, mine), (_, theirs) in zip(local, far, strict=True):
+        rows = mine.get("recommendations", mine.get("predictions"))
+        far_rows = theirs.get("recommendations", theirs.get("predictions"))
+        assert [r.get("dst") for r in far_rows] == [r.get("dst") for r in rows]
+        gap = np.abs(np.array([r["score"] for r in far_rows]) - [r["score"] for r in rows]).max()
+        assert gap <= 1e-6
