@@ -22,7 +22,7 @@ from redis.cluster import RedisCluster
 
 from graph_assets.graph_view import InLists
 from graph_assets.live.redis_log import shown_url
-from graph_assets.remote.cache import BlockCache, BlockField
+from graph_assets.remote.cache import BlockCache, Segments
 from graph_assets.remote.connect import Client, connect, execute, guarded
 from graph_assets.remote.errors import RemoteGraphError
 from graph_assets.remote.layout import (
@@ -44,25 +44,24 @@ from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import (
     IdKind,
     StoreMeta,
+    UpdateLogMeta,
     check_edge_ids,
     node_key,
     removed_ids_file,
 )
 
 _MB = 1 << 20
+BlockField = tuple[int, str]  # (block, field)
 
 
 @dataclass(frozen=True)
 class _BlockLists:
-    """The in-lists of some blocks end to end: ``ptr`` (each block's pointers, the block's
-    part starting at ``ptr_base``), ``src`` and ``rel`` (each block's in-edges, starting at
-    ``edge_base``; ``rel`` None on a graph of one relation)."""
+    """The in-lists of some blocks: each block's pointers (``ptr``), in-edges' sources
+    (``src``) and relations (``rel``, None on a graph of one relation)."""
 
-    ptr: np.ndarray
-    ptr_base: np.ndarray
-    src: np.ndarray
-    edge_base: np.ndarray
-    rel: np.ndarray | None
+    ptr: Segments
+    src: Segments
+    rel: Segments | None
 
 
 @dataclass
@@ -197,10 +196,22 @@ class RemoteStore:
         return self.meta["num_classes"]
 
     @property
+    def update_log(self) -> UpdateLogMeta | None:
+        """Where the loaded store's updates continue in its lineage's log (its meta.json's, so
+        live updates over Redis share the log of the same store served from its directory)."""
+        return self.meta.get("update_log")
+
+    @property
+    def log_base(self) -> str:
+        """The checksum naming the lineage's update log, as on the store itself."""
+        lineage = self.update_log
+        return lineage["base"] if lineage is not None else self.checksum
+
+    @property
     def folded_seq(self) -> int:
         """Seq of the last update record folded into the loaded store (live updates continue
         after it, as on the store itself)."""
-        lineage = self.meta.get("update_log")
+        lineage = self.update_log
         return lineage["seq"] if lineage is not None else 0
 
     def was_removed(self, node_id: int | str, node_type: str | None = None) -> bool:
@@ -243,7 +254,7 @@ class RemoteStore:
         """Drops the cached blocks of ``nodes`` (an update changed them): their next read goes
         to Redis."""
         blocks = np.unique(np.asarray(nodes, dtype=np.int64) // self.layout.block_size)
-        self.cache.drop_blocks(blocks.tolist())
+        self.cache.drop_blocks(blocks)
 
     def types_of(self, nodes: np.ndarray) -> np.ndarray:
         return self.schema.types_of(nodes)
@@ -284,9 +295,7 @@ class RemoteStore:
         width = self.schema.node_types[t].feature_dim
         if not width or not len(nodes):
             return np.zeros((len(nodes), width), dtype=np.float32)
-        field = features_field(t)
-        fetched = self._fetch(self._requests(nodes, field))
-        return self._gather(nodes, field, fetched, node_type=t)
+        return self._rows(nodes, features_field(t), node_type=t)
 
     def external_ids(self, nodes: np.ndarray) -> list[int | str]:
         """External IDs of global ``nodes`` (ints or strs, as the input had them); one round
@@ -294,12 +303,13 @@ class RemoteStore:
         nodes = self._checked(nodes)
         types = self.types_of(nodes)
         present = np.unique(types).tolist()
-        requests = [r for t in present for r in self._requests(nodes[types == t], ids_field(t))]
-        fetched = self._fetch(requests)
+        bs = self.layout.block_size
+        fetched = self._fetch({ids_field(t): np.unique(nodes[types == t] // bs) for t in present})
         values: list[Any] = [None] * len(nodes)
         for t in present:
             where = np.flatnonzero(types == t)
-            ids = self._gather(nodes[where], ids_field(t), fetched, node_type=t).tolist()
+            (rows,) = fetched[ids_field(t)]
+            ids = self._gather(nodes[where], rows, node_type=t).tolist()
             if self.schema.node_types[t].id_kind == "str":
                 ids = [value.decode("utf-8") for value in ids]
             for position, value in zip(where.tolist(), ids, strict=True):
@@ -330,7 +340,7 @@ class RemoteStore:
             )
         if not len(nodes):
             return np.empty(0, dtype=np.int64)
-        return self._gather(nodes, LABELS, self._fetch(self._requests(nodes, LABELS))).copy()
+        return self._rows(nodes, LABELS)
 
     def in_lists(self, nodes: np.ndarray) -> InLists:
         """The in-edge lists of global ``nodes`` with their edge IDs and relations, as the
@@ -341,20 +351,22 @@ class RemoteStore:
             return InLists(np.zeros(1, dtype=np.int64), empty, empty, empty)
         blocks, inverse = np.unique(nodes // self.layout.block_size, return_inverse=True)
         lists = self._block_lists(blocks)
-        at = lists.ptr_base[inverse] + nodes - blocks[inverse] * self.layout.block_size
-        starts, ends = lists.ptr[at], lists.ptr[at + 1]
+        ptr = lists.ptr
+        at = ptr.start[inverse] + nodes - blocks[inverse] * self.layout.block_size
+        starts, ends = ptr.rows[at], ptr.rows[at + 1]
         counts = ends - starts
         indptr = np.zeros(len(nodes) + 1, dtype=np.int64)
         np.cumsum(counts, out=indptr[1:])
         ragged = np.arange(indptr[-1], dtype=np.int64) - np.repeat(indptr[:-1], counts)
-        first = lists.ptr[lists.ptr_base[inverse]]  # each node's block's first edge ID
-        positions = np.repeat(lists.edge_base[inverse] + starts - first, counts) + ragged
-        relations = np.zeros(len(positions), dtype=np.int64)
+        first = ptr.rows[ptr.start[inverse]]  # each node's block's first edge ID
+        within = np.repeat(starts - first, counts) + ragged  # each edge among its block's
+        owner = np.repeat(inverse, counts)
+        relations = np.zeros(len(within), dtype=np.int64)
         if lists.rel is not None:
-            relations = lists.rel[positions].astype(np.int64)
+            relations = lists.rel.rows[lists.rel.start[owner] + within].astype(np.int64)
         return InLists(
             indptr=indptr,
-            indices=lists.src[positions].astype(np.int64),
+            indices=lists.src.rows[lists.src.start[owner] + within].astype(np.int64),
             edge_ids=np.repeat(starts, counts) + ragged,
             relations=relations,
         )
@@ -365,9 +377,9 @@ class RemoteStore:
         if not self.layout.several_relations or not len(edge_ids):
             return np.zeros(len(edge_ids), dtype=np.int64)
         blocks, inverse, local = self._edge_blocks(edge_ids)
-        lists = self._block_lists(blocks)
-        assert lists.rel is not None
-        return lists.rel[lists.edge_base[inverse] + local].astype(np.int64)
+        rel = self._block_lists(blocks).rel
+        assert rel is not None
+        return rel.rows[rel.start[inverse] + local].astype(np.int64)
 
     def edge_feature_rows(self, edge_ids: np.ndarray) -> np.ndarray:
         """float32 ``[len(edge_ids), D]`` features of edges by ID (CSC position), all of one
@@ -382,26 +394,25 @@ class RemoteStore:
         if self.layout.several_relations:
             lists = self._block_lists(blocks)
             assert lists.rel is not None
-            rel, base = lists.rel, lists.edge_base
-            at = base[inverse] + local
-            relation = int(rel[at[0]])
-            if (rel[at] != relation).any():
+            rel = lists.rel.compacted()  # only these blocks' edges
+            at = rel.start[inverse] + local
+            relation = int(rel.rows[at[0]])
+            if (rel.rows[at] != relation).any():
                 raise ValueError("edge features of several relations have several widths")
             # A block's table of a relation holds the block's edges of that relation in CSC
             # order: an edge's row is the number of them before it in its block.
-            before = np.concatenate([[0], np.cumsum(rel == relation)])
-            row = before[at] - before[base[inverse]]
-            counts = np.diff(before[np.append(base, len(rel))])  # the relation's edges per block
+            before = np.concatenate([[0], np.cumsum(rel.rows == relation)])
+            row = before[at] - before[rel.start[inverse]]
+            counts = np.diff(before[np.append(rel.start, len(rel.rows))])  # per block
         width = relations[relation].edge_feature_dim
         if not width:
             return np.zeros((len(edge_ids), 0), dtype=np.float32)
         field = edge_features_field(relation)
-        fetched = self._fetch([(b, field) for b in blocks.tolist()])
-        if counts is not None:
-            for b, count in zip(blocks.tolist(), counts.tolist(), strict=True):
-                self._check_rows(b, field, len(fetched[b, field]), count)
-        table, table_base = _concatenated(fetched, blocks, field)
-        return table[table_base[inverse] + row]
+        (table,) = self._fetch({field: blocks})[field]
+        if counts is not None and (table.count != counts).any():
+            wrong = int(np.flatnonzero(table.count != counts)[0])
+            self._check_rows(int(blocks[wrong]), field, int(table.count[wrong]), int(counts[wrong]))
+        return table.rows[table.start[inverse] + row]
 
     def prefetch(self, nodes: np.ndarray, edge_ids: np.ndarray) -> None:
         """Fetches into the cache, in one round, what gathering an ego-graph's inputs reads:
@@ -410,40 +421,30 @@ class RemoteStore:
         (one per node type and relation) cost no round trip of their own. The edges' relations
         are read from their blocks' in-lists, which sampling them cached."""
         nodes, edge_ids = self._checked(nodes), self._checked_edges(edge_ids)
-        requests: list[BlockField] = []
-        for block in np.unique(nodes // self.layout.block_size).tolist():
-            requests.append((block, DEG))
-            for t, kind in enumerate(self.schema.node_types):
-                low, high = self.layout.type_rows(block, t)
-                if kind.feature_dim and low < high:
-                    requests.append((block, features_field(t)))
+        bs = self.layout.block_size
+        blocks = np.unique(nodes // bs)
+        wanted = {DEG: blocks}
+        for t, kind in enumerate(self.schema.node_types):
+            low, high = (
+                np.maximum(blocks * bs, kind.offset),
+                np.minimum((blocks + 1) * bs, kind.stop),
+            )
+            if kind.feature_dim:
+                wanted[features_field(t)] = blocks[low < high]
         wide = [r.edge_feature_dim > 0 for r in self.schema.relations]
         if len(edge_ids) and any(wide):
-            blocks, inverse, _ = self._edge_blocks(edge_ids)
-            owner = blocks[inverse]
+            edge_blocks, inverse, _ = self._edge_blocks(edge_ids)
+            owner = edge_blocks[inverse]
             relations = self.edge_relations(edge_ids)
-            pairs = np.unique(np.stack([owner, relations], axis=1), axis=0).tolist()
-            requests += [(b, edge_features_field(r)) for b, r in pairs if wide[r]]
-        self._fetch(requests)
+            for r in np.unique(relations).tolist():
+                if wide[r]:
+                    wanted[edge_features_field(r)] = np.unique(owner[relations == r])
+        self._fetch(wanted)
 
     def _block_lists(self, blocks: np.ndarray) -> _BlockLists:
-        """The in-lists of ``blocks`` (unique), end to end; one round for those not cached."""
-        fetched = self._fetch([(b, ADJ) for b in blocks.tolist()])
-        parts = [self._adjacency(b, fetched[b, ADJ]) for b in blocks.tolist()]
-        pointers = np.array([len(part.ptr) for part in parts], dtype=np.int64)
-        edges = np.array([len(part.src) for part in parts], dtype=np.int64)
-        relations = [part.rel for part in parts if part.rel is not None]
-        return _BlockLists(
-            ptr=np.concatenate([part.ptr for part in parts]),
-            ptr_base=np.cumsum(pointers) - pointers,
-            src=np.concatenate([part.src for part in parts]),
-            edge_base=np.cumsum(edges) - edges,
-            rel=np.concatenate(relations) if relations else None,
-        )
-
-    def _adjacency(self, block: int, raw: np.ndarray) -> Adjacency:
-        start, stop = self.layout.block_nodes(block)
-        return Adjacency.decode(raw, stop - start, self.layout)
+        """The in-lists of ``blocks`` (unique, at least one); one round for those not cached."""
+        parts = self._fetch({ADJ: blocks})[ADJ]
+        return _BlockLists(parts[0], parts[1], parts[2] if len(parts) > 2 else None)
 
     def _edge_blocks(self, edge_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The blocks holding ``edge_ids`` (unique), each edge's block among them, and its
@@ -456,7 +457,7 @@ class RemoteStore:
         nodes = self._checked(nodes)
         if not len(nodes):
             return np.empty((0, 3), dtype=np.int64)
-        return self._gather(nodes, DEG, self._fetch(self._requests(nodes, DEG)))
+        return self._rows(nodes, DEG)
 
     def _checked(self, nodes: np.ndarray) -> np.ndarray:
         nodes = np.asarray(nodes, dtype=np.int64).reshape(-1)
@@ -481,54 +482,70 @@ class RemoteStore:
             raise ValueError("feature rows of nodes of several types have several widths")
         return int(types[0])
 
-    def _requests(self, nodes: np.ndarray, field: str) -> list[BlockField]:
-        return [(b, field) for b in np.unique(nodes // self.layout.block_size).tolist()]
+    def _rows(self, nodes: np.ndarray, field: str, node_type: int | None = None) -> np.ndarray:
+        """The rows of ``nodes`` (at least one) in ``field`` of their blocks; one round for
+        the blocks not cached."""
+        (rows,) = self._fetch({field: np.unique(nodes // self.layout.block_size)})[field]
+        return self._gather(nodes, rows, node_type)
 
-    def _gather(
-        self,
-        nodes: np.ndarray,
-        field: str,
-        fetched: dict[BlockField, np.ndarray],
-        node_type: int | None = None,
-    ) -> np.ndarray:
-        """The rows of ``nodes`` in ``field`` of their blocks (``node_type``'s rows for a
-        per-type field: a block's rows of a type start at the type's first node in it)."""
-        blocks, inverse = np.unique(nodes // self.layout.block_size, return_inverse=True)
-        stacked, base = _concatenated(fetched, blocks, field)
-        if node_type is None:
-            first = blocks * self.layout.block_size
-        else:
-            first = np.array([self.layout.type_rows(b, node_type)[0] for b in blocks.tolist()])
-        return stacked[base[inverse] + nodes - first[inverse]]
+    def _gather(self, nodes: np.ndarray, rows: Segments, node_type: int | None) -> np.ndarray:
+        """The rows of ``nodes`` among ``rows`` of their blocks, in block order
+        (``node_type``'s rows for a per-type field: a block's rows of a type start at the
+        type's first node in it)."""
+        bs = self.layout.block_size
+        blocks, inverse = np.unique(nodes // bs, return_inverse=True)
+        first = blocks * bs
+        if node_type is not None:
+            first = np.maximum(first, self.schema.node_types[node_type].offset)
+        return rows.rows[rows.start[inverse] + nodes - first[inverse]]
 
-    def _fetch(self, requests: Sequence[BlockField]) -> dict[BlockField, np.ndarray]:
-        """Decoded ``(block, field)`` arrays: from the cache, the rest in one round."""
-        found: dict[BlockField, np.ndarray] = {}
+    def _fetch(self, wanted: Mapping[str, np.ndarray]) -> dict[str, tuple[Segments, ...]]:
+        """Each field's decoded rows of its blocks (unique, at least one), in order, per part
+        (an in-list's pointers, sources and relations; one part otherwise): from the cache,
+        the rest in one round."""
+        found: dict[str, tuple[np.ndarray, tuple[Segments, ...]]] = {}
         missing: list[BlockField] = []
-        for request in dict.fromkeys(requests):
-            cached = self.cache.get(request)
-            if cached is None:
-                missing.append(request)
-            else:
-                found[request] = cached
-        self._counters.cache_hits += len(found)
+        for field, blocks in wanted.items():
+            if len(blocks):
+                found[field] = self.cache.lookup(field, blocks)
+                missing += [(b, field) for b in blocks[~found[field][0]].tolist()]
+        self._counters.cache_hits += sum(int(held.sum()) for held, _ in found.values())
         self._counters.cache_misses += len(missing)
-        if not missing:
-            return found
-        for (block, field), value in zip(missing, self._values(missing), strict=True):
-            if value is None:
-                raise RemoteGraphError(
-                    _lost(self.shown, self.keys, f"key {self.keys.block(block, field)}")
+        decoded: dict[str, list[tuple[np.ndarray, ...]]] = {field: [] for field in found}
+        if missing:
+            for (block, field), value in zip(missing, self._values(missing), strict=True):
+                decoded[field].append(self._decoded(block, field, value))
+        result: dict[str, tuple[Segments, ...]] = {}
+        for field, (held, parts) in found.items():
+            if held.all():
+                result[field] = parts
+                continue
+            new = tuple(Segments.of(list(arrays)) for arrays in zip(*decoded[field], strict=True))
+            self.cache.put(field, wanted[field][~held], new)
+            if held.any():
+                new = tuple(
+                    old.compacted().taking(n, held) for old, n in zip(parts, new, strict=True)
                 )
-            try:
-                array = self.layout.fields[field].decode(value)
-            except ValueError:
-                what = f"{len(value)} bytes, not whole rows"
-                raise RemoteGraphError(self._overwritten(block, field, what)) from None
-            self._check(block, field, array)
-            self.cache.put((block, field), array)
-            found[block, field] = array
-        return found
+            result[field] = new
+        return result
+
+    def _decoded(self, block: int, field: str, value: bytes | None) -> tuple[np.ndarray, ...]:
+        """The parts of ``field`` of ``block`` in ``value``, checked."""
+        if value is None:
+            raise RemoteGraphError(
+                _lost(self.shown, self.keys, f"key {self.keys.block(block, field)}")
+            )
+        try:
+            array = self.layout.fields[field].decode(value)
+        except ValueError:
+            what = f"{len(value)} bytes, not whole rows"
+            raise RemoteGraphError(self._overwritten(block, field, what)) from None
+        self._check(block, field, array)
+        if field != ADJ:
+            return (array,)
+        start, stop = self.layout.block_nodes(block)
+        lists = Adjacency.decode(array, stop - start, self.layout)
+        return (lists.ptr, lists.src) if lists.rel is None else (lists.ptr, lists.src, lists.rel)
 
     def _check(self, block: int, field: str, array: np.ndarray) -> None:
         """A value of the wrong length, or pointers that do not span the block's edges, were
@@ -590,15 +607,6 @@ class RemoteStore:
             self._counters.read_seconds += time.perf_counter() - started
         self._counters.bytes_read += sum(_reply_bytes(reply) for reply in replies)
         return replies
-
-
-def _concatenated(
-    fetched: dict[BlockField, np.ndarray], blocks: np.ndarray, field: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """``field`` of ``blocks`` end to end, and where each block's part starts."""
-    parts = [fetched[b, field] for b in blocks.tolist()]
-    lengths = np.array([len(part) for part in parts], dtype=np.int64)
-    return np.concatenate(parts), np.cumsum(lengths) - lengths
 
 
 def _reply_bytes(reply: object) -> int:

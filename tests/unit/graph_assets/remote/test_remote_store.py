@@ -202,6 +202,38 @@ def test_the_cache_hits_stays_bounded_and_drops_invalidated_blocks(loaded: Loade
         assert 0 < tiny.cache.nbytes <= tiny.cache.capacity_bytes
 
 
+@pytest.mark.parametrize("graph", ["typed", "one_type"])
+def test_reads_through_a_small_cache_equal_the_local_store(loaded: Loader, graph: str) -> None:
+    """Batches that find some blocks cached and fetch the rest, while the cache evicts,
+    compacts and drops invalidated blocks, still read exactly what the store holds."""
+    url, prefix, store = loaded("single", graph)
+    view = remote(url, prefix, store, cache_mb=0.02)  # 20 KB: part of the graph
+    rng = np.random.default_rng(7)
+    relations = range(len(store.schema.relations))
+    for _ in range(40):
+        nodes = rng.choice(store.num_nodes, int(rng.integers(1, 60)))
+        lists = view.in_lists(nodes)
+        local = store.in_lists(nodes)
+        for name in ("indptr", "indices", "edge_ids", "relations"):
+            assert np.array_equal(getattr(lists, name), getattr(local, name)), name
+        assert np.array_equal(view.degree_rows(nodes), store.degree_rows(nodes))
+        assert view.external_ids(nodes) == store.external_ids(nodes)
+        t = int(store.types_of(nodes[:1])[0])
+        of_type = nodes[store.types_of(nodes) == t]
+        assert np.array_equal(view.feature_rows(of_type), store.feature_rows(of_type))
+        edges = rng.choice(store.num_edges, int(rng.integers(1, 80)))
+        view.prefetch(nodes, edges)
+        assert np.array_equal(view.edge_relations(edges), store.edge_relations(edges))
+        for r in relations:
+            of_r = edges[store.edge_relations(edges) == r]
+            assert np.array_equal(view.edge_feature_rows(of_r), store.edge_feature_rows(of_r))
+        if rng.random() < 0.2:
+            view.invalidate(rng.choice(store.num_nodes, 20))
+        assert 0 < view.cache.nbytes <= view.cache.capacity_bytes
+    counters = view.counters
+    assert counters.cache_hits > 0 and counters.cache_misses > 0
+
+
 def test_a_wrong_or_missing_graph_is_refused_in_one_line(
     loaded: Loader, single_redis: RedisServer
 ) -> None:
