@@ -157,16 +157,20 @@ class EgoGraphs:
     def _prefetch(self, sub: SampledSubgraph) -> None:
         """On a graph in Redis, what gathering ``sub``'s inputs reads (features and degrees of
         its rows, features of its edges when the model reads them) in one round, so that a
-        batch costs its hops' rounds and this one."""
-        if not isinstance(self.store, RemoteStore) or self.view() is not self.store:
+        batch costs its hops' rounds and this one (live updates change no base row, so the
+        base's rows are fetched under an overlay too). Without a cache (``remote_cache_mb`` 0)
+        it would only read everything twice."""
+        store = self.store
+        if not isinstance(store, RemoteStore) or not store.cache.capacity_bytes:
             return
         nodes = sub.node.cpu().numpy()
         edges = np.empty(0, dtype=np.int64)
         # A typed model gets every relation's edge features (model.typed_rows).
-        typed = not self.store.schema.is_homogeneous
+        typed = not store.schema.is_homogeneous
         if typed or serving_needs(self.model).edge_input is not EdgeInput.NONE:
             edges = sub.edge.cpu().numpy()
-        self.store.prefetch(nodes[nodes >= 0], edges)
+        stored = (nodes >= 0) & (nodes < store.num_nodes)
+        store.prefetch(nodes[stored], edges[(edges >= 0) & (edges < store.num_edges)])
 
     def gather(
         self, rows: torch.Tensor, view: GraphView | None = None

@@ -7,6 +7,7 @@ local ones; a batch costs at most hops + 2 round trips cold and only its ID look
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from handler.core.batch import StageTimes
 from handler.core.ego import EgoGraphs
 from handler.core.graph_source import open_graph
 from handler.core.sampler import SampledSubgraph, sampler_for
+from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine
@@ -33,6 +35,7 @@ from model import build_model
 from model.export import load_model
 from model.link_assets import open_link_assets, write_link_assets
 from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
+from tests.live_reference import live_ids, random_update
 from tests.redis_cluster import LocalCluster
 from tests.typed_graphs import fraud_store, node_recipe
 
@@ -318,3 +321,29 @@ def test_link_scores_and_top_k_are_the_stores(
         assert [r.get("dst") for r in far_rows] == [r.get("dst") for r in rows]
         gap = np.abs(np.array([r["score"] for r in far_rows]) - [r["score"] for r in rows]).max()
         assert gap <= 1e-6
+
+
+@pytest.mark.parametrize("fanouts", [[2, 3], [-1, -1]])
+def test_answers_after_live_updates_are_the_stores(
+    remote: Remote, stores, gat, tmp_path: Path, fanouts: list[int]
+) -> None:
+    """The overlay over the graph in Redis: the sampler reads changed and unchanged in-lists
+    through it in one read per hop, as over the mapped store."""
+    store = stores["one_type"]
+    lives = [
+        LiveGraph(graph, tmp_path / f"{name}.log")
+        for name, graph in (("local", store), ("remote", remote("single", "one_type")))
+    ]
+    rng, counter = random.Random(5), [0]
+    for _ in range(30):
+        (operation,) = random_update(rng, lives[0], counter)
+        for live in lives:
+            live.update(UpdateRequest([operation]))
+    settings = ServingSettings.from_yaml_section({"fanouts": fanouts})
+    local, far = (
+        NodeClassificationEngine.create(live.store, gat, settings, torch.device("cpu"), "1.0", live)
+        for live in lives
+    )
+    ids = live_ids(lives[0])
+    bodies = [{"node_ids": ids[start : start + 16]} for start in range(0, len(ids), 16)]
+    check_same_answers(answers(local, bodies), answers(far, bodies))
