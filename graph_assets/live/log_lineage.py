@@ -10,22 +10,44 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Protocol
 
 from graph_assets.errors import UpdateLogMismatch
 from graph_assets.live.update_log import UpdateLog
-from graph_assets.stored.store import GraphStore
+from graph_assets.stored.store import UpdateLogMeta
 
 logger = logging.getLogger(__name__)
 
 LOG_FILE = "updates.log"
 
 
-def update_log_path(store: GraphStore, state_dir: Path) -> Path:
+class Lineage(Protocol):
+    """Where a base graph's updates continue: ``GraphStore``, or ``RemoteStore`` for the same
+    store loaded into Redis (its meta.json travels with it, so both say the same)."""
+
+    @property
+    def checksum(self) -> str: ...
+
+    @property
+    def update_log(self) -> UpdateLogMeta | None:
+        """A compacted store's place in its lineage's log; None otherwise."""
+        ...
+
+    @property
+    def log_base(self) -> str:
+        """The checksum naming the state directory (and Redis stream) of the lineage's log."""
+        ...
+
+    @property
+    def folded_seq(self) -> int: ...
+
+
+def update_log_path(store: Lineage, state_dir: Path) -> Path:
     """``<state_dir>/<lineage base checksum>/updates.log``: one log per lineage of stores."""
     return Path(state_dir) / store.log_base / LOG_FILE
 
 
-def open_update_log(store: GraphStore, path: Path, writable: bool = True) -> tuple[UpdateLog, int]:
+def open_update_log(store: Lineage, path: Path, writable: bool = True) -> tuple[UpdateLog, int]:
     """The store's log, and the byte offset of the first record not in the store.
 
     A compacted store's log that does not exist yet (a fresh state directory) is started

@@ -16,11 +16,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from graph_assets.stored.store import GraphStore
+from graph_assets.schema import GraphSchema
 
 LOG_FORMAT = 2  # the operations' form in update log records; 1: before node and edge types
 NodeId = int | str
@@ -36,6 +36,20 @@ OPERATION_FIELDS = {
 }
 OPERATION_TYPES = tuple(OPERATION_FIELDS)
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+class DecodingGraph(Protocol):
+    """What decoding checks operations against: the graph's types, widths and classes
+    (``GraphStore``, or ``RemoteStore`` for a graph in Redis)."""
+
+    @property
+    def schema(self) -> GraphSchema: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def class_names(self) -> list[str] | None: ...
 
 
 class Rejection(Enum):
@@ -109,7 +123,7 @@ Operation = AddNode | SetFeatures | RemoveNode | AddEdge | RemoveEdge | SetEdgeF
 EdgeOperation = AddEdge | RemoveEdge | SetEdgeFeatures
 
 
-def decode_operations(raw: Sequence[Any], graph: GraphStore) -> list[Operation]:
+def decode_operations(raw: Sequence[Any], graph: DecodingGraph) -> list[Operation]:
     """``raw`` (JSON objects) as typed operations of ``graph``; :class:`UpdateRejected`
     (``INVALID``) naming the first malformed one."""
     return [_decode(index, operation, graph) for index, operation in enumerate(raw)]
@@ -120,7 +134,7 @@ def encode_operations(operations: Sequence[Operation]) -> list[dict[str, Any]]:
     return [_encode(operation) for operation in operations]
 
 
-def _decode(index: int, operation: Any, graph: GraphStore) -> Operation:
+def _decode(index: int, operation: Any, graph: DecodingGraph) -> Operation:
     if not isinstance(operation, dict) or operation.get("type") not in OPERATION_TYPES:
         raise UpdateRejected(
             Rejection.INVALID,
@@ -201,7 +215,7 @@ def _encode(operation: Operation) -> dict[str, Any]:
     return {**encoded, "edge_type": operation.edge_type}
 
 
-def _node_type(index: int, operation: dict[str, Any], graph: GraphStore) -> str:
+def _node_type(index: int, operation: dict[str, Any], graph: DecodingGraph) -> str:
     """The operation's ``node_type``, by default the type the graph serves."""
     node_type = operation.get("node_type", graph.schema.target)
     if node_type not in graph.schema.node_type_names:
@@ -214,7 +228,7 @@ def _node_type(index: int, operation: dict[str, Any], graph: GraphStore) -> str:
     return str(node_type)
 
 
-def _edge_type(index: int, operation: dict[str, Any], graph: GraphStore) -> str:
+def _edge_type(index: int, operation: dict[str, Any], graph: DecodingGraph) -> str:
     """The operation's ``edge_type``, by default the graph's only relation."""
     names = graph.schema.edge_type_names
     if "edge_type" not in operation:
@@ -246,7 +260,7 @@ def _node_id(index: int, operation: dict[str, Any], field: str) -> NodeId:
 
 
 def _edge_attr(
-    index: int, kind: str, operation: dict[str, Any], graph: GraphStore, edge_type: str
+    index: int, kind: str, operation: dict[str, Any], graph: DecodingGraph, edge_type: str
 ) -> np.ndarray | None:
     """The operation's ``attr`` as float32: required by ``set_edge_features`` and, on a
     relation with edge features, by ``add_edge``; refused on a relation without."""
@@ -306,7 +320,7 @@ def _vector(index: int, operation: dict[str, Any], field: str, width: int) -> np
     return vector
 
 
-def _label(index: int, label: Any, graph: GraphStore) -> int:
+def _label(index: int, label: Any, graph: DecodingGraph) -> int:
     if label is None:
         return -1
     names = graph.class_names

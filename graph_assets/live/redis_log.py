@@ -37,9 +37,9 @@ from graph_assets.errors import (
     UpdateLogWriteFailed,
     UpdateNotReplicated,
 )
+from graph_assets.live.log_lineage import Lineage
 from graph_assets.live.operations import LOG_FORMAT
 from graph_assets.live.update_log import MAX_RECORD_BYTES, LogRecord, TornTail
-from graph_assets.stored.store import GraphStore
 
 logger = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def _seq_of(entry_id: bytes | str) -> int:
     return int(text.split("-", 1)[0])
 
 
-def open_redis_update_log(store: GraphStore, config: RedisLogConfig) -> tuple[RedisUpdateLog, int]:
+def open_redis_update_log(store: Lineage, config: RedisLogConfig) -> tuple[RedisUpdateLog, int]:
     """The lineage's stream and the seq after which this store's updates begin.
 
     Unreachable: :class:`UpdateLogUnavailable` naming the URL (a server that cannot bring its

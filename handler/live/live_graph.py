@@ -29,9 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from graph_assets import GraphStore
 from graph_assets.errors import (
     UpdateLogConflict,
     UpdateLogCorrupt,
@@ -40,14 +39,15 @@ from graph_assets.errors import (
     UpdateLogWriteFailed,
     UpdateNotReplicated,
 )
-from graph_assets.live.log_lineage import open_update_log, update_log_path
+from graph_assets.live.log_lineage import Lineage, open_update_log, update_log_path
 from graph_assets.live.operations import (
+    DecodingGraph,
     Operation,
     UpdateRejected,
     decode_operations,
     encode_operations,
 )
-from graph_assets.live.overlay import GraphOverlay
+from graph_assets.live.overlay import GraphOverlay, OverlayBase
 from graph_assets.live.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
 from graph_assets.live.update_log import LogRecord, UpdateLog, check_next
 from graph_assets.private_dir import ensure_private_dir
@@ -76,6 +76,11 @@ RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.05, 2.0
 # A writer that lost the race for a seq to another server catches up and tries again this often.
 MAX_CONFLICT_RETRIES = 50
 LogBackend = UpdateLog | RedisUpdateLog
+
+
+class LiveBase(OverlayBase, Lineage, DecodingGraph, Protocol):
+    """The base graph of the live state: the memory-mapped store, or the same store loaded
+    into Redis (the overlay reads either through the graph view; neither changes)."""
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,7 @@ class LiveGraph:
 
     def __init__(
         self,
-        store: GraphStore,
+        store: LiveBase,
         log_path: Path | None,
         follow_interval_s: float = 0.0,
         redis_log: RedisLogConfig | None = None,
@@ -553,7 +558,7 @@ def answer_update(
 
 
 def open_live_graph(
-    store: GraphStore, settings: ServingSettings
+    store: LiveBase, settings: ServingSettings
 ) -> tuple[LiveGraph | None, UpdatePolicy]:
     """The update log and policy when the archive takes updates; (None, disabled) otherwise.
     The log is the Redis stream ``GNNSERVE_UPDATE_LOG_URL`` names when it is set (every replica
