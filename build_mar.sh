@@ -42,7 +42,8 @@ Graph
                           GNNSERVE_REDIS_PASSWORD_FILE names, never the URL). The build reads
                           --store DIR (or --graph/--synthetic) here as usual, records the URL
                           and the store's checksum, and checks the graph under NAME is that
-                          store; no --precompute or --enable-updates (docs/redis-cluster.md)
+                          store; no --precompute, and --enable-updates on node archives only
+                          (docs/redis-cluster.md)
   --remote-cache-mb MB    a graph in Redis: MB of fetched blocks each worker caches (default 256)
   --remote-timeout-ms MS  a graph in Redis: how long one read may wait (default 1000)
   --feature-dim N         features of a synthetic graph (default 128)
