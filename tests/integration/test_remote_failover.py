@@ -172,6 +172,7 @@ def test_a_stopped_primary_is_answered_503_within_the_timeout_then_200(served: S
         assert again.status_code == 503 and again.headers.get("Retry-After"), again.text
         assert time.monotonic() < deadline, "no 200 within 30 s of SIGCONT"
     assert again.json() == expected[node]
+    print(f"\nSIGSTOP of a primary: 503 after {waited:.2f} s (remote_timeout_ms {TIMEOUT_MS})")
 
 
 def test_a_killed_primary_gives_exact_200s_or_503s_then_200_without_restart(
