@@ -203,6 +203,11 @@ class EgoGraphs:
         """External IDs of internal indices (nodes added by live updates included)."""
         return self.view().external_ids(nodes)
 
+    def read_counters(self) -> RemoteCounters | None:
+        """What reading the graph from Redis cost so far; None for a mapped graph."""
+        store = self.store
+        return store.counters if isinstance(store, RemoteStore) else None
+
 
 class OnEgoGraphs:
     """An engine that serves from an :class:`EgoGraphs`: the graph, model and settings it
@@ -227,9 +232,8 @@ class OnEgoGraphs:
         return self.ego.live
 
     def read_counters(self) -> RemoteCounters | None:
-        """The graph's read costs when it is read from Redis (BatchEngine's hook)."""
-        store = self.ego.store
-        return store.counters if isinstance(store, RemoteStore) else None
+        """BatchEngine's hook: the graph's read costs (EgoGraphs.read_counters)."""
+        return self.ego.read_counters()
 
 
 def missing_nodes(

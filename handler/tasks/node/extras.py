@@ -28,6 +28,7 @@ import torch
 
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
+from graph_assets.remote import RemoteCounters
 from handler.core.batch import Batch, BatchEngine, Group, StageTimes, timed
 from handler.core.ego import EgoGraphs, plain_module, seed_rows
 from handler.core.sampler import ALL_NEIGHBOURS, NeighbourSampler, SampledSubgraph
@@ -90,6 +91,9 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
 
     def refresh(self) -> None:
         self.ego.sync()
+
+    def read_counters(self) -> RemoteCounters | None:
+        return self.ego.read_counters()
 
     def parse(self, item: Any) -> Resolved:
         settings, schema = self.ego.settings, self.ego.store.schema

@@ -347,3 +347,16 @@ def test_answers_after_live_updates_are_the_stores(
     ids = live_ids(lives[0])
     bodies = [{"node_ids": ids[start : start + 16]} for start in range(0, len(ids), 16)]
     check_same_answers(answers(local, bodies), answers(far, bodies))
+
+
+def test_embedding_and_cold_start_batches_report_their_reads(remote: Remote, stores, gat) -> None:
+    store = stores["one_type"]
+    settings = ServingSettings.from_yaml_section({"fanouts": [2, 2]})
+    far = remote("cluster", "one_type")
+    engine = NodeClassificationEngine.create(far, gat, settings, torch.device("cpu"), "1.0")
+    router = node_router(engine, "1.0")
+    bodies = one_type_bodies(store)[2:]  # an embedding request, a new node
+    for body in bodies:
+        batch = router.run(router.prepare([{"body": body}]))
+        assert [r.status for r in router.respond(batch)] == [200]
+        assert batch.batch.times.remote_round_trips > 0
