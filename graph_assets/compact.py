@@ -38,7 +38,7 @@ from graph_assets.live.redis_log import (
     shown_url,
 )
 from graph_assets.live.update_log import UpdateLog, check_next
-from graph_assets.stored.store import StoreMeta, open_store
+from graph_assets.stored.store import GraphStore, StoreMeta, open_store
 from graph_assets.stored.writer import (
     LogContinuation,
     NodeTypeInput,
@@ -55,25 +55,27 @@ class Replayed:
 
     overlay: GraphOverlay
     log_end: int
+    base: GraphStore  # the overlay's base: compaction reads its arrays, not only the view
 
 
 def replay(store_dir: Path, log: Path | RedisLogConfig) -> Replayed:
     """The base store with every intact record of the log after the store's own applied (a
     log file, or the lineage's stream on Redis)."""
-    overlay = GraphOverlay(open_store(store_dir))
+    base = open_store(store_dir)
+    overlay = GraphOverlay(base)
     opened: UpdateLog | RedisUpdateLog
     if isinstance(log, RedisLogConfig):
-        opened, start = open_redis_update_log(overlay.base, log)
+        opened, start = open_redis_update_log(base, log)
     else:
-        opened, start = open_update_log(overlay.base, log, writable=False)
+        opened, start = open_update_log(base, log, writable=False)
     try:
         records, end = opened.read_from(start)
     finally:
         opened.close()
     for record in records:
         check_next(record, overlay.seq, opened.path)
-        overlay.apply(decode_operations(record.operations, overlay.base), record.seq)
-    return Replayed(overlay=overlay, log_end=end)
+        overlay.apply(decode_operations(record.operations, base), record.seq)
+    return Replayed(overlay=overlay, log_end=end, base=base)
 
 
 def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
@@ -81,14 +83,14 @@ def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
     same update log after the records folded into it: each node type's live nodes (added ones
     included, in sorted ID order as a build writes them), each relation's live edges with
     their current features, the target type's labels, and every ID removed so far."""
-    overlay, base = replayed.overlay, replayed.overlay.base
+    overlay, base = replayed.overlay, replayed.base
     schema = base.schema
     _check_indices_kept(overlay)
     types = _live_nodes(overlay)
     nodes = np.concatenate([t.nodes for t in types])
     position = np.full(overlay.num_nodes, -1, dtype=np.int64)
     position[nodes] = np.arange(len(nodes))
-    src, dst, edge_ids = _edges(overlay, nodes)
+    src, dst, edge_ids = _edges(overlay, base, nodes)
     edge_relations = overlay.edge_relations(edge_ids)
     inputs = [
         NodeTypeInput(node_type.name, t.ids, node_type.feature_dim)
@@ -115,13 +117,13 @@ def compact(replayed: Replayed, out_dir: Path) -> StoreMeta:
             )
         return builder.commit(
             relations,
-            _labels(overlay, types[0].nodes),
+            _labels(overlay, base, types[0].nodes),
             num_classes=base.num_classes,
             class_names=base.class_names,
             undirected=bool(base.meta["stats"].get("undirected", False)),
             continues=LogContinuation(
                 update_log={"base": base.log_base, "seq": overlay.seq, "offset": replayed.log_end},
-                removed_ids=_removed_ids(overlay),
+                removed_ids=_removed_ids(overlay, base),
             ),
         )
 
@@ -167,12 +169,12 @@ def _live_nodes(overlay: GraphOverlay) -> list[_TypeNodes]:
     return found
 
 
-def _labels(overlay: GraphOverlay, targets: np.ndarray) -> np.ndarray:
+def _labels(overlay: GraphOverlay, base: GraphStore, targets: np.ndarray) -> np.ndarray:
     """The class index of each target-type node: stored, or given by the update that added it."""
-    stored = overlay.base.num_nodes
+    stored = base.num_nodes
     added = targets >= stored
     labels = np.empty(len(targets), dtype=np.int64)
-    labels[~added] = overlay.base.labels[targets[~added]]  # the target type starts at 0
+    labels[~added] = base.labels[targets[~added]]  # the target type starts at 0
     labels[added] = np.asarray(overlay.new_labels, dtype=np.int64)[targets[added] - stored]
     return labels
 
@@ -186,7 +188,7 @@ def _edge_features(overlay: GraphOverlay, edge_ids: np.ndarray, width: int) -> n
     return overlay.edge_feature_rows(edge_ids)
 
 
-def _removed_ids(overlay: GraphOverlay) -> tuple[np.ndarray, ...]:
+def _removed_ids(overlay: GraphOverlay, base: GraphStore) -> tuple[np.ndarray, ...]:
     """Per node type, every ID removed in the lineage so far, sorted: the base's and the
     overlay's."""
     removed = np.array(sorted(overlay.removed), dtype=np.int64)
@@ -195,7 +197,7 @@ def _removed_ids(overlay: GraphOverlay) -> tuple[np.ndarray, ...]:
         np.unique(
             np.concatenate(
                 (
-                    np.asarray(overlay.base.tables[index].removed_ids),
+                    np.asarray(base.tables[index].removed_ids),
                     _external_keys(overlay, removed[types == index], index),
                 )
             )
@@ -212,11 +214,12 @@ def _external_keys(overlay: GraphOverlay, nodes: np.ndarray, node_type: int) -> 
     return np.array([str(v).encode("utf-8") for v in values], dtype=np.bytes_)
 
 
-def _edges(overlay: GraphOverlay, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _edges(
+    overlay: GraphOverlay, base: GraphStore, nodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All current edges into ``nodes`` as ``(src, dst, edge ID)``: clean nodes' from the base
     CSC (vectorized; an edge's ID is its position), dirty ones' from the overlay, each in-list
     in its order (by relation, ascending source within one, parallel edges in ascending ID)."""
-    base = overlay.base
     dirty = overlay.dirty_mask(nodes)
     clean = nodes[~dirty]
     counts = base.indptr[clean + 1] - base.indptr[clean]
