@@ -249,16 +249,17 @@ def latency_table(results: Results) -> list[str]:
 
 def overlay_memory(store_dir: Path, edges: int) -> float:
     """MiB of RSS growth per million edges added to an overlay (no log: memory only)."""
-    overlay = GraphOverlay(open_store(store_dir))
+    store = open_store(store_dir)
+    overlay = GraphOverlay(store)
     rng = random.Random(5)
     process = psutil.Process()
     before = process.memory_info().rss
     seq = 0
     for _ in range(edges // 10_000):
-        batch = random_edges(rng, overlay.base.num_nodes, 10_000)
+        batch = random_edges(rng, store.num_nodes, 10_000)
         seq += 1
         try:
-            overlay.apply(decode_operations(batch, overlay.base), seq)
+            overlay.apply(decode_operations(batch, store), seq)
         except ValueError:
             seq -= 1
     dirty = np.fromiter(overlay.changed_sources, dtype=np.int64)
