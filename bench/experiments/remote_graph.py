@@ -17,6 +17,8 @@ thread, CPU, the default cache (``gnn.remote_cache_mb`` 256):
 One TorchServe serves all three. Every request asks for 10-14 node IDs (mean 12). Measured, in
 this order:
 
+- in process (info): the engine on the local store and on a ``RemoteStore`` of the cluster
+  (cache warm) answers the same batches of 16 requests alternately; the median of each stage;
 - served: after a warm-up of each, local and remote back to back in ``--pairs`` pairs, the order
   alternating from pair to pair, at 32 connections (throughput) and then at one (p50), uniformly
   random IDs, the same sequence of requests for both; the figures are the medians of the pairs'
@@ -49,9 +51,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from bench.experiments.suite import machine
-from bench.experiments.typed_graph import check_answers, level
+from bench.experiments.typed_graph import STAGES, check_answers, level
 from bench.experiments.updates import alternate
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, Artifacts
@@ -60,9 +63,12 @@ from bench.harness.torchserve import TorchServe, model_worker_pids
 from bench.harness.watch import CpuWatch, host_steal, memory_of, steal_percent
 from bench.systems import servers
 from graph_assets import GraphStore, open_store
-from graph_assets.remote import load_store
+from graph_assets.remote import RemoteStore, load_store, open_remote_store
 from graph_assets.remote.connect import connect
 from graph_assets.remote.layout import ADJ, DEFAULT_BLOCK_SIZE, RemoteLayout, features_field
+from handler.settings import ServingSettings
+from handler.tasks.node.engine import NodeClassificationEngine
+from model.export import load_model
 
 SYSTEMS = ("local", "remote")
 FANOUTS = (10, 10)
@@ -198,6 +204,46 @@ def build(artifacts: Artifacts, name: str, graph: str, location: str | None) -> 
             *("--min-workers", "1", "--max-workers", "1", "--device", "cpu"),
         ],
     )
+
+
+# -- in process -------------------------------------------------------------------------------
+
+
+def in_process(
+    folder: Path, views: dict[str, GraphStore | RemoteStore], payload: list[bytes], rounds: int
+) -> dict[str, Any]:
+    """Median stage times (ms) of a batch of ``BATCH`` requests on each graph view, the two
+    alternating round by round on the same batches; the first round warms the remote cache,
+    as the served warm-up does."""
+    model, _ = load_model(folder)
+    settings = ServingSettings(fanouts=FANOUTS, torch_threads=1)
+    engines = {
+        name: NodeClassificationEngine.create(view, model, settings, torch.device("cpu"), "1.0")
+        for name, view in views.items()
+    }
+    batches = [
+        [{"body": json.loads(body)} for body in payload[i : i + BATCH]]
+        for i in range(0, 40 * BATCH, BATCH)
+    ]
+    times: dict[str, dict[str, list[float]]] = {
+        name: {stage: [] for stage in (*STAGES, "total")} for name in engines
+    }
+    for index in range(rounds + 1):
+        for name in alternate(SYSTEMS, index):
+            engine = engines[name]
+            for items in batches:
+                started = time.perf_counter()
+                prepared = engine.prepare(items)
+                engine.respond(engine.run(prepared))
+                if index == 0:
+                    continue
+                times[name]["total"].append((time.perf_counter() - started) * 1e3)
+                for stage in STAGES:
+                    times[name][stage].append(getattr(prepared.times, stage) * 1e3)
+    return {
+        name: {key: round(float(np.median(values)), 3) for key, values in stages.items()}
+        for name, stages in times.items()
+    } | {"rounds": rounds, "batches_per_round": len(batches)}
 
 
 # -- served -----------------------------------------------------------------------------------
@@ -357,6 +403,19 @@ def table(results: dict[str, Any]) -> str:
         f"{small['reads']['hit_ratio']:.3f}; {large['reads']['round_trips']:.2f} vs "
         f"{small['reads']['round_trips']:.2f} round trips a batch |"
     )
+    local_pss = results["local_pss_mib"]
+    rows.append(
+        f"| (worker PSS, local 1M store) | info | {local_pss:,.0f} MiB | the store's pages "
+        "shared through the page cache count in part |"
+    )
+    stages = results["in_process"]
+    r, lo = stages["remote"], stages["local"]
+    rows.append(
+        f"| in process, batch of {BATCH} requests, warm cache, remote / local | info "
+        f"| {r['total'] / lo['total']:.2f} | {r['total']:.2f} vs {lo['total']:.2f} ms; "
+        + "; ".join(f"{stage} {r[stage]:.2f} vs {lo[stage]:.2f}" for stage in STAGES)
+        + " ms |"
+    )
     loads = results["load"]
     big, one = loads["10M"], loads["1M"]
     rows.append(
@@ -384,6 +443,7 @@ def main() -> None:
     parser.add_argument(
         "--zipf-seconds", type=float, default=20.0, help="Zipf load per remote archive"
     )
+    parser.add_argument("--rounds", type=int, default=3, help="in-process rounds per view")
     parser.add_argument("--out", type=Path, help="JSON results file")
     args = parser.parse_args()
     started, steal, measured_on = time.perf_counter(), host_steal(), machine()
@@ -419,6 +479,13 @@ def main() -> None:
         }
         models = [f"{name}={folder.name}" for name, folder in folders.items()]
         payload = uniform_bodies(GRAPHS["1M"].nodes, 20_000)
+        remote = open_remote_store(
+            redis.url, "g1m", stores["1M"].checksum, cache_mb=256, timeout_ms=5000
+        )
+        views: dict[str, GraphStore | RemoteStore] = {"local": stores["1M"], "remote": remote}
+        results["in_process"] = in_process(local, views, payload, args.rounds)
+        remote.close()
+        print(f"== in process: {results['in_process']}", flush=True)
         home = artifacts.work / "run" / "remote_graph"
         print(
             f"== served, {CONNECTIONS} connections then 1, batch {BATCH} / {DELAY} ms", flush=True
@@ -426,6 +493,7 @@ def main() -> None:
         with servers.torchserve(home, artifacts.archives, models) as server:
             results["served"], results["reads"] = pairs(server, payload, args.pairs, args.seconds)
             print(f"== Redis reads of the remote pairs: {results['reads']}", flush=True)
+            results["local_pss_mib"] = round(memory_of(model_worker_pids(server, "local")).pss, 1)
             results["zipf"] = zipf_and_memory(
                 server,
                 {"remote": stores["1M"].num_nodes, "remote_10M": stores["10M"].num_nodes},
