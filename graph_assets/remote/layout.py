@@ -294,21 +294,22 @@ class RemoteLayout:
                 )
         return formats
 
-    def rows_of(self, field: str, block: int, edges: int) -> int | None:
-        """How many rows ``field`` of ``block`` (whose in-edges are ``edges``) must hold; None
-        for a relation's edge features on a graph of several relations (the block's relations
-        say)."""
-        start, stop = self.block_nodes(block)
+    def rows_of(self, field: str, blocks: np.ndarray, edges: np.ndarray) -> np.ndarray | None:
+        """How many rows ``field`` of each of ``blocks`` (whose in-edges are ``edges``) must
+        hold (int64; bytes for an `Adjacency`); None for a relation's edge features on a graph
+        of several relations (the blocks' relations say)."""
+        start = blocks * self.block_size
+        stop = np.minimum(start + self.block_size, self.num_nodes)
         form = self.fields[field]
         if form.rows == "type":
-            low, high = self.type_rows(block, form.index)
-            return max(0, high - low)
+            kind = self.schema.node_types[form.index]
+            return np.maximum(0, np.minimum(stop, kind.stop) - np.maximum(start, kind.offset))
         if form.rows == "relation":
             return None if self.several_relations else edges
         counts = {
             "adjacency": Adjacency.size(stop - start, edges, self),
             "nodes": stop - start,
-            "targets": max(0, min(stop, self.schema.target_type.num_nodes) - start),
+            "targets": np.maximum(0, np.minimum(stop, self.schema.target_type.num_nodes) - start),
         }
         return counts[form.rows]
 
@@ -325,8 +326,8 @@ class Adjacency:
     rel: np.ndarray | None
 
     @staticmethod
-    def size(nodes: int, edges: int, layout: RemoteLayout) -> int:
-        """The bytes of the adjacency of ``nodes`` nodes with ``edges`` in-edges."""
+    def size(nodes: np.ndarray, edges: np.ndarray, layout: RemoteLayout) -> np.ndarray:
+        """The bytes of each adjacency of ``nodes`` nodes with ``edges`` in-edges."""
         per_edge = np.dtype(layout.src_dtype).itemsize + (2 if layout.several_relations else 0)
         return 8 * (nodes + 1) + per_edge * edges
 
@@ -336,19 +337,17 @@ class Adjacency:
             parts.append(np.asarray(self.rel, "<i2"))
         return b"".join(part.tobytes() for part in parts)
 
-    @staticmethod
-    def pointers(raw: np.ndarray, nodes: int) -> np.ndarray:
-        """The ``ptr`` of ``nodes`` nodes in ``raw`` (uint8, at least its bytes long)."""
-        return raw[: 8 * (nodes + 1)].view("<i8")
-
     @classmethod
-    def decode(cls, raw: np.ndarray, nodes: int, layout: RemoteLayout) -> Adjacency:
-        """The adjacency of ``nodes`` nodes in ``raw`` (uint8, `size` bytes long)."""
-        ptr = cls.pointers(raw, nodes)
-        start = 8 * (nodes + 1)
-        end = start + int(ptr[-1] - ptr[0]) * np.dtype(layout.src_dtype).itemsize
-        src = raw[start:end].view(layout.src_dtype)
-        return cls(ptr, src, raw[end:].view("<i2") if layout.several_relations else None)
+    def decode(cls, raw: bytes, nodes: int, edges: int, layout: RemoteLayout) -> Adjacency:
+        """The adjacency of ``nodes`` nodes with ``edges`` in-edges in ``raw`` (`size` bytes
+        long: the caller checks)."""
+        src_dtype = np.dtype(layout.src_dtype)
+        at = 8 * (nodes + 1)
+        src = np.frombuffer(raw, src_dtype, edges, at)
+        rel = None
+        if layout.several_relations:
+            rel = np.frombuffer(raw, "<i2", edges, at + edges * src_dtype.itemsize)
+        return cls(np.frombuffer(raw, "<i8", nodes + 1), src, rel)
 
 
 def _positive(value: object) -> int:

@@ -409,9 +409,7 @@ class RemoteStore:
             return np.zeros((len(edge_ids), 0), dtype=np.float32)
         field = edge_features_field(relation)
         (table,) = self._fetch({field: blocks})[field]
-        if counts is not None and (table.count != counts).any():
-            wrong = int(np.flatnonzero(table.count != counts)[0])
-            self._check_rows(int(blocks[wrong]), field, int(table.count[wrong]), int(counts[wrong]))
+        self._check_rows(blocks, field, table.count, counts)
         return table.rows[table.start[inverse] + row]
 
     def prefetch(self, nodes: np.ndarray, edge_ids: np.ndarray) -> None:
@@ -511,17 +509,17 @@ class RemoteStore:
                 missing += [(b, field) for b in blocks[~found[field][0]].tolist()]
         self._counters.cache_hits += sum(int(held.sum()) for held, _ in found.values())
         self._counters.cache_misses += len(missing)
-        decoded: dict[str, list[tuple[np.ndarray, ...]]] = {field: [] for field in found}
-        if missing:
-            for (block, field), value in zip(missing, self._values(missing), strict=True):
-                decoded[field].append(self._decoded(block, field, value))
+        values = self._values(missing) if missing else []
         result: dict[str, tuple[Segments, ...]] = {}
+        taken = 0
         for field, (held, parts) in found.items():
             if held.all():
                 result[field] = parts
                 continue
-            new = tuple(Segments.of(list(arrays)) for arrays in zip(*decoded[field], strict=True))
-            self.cache.put(field, wanted[field][~held], new)
+            absent = wanted[field][~held]
+            new = self._decoded(field, absent, values[taken : taken + len(absent)])
+            taken += len(absent)
+            self.cache.put(field, absent, new)
             if held.any():
                 new = tuple(
                     old.compacted().taking(n, held) for old, n in zip(parts, new, strict=True)
@@ -529,41 +527,63 @@ class RemoteStore:
             result[field] = new
         return result
 
-    def _decoded(self, block: int, field: str, value: bytes | None) -> tuple[np.ndarray, ...]:
-        """The parts of ``field`` of ``block`` in ``value``, checked."""
-        if value is None:
-            raise RemoteGraphError(
-                _lost(self.shown, self.keys, f"key {self.keys.block(block, field)}")
-            )
-        try:
-            array = self.layout.fields[field].decode(value)
-        except ValueError:
-            what = f"{len(value)} bytes, not whole rows"
-            raise RemoteGraphError(self._overwritten(block, field, what)) from None
-        self._check(block, field, array)
+    def _decoded(
+        self, field: str, blocks: np.ndarray, values: Sequence[bytes | None]
+    ) -> tuple[Segments, ...]:
+        """The parts of ``field`` of ``blocks`` in their ``values``. A lost value, one of the
+        wrong length, or pointers that do not span the block's edges were evicted or
+        overwritten by someone else: refused rather than answered from."""
+        lost = [i for i, value in enumerate(values) if value is None]
+        if lost:
+            key = self.keys.block(int(blocks[lost[0]]), field)
+            raise RemoteGraphError(_lost(self.shown, self.keys, f"key {key}"))
+        raws = cast(list[bytes], values)
+        sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
+        edges = self.edge_starts[blocks + 1] - self.edge_starts[blocks]
+        form = self.layout.fields[field]
+        row_bytes = form.dtype.itemsize * (form.columns or 1)
+        torn = np.flatnonzero(sizes % row_bytes)
+        if len(torn):
+            what = f"{sizes[torn[0]]} bytes, not whole rows"
+            raise RemoteGraphError(self._overwritten(int(blocks[torn[0]]), field, what))
+        rows = sizes // row_bytes
+        self._check_rows(blocks, field, rows, self.layout.rows_of(field, blocks, edges))
         if field != ADJ:
-            return (array,)
-        start, stop = self.layout.block_nodes(block)
-        lists = Adjacency.decode(array, stop - start, self.layout)
-        return (lists.ptr, lists.src) if lists.rel is None else (lists.ptr, lists.src, lists.rel)
+            flat = np.frombuffer(b"".join(raws), dtype=form.dtype)
+            if form.columns is not None:
+                flat = flat.reshape(-1, form.columns)
+            return (Segments(flat, np.cumsum(rows) - rows, rows),)
+        first_nodes = blocks * self.layout.block_size
+        nodes = np.minimum(first_nodes + self.layout.block_size, self.num_nodes) - first_nodes
+        lists = [
+            Adjacency.decode(raw, n, e, self.layout)
+            for raw, n, e in zip(raws, nodes.tolist(), edges.tolist(), strict=True)
+        ]
+        ptr = Segments.of([part.ptr for part in lists])
+        first, last = ptr.rows[ptr.start], ptr.rows[ptr.start + nodes]
+        shifted = np.flatnonzero(
+            (first != self.edge_starts[blocks]) | (last != self.edge_starts[blocks + 1])
+        )
+        if len(shifted):
+            what = "pointers outside its edges"
+            raise RemoteGraphError(self._overwritten(int(blocks[shifted[0]]), field, what))
+        src = Segments.of([part.src for part in lists])
+        if not self.layout.several_relations:
+            return ptr, src
+        return ptr, src, Segments.of([cast(np.ndarray, part.rel) for part in lists])
 
-    def _check(self, block: int, field: str, array: np.ndarray) -> None:
-        """A value of the wrong length, or pointers that do not span the block's edges, were
-        overwritten by someone else: refuse them rather than answer from them."""
-        first, last = self.edge_starts[block : block + 2].tolist()
-        self._check_rows(block, field, len(array), self.layout.rows_of(field, block, last - first))
-        if field == ADJ:
-            start, stop = self.layout.block_nodes(block)
-            ptr = Adjacency.pointers(array, stop - start)
-            if ptr[0] != first or ptr[-1] != last:
-                what = "pointers outside its edges"
-                raise RemoteGraphError(self._overwritten(block, field, what))
-
-    def _check_rows(self, block: int, field: str, found: int, expected: int | None) -> None:
-        if expected is not None and found != expected:
+    def _check_rows(
+        self, blocks: np.ndarray, field: str, found: np.ndarray, expected: np.ndarray | None
+    ) -> None:
+        """Refuses the first of ``blocks`` whose ``field`` holds other than ``expected`` rows
+        (bytes of an in-list; None: any number)."""
+        if expected is None:
+            return
+        wrong = np.flatnonzero(found != expected)
+        if len(wrong):
             unit = "bytes" if field == ADJ else "rows"
-            what = f"{found} {unit}, the layout says {expected}"
-            raise RemoteGraphError(self._overwritten(block, field, what))
+            what = f"{found[wrong[0]]} {unit}, the layout says {expected[wrong[0]]}"
+            raise RemoteGraphError(self._overwritten(int(blocks[wrong[0]]), field, what))
 
     def _overwritten(self, block: int, field: str, what: str) -> str:
         return (
