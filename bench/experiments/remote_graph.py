@@ -249,19 +249,23 @@ def in_process(
 # -- served -----------------------------------------------------------------------------------
 
 
-def log_offset(server: TorchServe) -> int:
-    path = server.home / "logs" / "model_log.log"
-    return path.stat().st_size if path.exists() else 0
+def model_log(server: TorchServe) -> Path:
+    """The log the workers' batch lines go to."""
+    return server.home / "logs" / "model_log.log"
 
 
-def batch_reads(server: TorchServe, model: str, since: int) -> dict[str, Any]:
-    """The Redis figures of ``model``'s batch log lines written after byte ``since``: means per
-    batch weighted by each interval's batches (the first interval, one batch, left out), and
-    the largest interval's mean round trips."""
-    text = (server.home / "logs" / "model_log.log").read_bytes()[since:].decode(errors="replace")
+def log_offset(log: Path) -> int:
+    return log.stat().st_size if log.exists() else 0
+
+
+def batch_reads(log: Path, model: str, since: int) -> dict[str, Any]:
+    """The Redis figures of ``model``'s batch log lines written to ``log`` after byte
+    ``since``: means per batch weighted by each interval's batches (a first interval of one
+    batch left out), and the largest interval's mean round trips."""
+    text = log.read_bytes()[since:].decode(errors="replace")
     lines = [m for m in BATCH_LINE.finditer(text) if m["model"] == model and int(m["batches"]) > 1]
     if not lines:
-        raise RuntimeError(f"no batch log line of {model} with Redis figures in {server.home}")
+        raise RuntimeError(f"no batch log line of {model} with Redis figures in {log}")
     weights = [int(m["batches"]) for m in lines]
 
     def mean(key: str) -> float:
@@ -293,7 +297,7 @@ def pairs(
     cpu = {name: CpuWatch.of(server, name) for name in SYSTEMS}
     for target in targets.values():
         loadgen.closed_loop(target, CONNECTIONS, 5.0, 100_000, timeout_s=180)  # warm-up
-    since = log_offset(server)
+    since = log_offset(model_log(server))
     levels = []
     for concurrency in (CONNECTIONS, 1):
         for pair in range(count):
@@ -311,7 +315,7 @@ def pairs(
                 ),
                 flush=True,
             )
-    return levels, batch_reads(server, "remote", since)
+    return levels, batch_reads(model_log(server), "remote", since)
 
 
 def zipf_and_memory(
@@ -326,13 +330,13 @@ def zipf_and_memory(
         target = loadgen.Target(url, zipf_bodies(nodes, 20_000), auth)
         check_answers(url, auth, target.bodies[0])
         loadgen.closed_loop(target, CONNECTIONS, seconds / 2, 1_000_000, timeout_s=180)
-        since = log_offset(server)
+        since = log_offset(model_log(server))
         result = loadgen.closed_loop(target, CONNECTIONS, seconds / 2, 1_000_000, timeout_s=180)
         memory = memory_of(model_worker_pids(server, model))
         figures[model] = {
             "throughput": result.throughput,
             "errors": result.errors,
-            "reads": batch_reads(server, model, since),
+            "reads": batch_reads(model_log(server), model, since),
             "pss_mib": round(memory.pss, 1),
             "pss_anon_mib": round(memory.pss_anon, 1),
             "pss_file_mib": round(memory.pss_file, 1),
