@@ -1,28 +1,35 @@
-"""Live updates on a graph in a Redis Cluster, through TorchServe: one node archive served from
-a real 3+3 cluster (``--graph-location redis://...``) and the same archive (same weights) served
-from the local store, each with two workers and its own update log, take the same seeded random
-stream of updates (add and remove nodes and edges, set features) and answer every prediction
-identically (probabilities within 1e-6, same classes, same graph version), on both workers."""
+"""Live updates on a graph in a Redis Cluster, through TorchServe: a node archive served from a
+real 3+3 cluster (``--graph-location redis://...``) and the same archive (same weights) served
+from the local store, each with two workers and its own update log, take the same seeded
+random stream of updates (nodes and edges added and removed, node and edge features set) and
+answer every prediction identically (probabilities within 1e-6, same classes, same graph
+version), on both workers; on a one-type graph and on a typed graph with edge features. The
+stream is drawn from a reference live graph over the local store (tests/live_reference.py)."""
 
 from __future__ import annotations
 
+import random
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pytest
 import requests
 
 from bench.harness.redis_server import MISSING, redis_server_binary
 from bench.harness.torchserve import Serve, TorchServe
+from graph_assets import open_store
+from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
+from handler.live.live_graph import LiveGraph, UpdateRequest
+from tests.live_reference import live_ids, random_update
 from tests.redis_cluster import LocalCluster
+from tests.typed_live_reference import live_nodes, random_typed_update
 
 from .archives import ROOT, write_small_graph
 
@@ -30,41 +37,59 @@ pytestmark = pytest.mark.integration
 SECRET = "remote-updates-secret-0123456789"
 PREFIX, SEED, UPDATES, TOLERANCE = "live", 11, 30, 1e-6
 COMMON = [
-    *("--arch", "gcn", "--fanouts", "-1,-1", "--device", "cpu", "--batch-size", "1"),
-    *("--min-workers", "2", "--max-workers", "2", "--enable-updates"),
+    *("--fanouts", "-1,-1", "--device", "cpu", "--batch-size", "1", "--enable-updates"),
+    *("--min-workers", "2", "--max-workers", "2"),
 ]
+# Each graph: how its store is built, and the model trained on it.
+GRAPHS = {
+    "one_type": ([], ["--arch", "gcn"]),
+    "typed": (["--undirected"], ["--arch", "gat", "--hidden-dim", "16", "--heads", "2"]),
+}
+Update = Callable[[random.Random, LiveGraph, list[int]], list[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
 class Served:
     server: TorchServe
-    graph: Path  # nodes.csv and edges.csv the store was built from
+    reference: LiveGraph  # the local store with the stream applied: what the stream draws on
+    typed: bool
 
 
-@pytest.fixture(scope="module")
-def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+@pytest.fixture(scope="module", params=sorted(GRAPHS))
+def served(
+    request: pytest.FixtureRequest, serve: Serve, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Served]:
     """``local`` (the store in the archive) and ``remote`` (the same store loaded into the
     cluster; the same weights), each on its own state directory, in one TorchServe."""
     if redis_server_binary() is None:
         pytest.fail(MISSING)
-    root = tmp_path_factory.mktemp("remote_updates")
-    cluster = LocalCluster(root / "cluster").start()
-    try:
+    name = request.param
+    build_options, model = GRAPHS[name]
+    root = tmp_path_factory.mktemp(f"remote_updates_{name}")
+    if name == "typed":
+        graph = write_fraud_graph_csv(fraud_graph(150, 25, 60, 500, seed=4), root / "graph")
+    else:
         graph = write_small_graph(root / "graph")
-        store, model_store = root / "store", root / "model_store"
-        run_python("-m", "graph_assets", "build", "--graph", str(graph), "--out", str(store))
+    store, model_store = root / "store", root / "model_store"
+    build = ["--graph", str(graph), "--out", str(store), *build_options]
+    run_python("-m", "graph_assets", "build", *build)
+    cluster = LocalCluster(root / "cluster").start()
+    reference = LiveGraph(open_store(store), root / "reference.log")
+    try:
         load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
         run_python("-m", "graph_assets", "load-redis", *load, "--block-size", "8")
-        build_mar("--store", str(store), "--name", "local", "--epochs", "5", *paths(root, "a"))
+        local = ["--name", "local", "--epochs", "5", *model, *paths(root, "a")]
+        build_mar("--store", str(store), *local)
         with zipfile.ZipFile(model_store / "local.mar") as archive:
             weights = Path(archive.extract("model.pt", root / "local"))
         remote = ["--graph-location", f"{cluster.url}/{PREFIX}", "--weights", str(weights)]
-        build_mar("--store", str(store), "--name", "remote", *remote, *paths(root, "b"))
+        build_mar("--store", str(store), "--name", "remote", *remote, *model, *paths(root, "b"))
         env = {"GNNSERVE_UPDATE_SECRET": SECRET}
         models = "local=local.mar,remote=remote.mar"
-        with serve(model_store, models, name="remote_updates", env=env) as server:
-            yield Served(server, graph)
+        with serve(model_store, models, name=f"remote_updates_{name}", env=env) as server:
+            yield Served(server, reference, typed=name == "typed")
     finally:
+        reference.close()
         cluster.stop()
 
 
@@ -92,97 +117,47 @@ def post(server: TorchServe, model: str, body: dict[str, Any]) -> requests.Respo
     )
 
 
-class Stream:
-    """A seeded stream of update requests over the graph as it changes: what exists is tracked
-    so most operations apply, and one that does not is refused alike by both archives."""
-
-    def __init__(self, graph: Path, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-        self.nodes = list(pd.read_csv(graph / "nodes.csv")["id"])
-        edges = pd.read_csv(graph / "edges.csv")
-        self.edges = list(zip(edges["src"], edges["dst"], strict=True))
-        self.added = 0
-
-    def pick(self) -> str:
-        return self.nodes[int(self.rng.integers(len(self.nodes)))]
-
-    def features(self) -> list[float]:
-        return [round(float(v), 4) for v in self.rng.normal(size=8)]
-
-    def operation(self) -> dict[str, Any]:
-        kind = self.rng.choice(
-            ["add_node", "add_edge", "remove_edge", "set_features", "remove_node"],
-            p=[0.2, 0.35, 0.2, 0.15, 0.1],
-        )
-        if kind == "add_node":
-            node = f"new_{self.added}"
-            self.added += 1
-            self.nodes.append(node)
-            return {"type": "add_node", "id": node, "x": self.features()}
-        if kind == "add_edge":
-            src, dst = self.pick(), self.pick()
-            self.edges.append((src, dst))
-            return {"type": "add_edge", "src": src, "dst": dst}
-        if kind == "remove_edge" and self.edges:
-            src, dst = self.edges.pop(int(self.rng.integers(len(self.edges))))
-            return {"type": "remove_edge", "src": src, "dst": dst}
-        if kind == "remove_node":
-            node = self.pick()
-            self.nodes.remove(node)
-            self.edges = [e for e in self.edges if node not in e]
-            return {"type": "remove_node", "id": node}
-        return {"type": "set_features", "id": self.pick(), "x": self.features()}
-
-    def request(self) -> dict[str, Any]:
-        count = int(self.rng.integers(1, 4))
-        return {"op": "update", "operations": [self.operation() for _ in range(count)]}
+def targets(served: Served) -> list[Any]:
+    """The IDs of the target type's live nodes, as the reference has them."""
+    live = served.reference
+    if served.typed:
+        return list(live.overlay.external_ids(live_nodes(live, 0)))
+    return live_ids(live)
 
 
-def same_prediction(local: requests.Response, remote: requests.Response) -> None:
-    assert local.status_code == remote.status_code, (local.text, remote.text)
-    if local.status_code != 200:
-        assert local.json()["type"] == remote.json()["type"]
-        return
-    a, b = local.json(), remote.json()
-    assert a["predicted_class"] == b["predicted_class"], (a, b)
-    assert a["graph_version"] == b["graph_version"], (a, b)
-    assert np.allclose(a["probabilities"], b["probabilities"], rtol=0, atol=TOLERANCE), (a, b)
+def check_alike(served: Served, nodes: list[Any]) -> None:
+    """Each of ``nodes`` asked of both archives twice from four threads (so both workers of
+    each answer): the same class, probabilities within TOLERANCE, the same graph version."""
+
+    def both(node: Any) -> tuple[requests.Response, requests.Response]:
+        body = {"node_id": node}
+        return post(served.server, "local", body), post(served.server, "remote", body)
+
+    with ThreadPoolExecutor(4) as pool:
+        pairs = list(pool.map(both, nodes + nodes))
+    for local, remote in pairs:
+        assert local.status_code == 200 and remote.status_code == 200, (local.text, remote.text)
+        a, b = local.json(), remote.json()
+        assert a["predicted_class"] == b["predicted_class"], (a, b)
+        assert a["graph_version"] == b["graph_version"], (a, b)
+        gap = np.abs(np.subtract(a["probabilities"], b["probabilities"])).max()
+        assert gap <= TOLERANCE, (a, b)
 
 
 def test_an_update_stream_answers_alike_from_the_cluster_and_the_local_store(
     served: Served,
 ) -> None:
-    server, stream = served.server, Stream(served.graph, SEED)
-    applied = 0
-    for _ in range(UPDATES):
-        body = stream.request()
-        local, remote = post(server, "local", body), post(server, "remote", body)
-        assert local.status_code == remote.status_code, (body, local.text, remote.text)
-        assert local.status_code in (200, 404, 409), local.text
-        if local.status_code == 200:
-            applied += 1
-            assert local.json()["graph_version"] == remote.json()["graph_version"]
-        touched = {
-            n for op in body["operations"] for n in (op.get("id"), op.get("src"), op.get("dst"))
-        }
-        for node in sorted(n for n in touched if n is not None):
-            request = {"node_id": node}
-            same_prediction(post(server, "local", request), post(server, "remote", request))
-    assert applied >= UPDATES // 2, f"only {applied} of {UPDATES} update requests applied"
-    print(f"\n{applied} of {UPDATES} update requests applied alike, the rest refused alike")
-
-    # Every node of the graph as it is now, each asked of both workers of both archives
-    # (four threads, each node twice), answers alike.
-    every = sorted(stream.nodes)
-
-    def both(node: str) -> tuple[requests.Response, requests.Response]:
-        return post(server, "local", {"node_id": node}), post(server, "remote", {"node_id": node})
-
-    with ThreadPoolExecutor(4) as pool:
-        pairs = list(pool.map(both, every + every))
-    for local, remote in pairs:
-        assert local.status_code == 200, local.text
-        same_prediction(local, remote)
+    draw: Update = random_typed_update if served.typed else random_update
+    rng, counter = random.Random(SEED), [0]
+    for step in range(1, UPDATES + 1):
+        operations = draw(rng, served.reference, counter)
+        served.reference.update(UpdateRequest(operations))
+        body = {"op": "update", "operations": operations}
+        local, remote = post(served.server, "local", body), post(served.server, "remote", body)
+        assert local.status_code == remote.status_code == 200, (body, local.text, remote.text)
+        assert local.json()["graph_version"] == remote.json()["graph_version"]
+        if step % 10 == 0:
+            check_alike(served, targets(served))
     for model in ("local", "remote"):
         line = rf"-{model}_\S* MODEL_LOG - gnn batches:"
-        server.wait_for_log(rf"(W-\d+){line}[\s\S]*(?!\1)(W-\d+){line}")
+        served.server.wait_for_log(rf"(W-\d+){line}[\s\S]*(?!\1)(W-\d+){line}")
