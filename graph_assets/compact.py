@@ -6,7 +6,10 @@ the servers have it) writes a fresh store (new checksum) while the running serve
 BASE plus its log: nothing running is touched. Build the next version from it with
 ``./build_mar.sh --store NEW ...``. NEW continues the same log after the last record it folded
 in (its meta.json ``update_log``), so both versions see every update sent to either, before and
-after ``set-default``; compacting NEW again keeps that log (one log per lineage).
+after ``set-default``; compacting NEW again keeps that log (one log per lineage). With
+``--redis-url URL --redis-prefix NAME`` NEW is also loaded into a Redis Cluster (or a single
+Redis) under NAME, as ``python -m graph_assets load-redis`` does, for ``./build_mar.sh
+--store NEW --graph-location redis://host:port/NAME``.
 
 A graph of several node types and relations is compacted as a one-type graph is (the one-type
 case of the same code): each type keeps its own IDs, features and removed IDs, each relation
@@ -38,6 +41,8 @@ from graph_assets.live.redis_log import (
     shown_url,
 )
 from graph_assets.live.update_log import UpdateLog, check_next
+from graph_assets.remote.cli import load_into_redis, prefix_argument
+from graph_assets.remote.errors import RemoteGraphError, RemoteUnavailable
 from graph_assets.stored.store import GraphStore, StoreMeta, open_store
 from graph_assets.stored.writer import (
     LogContinuation,
@@ -244,7 +249,22 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--log", type=Path, help="its updates.log")
     source.add_argument("--log-url", help="or its log on Redis: redis://host:port/db")
     parser.add_argument("--out", type=Path, required=True, help="directory of the new store")
+    parser.add_argument(
+        "--redis-url",
+        metavar="URL",
+        help="also load the new store into this Redis Cluster or single Redis (redis[s]://"
+        "host:port; the password from GNNSERVE_REDIS_PASSWORD_FILE), as load-redis does",
+    )
+    parser.add_argument(
+        "--redis-prefix",
+        type=prefix_argument,
+        metavar="NAME",
+        help="with --redis-url: the new graph's name there (required: the old graph's name "
+        "holds the old graph, which serving archives still read)",
+    )
     args = parser.parse_args(argv)
+    if (args.redis_url is None) != (args.redis_prefix is None):
+        parser.error("--redis-url and --redis-prefix go together")
     started = time.perf_counter()
     try:
         log = args.log if args.log is not None else _redis_log(args.log_url)
@@ -260,6 +280,15 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.log or shown_url(args.log_url)} at seq {seq + 1} "
         f"({time.perf_counter() - started:.1f} s)"
     )
+    if args.redis_url is None:
+        return 0
+    try:
+        print(load_into_redis(args.out, args.redis_url, args.redis_prefix))
+    except (RemoteGraphError, RemoteUnavailable) as error:
+        print(
+            f"error: {error} (the store at {args.out} is written; load-redis it)", file=sys.stderr
+        )
+        return 2
     return 0
 
 

@@ -33,7 +33,7 @@ def add_load_redis(commands: argparse._SubParsersAction) -> None:
     )
     load.add_argument(
         "--prefix",
-        type=_prefix,
+        type=prefix_argument,
         default=DEFAULT_PREFIX,
         metavar="NAME",
         help=f"the graph's name in Redis: its keys start with it (default {DEFAULT_PREFIX})",
@@ -63,7 +63,8 @@ def _positive(text: str) -> int:
     return value
 
 
-def _prefix(text: str) -> str:
+def prefix_argument(text: str) -> str:
+    """An argparse type: a prefix ``check_prefix`` accepts."""
     try:
         return check_prefix(text)
     except ValueError as error:
@@ -72,11 +73,24 @@ def _prefix(text: str) -> str:
 
 def load_redis(args: argparse.Namespace) -> str:
     """Runs ``load-redis``; returns the report to print."""
-    store = open_store(args.store)
-    shown = shown_url(args.url)
-    client = connect(args.url, args.timeout_ms)
+    return load_into_redis(args.store, args.url, args.prefix, args.block_size, args.timeout_ms)
+
+
+def load_into_redis(
+    store_dir: Path,
+    url: str,
+    prefix: str,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS,
+) -> str:
+    """Loads the store at ``store_dir`` under ``prefix`` at ``url`` (continuing or verifying
+    an earlier load, as ``load-redis`` does: ``python -m graph_assets.compact --redis-url``
+    runs it on the store it writes); returns the report to print."""
+    store = open_store(store_dir)
+    shown = shown_url(url)
+    client = connect(url, timeout_ms)
     try:
-        report = load_store(store, client, args.prefix, shown_url=shown, block_size=args.block_size)
+        report = load_store(store, client, prefix, shown_url=shown, block_size=block_size)
         where = (
             f"a cluster of {len(client.get_primaries())} primaries"
             if isinstance(client, RedisCluster)
@@ -84,7 +98,7 @@ def load_redis(args: argparse.Namespace) -> str:
         )
     finally:
         client.close()
-    head = f"store {args.store} -> {shown} ({where}), prefix {args.prefix}"
+    head = f"store {store_dir} -> {shown} ({where}), prefix {prefix}"
     return f"{head}\n{_described(report)}\n  checksum {store.checksum}"
 
 
