@@ -360,3 +360,37 @@ def test_embedding_and_cold_start_batches_report_their_reads(remote: Remote, sto
         batch = router.run(router.prepare([{"body": body}]))
         assert [r.status for r in router.respond(batch)] == [200]
         assert batch.batch.times.remote_round_trips > 0
+
+
+def explained(engine: NodeClassificationEngine, bodies: list[dict]) -> list[tuple[int, dict]]:
+    router = node_router(engine, "1.0")
+    items = [{"body": b} for b in bodies]
+    return [(r.status, r.body) for r in router.handle(items, explain=[True] * len(items))]
+
+
+@pytest.mark.parametrize("graph", ["one_type", "typed"])
+def test_explanations_are_the_stores(remote: Remote, stores, gat, graph: str) -> None:
+    """The same prediction, nodes, edges and attributions from the cluster as from the store:
+    the explanation reads the same ego-graph and the same rows through the view."""
+    store = stores[graph]
+    model = gat if graph == "one_type" else node_recipe(store, "rgcn")
+    local, far = engines(store, remote("cluster", graph), model, [3, 2])
+    [first, other] = store.external_ids(np.array([0, 5]))
+    bodies = [{"node_id": first}, {"node_id": other}]
+    for (status, body), (far_status, far_body) in zip(
+        explained(local, bodies), explained(far, bodies), strict=True
+    ):
+        assert status == far_status == 200, (body, far_body)
+        assert far_body["predicted_class"] == body["predicted_class"]
+        gap = np.abs(np.array(far_body["probabilities"]) - np.array(body["probabilities"]))
+        assert gap.max() <= 1e-6
+        mine, theirs = body["explanation"], far_body["explanation"]
+        for part in ("nodes", "edges", "features"):
+            assert [_named(e) for e in theirs[part]] == [_named(e) for e in mine[part]], part
+            pairs = zip(theirs[part], mine[part], strict=True)
+            gaps = [abs(a["attribution"] - b["attribution"]) for a, b in pairs]
+            assert max(gaps, default=0.0) <= 1e-5, part
+
+
+def _named(entry: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in entry.items() if k != "attribution"))
