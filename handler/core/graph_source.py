@@ -3,30 +3,51 @@ that every archive version with the same graph shares (graph_assets.stored.share
 copy itself when the archive says not to share; or, for an archive built with
 ``--graph-location``, a store outside the archive, mapped where it is and never written (it may
 be a read-only volume); or, for ``--graph-location redis://host:port/NAME``, the graph loaded
-into Redis under NAME, read in batches (graph_assets.remote)."""
+into Redis under NAME, read in batches (graph_assets.remote).
+
+An archive of the last kind can be pointed at another Redis without a rebuild (the same archive
+on a staging and a production cluster, the URL from a Kubernetes Secret): ``GNNSERVE_GRAPH_URL``
+replaces the URL it records, and ``GNNSERVE_GRAPH_PASSWORD_FILE`` the password file that the
+update log's ``GNNSERVE_REDIS_PASSWORD_FILE`` names, for a graph whose cluster is not the log's.
+The checksum the archive records is checked all the same."""
 
 from __future__ import annotations
 
+import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from graph_assets import GraphStore, StoreError, open_store, read_meta, share_store
-from graph_assets.remote import RemoteStore, open_remote_store
-from graph_assets.remote.location import is_remote, parse_location
+from graph_assets.remote import RemoteGraphError, RemoteStore, open_remote_store
+from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE
+from graph_assets.remote.location import RemoteLocation, is_remote, parse_location
 from handler.settings import ServingSettings
 
 GRAPH_CACHE = "gnnserve-graph-cache"
+GRAPH_URL_VARIABLE = "GNNSERVE_GRAPH_URL"
+GRAPH_PASSWORD_FILE_VARIABLE = "GNNSERVE_GRAPH_PASSWORD_FILE"
 _T = TypeVar("_T")
 # The graph a worker serves: mapped here, or read from Redis through the same view.
 ServedGraph = GraphStore | RemoteStore
 
 
-def open_graph(model_dir: Path, settings: ServingSettings) -> ServedGraph:
-    """The archive's graph, opened and checked (``settings.verify_checksum``)."""
+def open_graph(
+    model_dir: Path, settings: ServingSettings, environ: Mapping[str, str] | None = None
+) -> ServedGraph:
+    """The archive's graph, opened and checked (``settings.verify_checksum``); ``environ``
+    (default ``os.environ``) may point a graph in Redis elsewhere (`remote_location`)."""
+    env = os.environ if environ is None else environ
     if is_remote(settings.graph_location):
-        return open_remote_graph(settings)
+        return open_remote_graph(settings, env)
+    if env.get(GRAPH_URL_VARIABLE, "").strip():
+        raise StoreError(
+            f"{GRAPH_URL_VARIABLE} is set but this archive's graph is "
+            f"{settings.graph_location or 'in the archive'}, not in Redis: unset it, or build "
+            "the archive with ./build_mar.sh --graph-location redis://host:port/NAME"
+        )
     if settings.graph_location:
         return open_referenced_graph(
             Path(settings.graph_location), settings.graph_checksum, settings.verify_checksum
@@ -67,11 +88,14 @@ def open_referenced_graph(location: Path, checksum: str, verify_checksum: bool) 
     return store
 
 
-def open_remote_graph(settings: ServingSettings) -> RemoteStore:
-    """The graph in Redis at ``graph_location``, refused (`StoreError`, one line) unless it is
+def open_remote_graph(settings: ServingSettings, environ: Mapping[str, str]) -> RemoteStore:
+    """The graph in Redis at `remote_location`, refused (`StoreError`, one line) unless it is
     the graph the archive was built with, completely loaded in a layout this version reads, and
     Redis answers within ``remote_timeout_ms``."""
-    where = parse_location(settings.graph_location)
+    where, source = remote_location(settings, environ)
+    password_file = environ.get(GRAPH_PASSWORD_FILE_VARIABLE, "").strip()
+    if password_file:
+        environ = {**environ, PASSWORD_FILE_VARIABLE: password_file}
     try:
         return open_remote_store(
             where.url,
@@ -79,9 +103,28 @@ def open_remote_graph(settings: ServingSettings) -> RemoteStore:
             settings.graph_checksum,
             cache_mb=settings.remote_cache_mb,
             timeout_ms=settings.remote_timeout_ms,
+            environ=environ,
         )
     except StoreError as error:  # RemoteGraphError or RemoteUnavailable, each naming the URL
-        raise type(error)(f"graph_location: {error}") from None
+        raise type(error)(f"{source}: {error}") from None
+
+
+def remote_location(
+    settings: ServingSettings, environ: Mapping[str, str]
+) -> tuple[RemoteLocation, str]:
+    """Where the graph is and what said so: ``GNNSERVE_GRAPH_URL`` when set (same
+    ``redis[s]://host:port/NAME`` rules, RemoteGraphError in one line for a malformed value),
+    else the archive's ``graph_location``."""
+    override = environ.get(GRAPH_URL_VARIABLE, "").strip()
+    if not override:
+        return parse_location(settings.graph_location), "graph_location"
+    try:
+        return parse_location(override), GRAPH_URL_VARIABLE
+    except ValueError as error:  # its text quotes the value: never a password in it
+        hidden = "a URL holding a password" if urlsplit(override).password else override
+        raise RemoteGraphError(
+            f"{GRAPH_URL_VARIABLE}: {str(error).replace(override, hidden)}"
+        ) from None
 
 
 def mapped_graph(graph: ServedGraph, what: str) -> GraphStore:
