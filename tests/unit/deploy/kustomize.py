@@ -3,8 +3,9 @@
 The subset of kustomize the deploy/ tree uses: `resources` (files, and directories with their
 own kustomization.yaml), `configMapGenerator` (files of the directory; the generated name is
 kept without kustomize's content hash, and the references to it are left alone, so they still
-match), `patches` (JSON 6902 patches with `add` and `replace`, each aimed at one kind and
-name) and `images` (new name and tag). Anything else in a kustomization.yaml fails here, so
+match), `patches` (JSON 6902 patches with `add`, `replace`, `test` and `remove`, or a
+strategic-merge `$patch: delete` of the whole object, each aimed at one kind and name) and
+`images` (new name and tag). Anything else in a kustomization.yaml fails here, so
 the emulation cannot drift from the tree unnoticed; test_kustomize_renders_what_the_tests_check
 compares it with `kubectl kustomize` where kubectl is installed.
 """
@@ -51,8 +52,9 @@ def generated_config_maps(directory: Path) -> list[dict[str, Any]]:
 
 
 def apply_json_patch(doc: dict[str, Any], operations: list[dict[str, Any]]) -> dict[str, Any]:
-    """`add` (at the end of a list with `/-`, or as a new member of an object) and `replace`
-    (of a member that exists): the two JSON-patch operations the overlays use."""
+    """`add` (at the end of a list with `/-`, or as a new member of an object), `replace` (of
+    a member that exists), `test` (a value is what the patch expects) and `remove` (an item of
+    a list): the JSON-patch operations the overlays use."""
     patched = copy.deepcopy(doc)
     for operation in operations:
         *parents, last = operation["path"].strip("/").split("/")
@@ -68,6 +70,12 @@ def apply_json_patch(doc: dict[str, Any], operations: list[dict[str, Any]]) -> d
         elif operation["op"] == "replace":
             assert isinstance(target, dict) and last in target, operation["path"]
             target[last] = operation["value"]
+        elif operation["op"] == "test":
+            found = target[int(last)] if isinstance(target, list) else target[last]
+            assert found == operation["value"], f"{operation['path']} is {found!r}"
+        elif operation["op"] == "remove":
+            assert isinstance(target, list) and int(last) < len(target), operation["path"]
+            del target[int(last)]
         else:
             raise AssertionError(f"unsupported patch operation {operation}")
     return patched
@@ -95,7 +103,13 @@ def render(directory: Path) -> list[dict[str, Any]]:
         (index,) = matches
         group, _, version = objects[index]["apiVersion"].rpartition("/")
         assert (target.get("group", ""), target["version"]) == (group, version), target
-        objects[index] = apply_json_patch(objects[index], yaml.safe_load(patch["patch"]))
+        operations = yaml.safe_load(patch["patch"])
+        if isinstance(operations, dict):  # a strategic-merge patch: only deletes are used
+            assert operations.pop("$patch") == "delete", patch
+            assert object_key(operations) == object_key(objects[index]), patch
+            del objects[index]
+        else:
+            objects[index] = apply_json_patch(objects[index], operations)
     for image in spec.get("images", []):
         assert set(image) <= {"name", "newName", "newTag"}, image
         for doc in objects:
@@ -106,6 +120,10 @@ def render(directory: Path) -> list[dict[str, Any]]:
                     new_name = image.get("newName", name)
                     container["image"] = f"{new_name}:{new_tag}" if new_tag else new_name
     return objects
+
+
+def object_key(doc: dict[str, Any]) -> tuple[str, str]:
+    return doc["kind"], doc["metadata"]["name"]
 
 
 def pod_containers(doc: dict[str, Any]) -> list[dict[str, Any]]:

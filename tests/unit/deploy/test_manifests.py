@@ -27,6 +27,7 @@ from tests.unit.deploy.kustomize import (
     generated_config_maps,
     kustomization,
     load_docs,
+    object_key,
     only,
     render,
 )
@@ -38,11 +39,12 @@ OVERLAY = DEPLOY / "kubernetes-gateway-auth"
 KSERVE = DEPLOY / "kserve"
 REDIS = DEPLOY / "redis"
 REDIS_LOG = DEPLOY / "kubernetes-redis"
+REDIS_GRAPH = DEPLOY / "kubernetes-redis-graph"
 # Every directory that `kubectl apply -k` takes.
-KUSTOMIZATIONS = (K8S, OVERLAY, REDIS, REDIS_LOG)
+KUSTOMIZATIONS = (K8S, OVERLAY, REDIS, REDIS_LOG, REDIS_GRAPH)
 KUBERNETES_DOC = ROOT / "docs" / "kubernetes.md"
 # Manifests that are applied by hand, not through kustomization.yaml.
-STANDALONE = ("model-store-loader.yaml",)
+STANDALONE = (K8S / "model-store-loader.yaml", REDIS_GRAPH / "graph-loader.yaml")
 # The oldest Kubernetes release we support and the newest one the schema package knows.
 K8S_VERSIONS = ("1.30", ".".join(kubernetes_validate.latest_version().split(".")[:2]))
 
@@ -157,7 +159,7 @@ def all_kubernetes_objects() -> list[tuple[str, dict[str, Any]]]:
             for doc in render(directory)
         ]
     objects += [
-        (f"{name}:{doc['kind']}", doc) for name in STANDALONE for doc in load_docs(K8S / name)
+        (f"{path.name}:{doc['kind']}", doc) for path in STANDALONE for doc in load_docs(path)
     ]
     objects.append(("kserve:Pod", kserve_pod()))
     objects += [
@@ -175,7 +177,7 @@ def test_kustomization_lists_every_manifest_and_generator_file(directory):
     resources = kustomization(directory)["resources"]
     listed = {name for name in resources if name.endswith(".yaml")}
     on_disk = {path.name for path in directory.glob("*.yaml")} - {"kustomization.yaml"}
-    assert listed == on_disk - set(STANDALONE)
+    assert listed == on_disk - {path.name for path in STANDALONE if path.parent == directory}
     for name in set(resources) - listed:
         assert (directory / name / "kustomization.yaml").is_file(), name
     for generator in kustomization(directory).get("configMapGenerator", []):
@@ -250,7 +252,8 @@ def test_probes_use_the_metrics_port_and_the_management_api_with_the_token():
 
 
 def test_every_container_has_cpu_and_memory_requests_and_limits():
-    pods = [pod_spec(only(base_objects(), "Deployment")), load_docs(K8S / STANDALONE[0])[0]["spec"]]
+    pods = [pod_spec(only(base_objects(), "Deployment"))]
+    pods += [load_docs(path)[0]["spec"] for path in STANDALONE]
     for pod in pods:
         for container in pod["containers"]:
             for bound in ("requests", "limits"):
@@ -592,10 +595,6 @@ def test_every_path_torchserve_writes_in_the_kserve_pod_is_an_empty_dir():
 
 
 # --- the emulation against kustomize itself ------------------------------------------------
-
-
-def object_key(doc: dict[str, Any]) -> tuple[str, str]:
-    return doc["kind"], doc["metadata"]["name"]
 
 
 @pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=[d.name for d in KUSTOMIZATIONS])
