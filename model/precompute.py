@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -49,6 +50,9 @@ from tqdm import tqdm
 
 from graph_assets.durable import fsync_path
 from graph_assets.errors import StoreError
+from graph_assets.remote.location import parse_location
+from graph_assets.remote.reader import RemoteStore, open_remote_store
+from graph_assets.remote.rows import RemoteRows, load_rows, read_meta
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
@@ -528,10 +532,47 @@ class Precomputed:
     layers: list[np.ndarray]
     out_indptr: np.ndarray
     out_indices: np.ndarray
+    # Rows kept in Redis beside a graph served from there (then ``layers`` and the out-lists
+    # are empty): every read below goes to it instead.
+    remote: RemoteRows | None = None
 
     @property
     def num_layers(self) -> int:
-        return len(self.layers)
+        return len(self.meta["dims"]) if self.remote is not None else len(self.layers)
+
+    @property
+    def count(self) -> int:
+        """Rows per array: nodes up to the last of the stored types."""
+        return self.remote.count if self.remote is not None else int(self.layers[0].shape[0])
+
+    def width(self, array: int) -> int:
+        """Columns of array ``array`` (0: layer 1, or the output)."""
+        if self.remote is not None:
+            return self.remote.widths[array]
+        return int(self.layers[array].shape[1])
+
+    def read(self, array: int, nodes: np.ndarray) -> np.ndarray:
+        """float32 rows of array ``array`` of ``nodes`` (each below ``count``), in one read."""
+        if self.remote is not None:
+            return self.remote.read(array, nodes)
+        return np.take(self.layers[array], nodes, axis=0)
+
+    def every_row(self, array: int) -> np.ndarray:
+        """Every node's rows of array ``array`` (a link archive's top-k table)."""
+        if self.remote is not None:
+            return self.remote.every_row(array)
+        return self.layers[array]
+
+    def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
+        """The stored graph's out-neighbours of ``nodes`` (graph nodes), end to end."""
+        if self.remote is not None:
+            return self.remote.out_neighbours(nodes)
+        indptr = self.out_indptr
+        starts, ends = indptr[nodes].astype(np.int64), indptr[nodes + 1].astype(np.int64)
+        counts = ends - starts
+        total = int(counts.sum())
+        offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
+        return np.asarray(self.out_indices[offsets + np.arange(total)], dtype=np.int64)
 
     @property
     def mode(self) -> Mode:
@@ -549,15 +590,99 @@ class Precomputed:
 
 
 def open_archive_precomputed(
-    model_dir: Path, store: GraphStore, verify_checksum: bool = True
+    model_dir: Path,
+    store: GraphStore | RemoteStore,
+    verify_checksum: bool = True,
+    cache_mb: float = 0.0,
 ) -> Precomputed | None:
     """The archive's ``precomputed/``, checked against its graph and ``model.pt``; None for an
-    archive built without ``--precompute``."""
+    archive built without ``--precompute``. For a graph in Redis, the rows loaded beside it
+    (read through a cache of ``cache_mb``)."""
     path = Path(model_dir) / PRECOMPUTED_DIR
     if not path.is_dir():
         return None
     weights = weights_digest(Path(model_dir) / WEIGHTS_FILE)
+    if isinstance(store, RemoteStore):
+        return open_remote_precomputed(path, store, weights, cache_mb)
     return open_precomputed(path, store, weights, verify_checksum)
+
+
+def open_remote_precomputed(
+    path: Path, store: RemoteStore, weights_sha256: str, cache_mb: float
+) -> Precomputed:
+    """The rows loaded into Redis beside ``store``'s graph (``load_to_redis``), refused
+    (StoreError, one line) unless their meta is the archive's ``path/meta.json``."""
+    meta_path = Path(path) / META_FILE
+    meta = _checked_meta(meta_path, store.checksum, weights_sha256)
+    found = read_meta(store)
+    where = f"{store.shown} prefix {store.keys.prefix!r}"
+    if found is None:
+        raise StoreError(f"{where} holds no precomputed rows; {_REBUILD} to load them")
+    if found != meta:
+        raise StoreError(
+            f"{where} holds precomputed rows built at {found.get('built_at')}, this archive's "
+            f"are of {meta.get('built_at')}; {_REBUILD} to load its rows"
+        )
+    count = stored_rows(store.schema, meta["node_types"])
+    remote = RemoteRows(store, [int(d) for d in meta["dims"]], count, cache_mb)
+    empty = np.zeros(0, dtype=np.int64)
+    return Precomputed(Path(path), meta, [], empty, empty, remote=remote)
+
+
+def load_to_redis(path: Path, location: str, checksum: str, timeout_ms: int = 10_000) -> str:
+    """Loads ``path`` (a written ``precomputed/``) beside the graph of ``checksum`` at
+    ``location`` (``redis://host:port/NAME``), meta last; returns the summary line."""
+    meta = json.loads((Path(path) / META_FILE).read_text())
+    names = (
+        [OUTPUT_FILE]
+        if meta["mode"] == Mode.OUTPUT.value
+        else [layer_file(i + 1) for i in range(int(meta["num_layers"]))]
+    )
+    arrays = {
+        name: np.load(Path(path) / name, mmap_mode="r", allow_pickle=False)
+        for name in [*names, *OUT_FILES]
+    }
+    where = parse_location(location)
+    store = open_remote_store(where.url, where.prefix, checksum, cache_mb=0, timeout_ms=timeout_ms)
+    try:
+        started = time.perf_counter()
+        written = load_rows(
+            store.client,
+            store.keys,
+            store.layout.block_size,
+            [arrays[name] for name in names],
+            arrays[OUT_FILES[0]],
+            arrays[OUT_FILES[1]],
+            meta,
+            store.shown,
+        )
+    finally:
+        store.close()
+    return (
+        f"  loaded the rows into {store.shown} prefix {where.prefix!r}: {written / 2**20:.1f} "
+        f"MiB in {time.perf_counter() - started:.1f} s"
+    )
+
+
+def _checked_meta(meta_path: Path, checksum: str, weights_sha256: str) -> dict[str, Any]:
+    """``meta_path``'s content, refused (StoreError, one line) unless it is this format's, of
+    the graph ``checksum`` and the weights ``weights_sha256``."""
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as error:
+        raise StoreError(f"{meta_path}: cannot read it ({error}); {_REBUILD}") from error
+    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+        raise StoreError(f"{meta_path}: not format version {FORMAT_VERSION}; {_REBUILD}")
+    if meta.get("graph_checksum") != checksum:
+        raise StoreError(
+            f"{meta_path}: computed from graph {meta.get('graph_checksum')}, the archive's graph "
+            f"is {checksum}; {_REBUILD}"
+        )
+    if meta.get("weights_sha256") != weights_sha256:
+        raise StoreError(
+            f"{meta_path}: computed with other weights than the archive's model.pt; {_REBUILD}"
+        )
+    return meta
 
 
 def open_precomputed(
@@ -567,21 +692,7 @@ def open_precomputed(
     StoreError (one line, ending in the rebuild command) if anything is off."""
     path = Path(path)
     meta_path = path / META_FILE
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as error:
-        raise StoreError(f"{meta_path}: cannot read it ({error}); {_REBUILD}") from error
-    if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-        raise StoreError(f"{meta_path}: not format version {FORMAT_VERSION}; {_REBUILD}")
-    if meta.get("graph_checksum") != store.checksum:
-        raise StoreError(
-            f"{meta_path}: computed from graph {meta.get('graph_checksum')}, the archive's graph "
-            f"is {store.checksum}; {_REBUILD}"
-        )
-    if meta.get("weights_sha256") != weights_sha256:
-        raise StoreError(
-            f"{meta_path}: computed with other weights than the archive's model.pt; {_REBUILD}"
-        )
+    meta = _checked_meta(meta_path, store.checksum, weights_sha256)
     mode = meta.get("mode", Mode.LAYERS.value)
     if mode not in {m.value for m in Mode}:
         raise StoreError(

@@ -509,7 +509,7 @@ class RemoteStore:
                 missing += [(b, field) for b in blocks[~found[field][0]].tolist()]
         self._counters.cache_hits += sum(int(held.sum()) for held, _ in found.values())
         self._counters.cache_misses += len(missing)
-        values = self._values(missing) if missing else []
+        values = self.block_values(missing) if missing else []
         result: dict[str, tuple[Segments, ...]] = {}
         taken = 0
         for field, (held, parts) in found.items():
@@ -592,7 +592,7 @@ class RemoteStore:
             "again to restore it"
         )
 
-    def _values(self, requests: Sequence[BlockField]) -> list[bytes | None]:
+    def block_values(self, requests: Sequence[BlockField]) -> list[bytes | None]:
         """The raw values of ``requests`` in one round: an MGET per group of blocks on a
         cluster (a command's keys must share a slot), one MGET on a single Redis."""
         if not isinstance(self.client, RedisCluster):

@@ -17,7 +17,7 @@ import torch
 
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters, RemoteStore
-from handler.core.graph_source import ServedGraph, mapped_graph
+from handler.core.graph_source import ServedGraph
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.live.live_graph import LiveGraph
@@ -71,9 +71,7 @@ class EgoGraphs:
         model = to_serving_device(model, device)
         rows = None
         if precomputed is not None:
-            rows = PrecomputedRows(
-                precomputed, model, mapped_graph(store, "a --precompute archive"), overlay
-            )
+            rows = PrecomputedRows(precomputed, model, store, overlay)
             if live is not None:  # the follower recomputes marked rows between batches
                 live.background.append(functools.partial(rows.drain, DRAIN_ROWS))
         return cls(

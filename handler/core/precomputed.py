@@ -51,6 +51,7 @@ import torch
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay, OverlayChange
+from graph_assets.remote import RemoteStore
 from model.hetero_link import HeteroLinkModel
 from model.in_closure import (
     UNLIMITED,
@@ -97,7 +98,7 @@ class PrecomputedRows:
         self,
         precomputed: Precomputed,
         model: torch.nn.Module,
-        store: GraphStore,
+        store: GraphStore | RemoteStore,
         overlay: GraphOverlay | None = None,
     ) -> None:
         self.precomputed = precomputed
@@ -121,8 +122,6 @@ class PrecomputedRows:
         self._depth = 0  # > 0 while recomputing: the reads are the refresh's own
         self.out_added: dict[int, set[int]] = {}
         self.stats = RefreshStats()
-        self._out_indptr = np.asarray(precomputed.out_indptr, dtype=np.int64)
-        self._out_indices = np.asarray(precomputed.out_indices)
         if overlay is not None:
             if not overlay.is_empty:  # the log was replayed before these rows existed
                 self.mark(overlay.changes_so_far())
@@ -157,8 +156,8 @@ class PrecomputedRows:
     def width(self, layer: int) -> int:
         """Columns of layer ``layer``'s rows (0: the features)."""
         if layer == 0:
-            return self.store.feature_dim
-        return int(self.precomputed.layers[layer - 1].shape[1])
+            return self.store.schema.target_type.feature_dim
+        return self.precomputed.width(layer - 1)
 
     @property
     def graph(self) -> GraphView:
@@ -231,7 +230,7 @@ class PrecomputedRows:
             )
         nodes = closure.nodes
         known = nodes >= 0
-        x = np.empty((len(nodes), self.store.feature_dim), dtype=np.float32)
+        x = np.empty((len(nodes), self.width(0)), dtype=np.float32)
         x[known] = self.view.feature_rows(nodes[known])
         if new_x is not None and not bool(known.all()):
             x[~known] = new_x
@@ -252,8 +251,8 @@ class PrecomputedRows:
             return self.view.feature_rows(nodes)
         if self.pending[layer - 1] and self._ensure(layer, nodes) and self._depth == 0:
             self.stats.reads_refreshed += 1
-        stored = self.precomputed.layers[layer - 1]
-        out = np.take(stored, np.minimum(nodes, stored.shape[0] - 1), axis=0)
+        stored = self.precomputed
+        out = stored.read(layer - 1, np.minimum(nodes, stored.count - 1))
         changed = self.changed[layer - 1]
         if changed:
             for position, node in enumerate(nodes.tolist()):
@@ -324,12 +323,7 @@ class PrecomputedRows:
         which only recomputes a row that did not change)."""
         if nodes.size == 0:
             return nodes
-        base = nodes[nodes < len(self._out_indptr) - 1]
-        starts, ends = self._out_indptr[base], self._out_indptr[base + 1]
-        counts = ends - starts
-        total = int(counts.sum())
-        offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
-        found = [np.asarray(self._out_indices[offsets + np.arange(total)], dtype=np.int64)]
+        found = [self.precomputed.out_neighbours(nodes[nodes < self.store.num_nodes])]
         for node in nodes.tolist():
             added = self.out_added.get(node)
             if added:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from handler.core.explain import METHOD
-from handler.core.graph_source import ServedGraph, mapped_graph
+from handler.core.graph_source import ServedGraph
 from handler.tasks.graph.task import TASK as GRAPH
 from handler.tasks.link.task import TASK as LINK
 from handler.tasks.node.task import TASK as NODE
@@ -39,8 +39,9 @@ def start_task(archive: Archive, open_graph: Callable[[], ServedGraph]) -> Start
     if store is not None and (archive.model_dir / PRECOMPUTED_DIR).is_dir():
         precomputed = open_archive_precomputed(
             archive.model_dir,
-            mapped_graph(store, "a --precompute archive"),
+            store,
             archive.settings.verify_checksum,
+            archive.settings.remote_cache_mb,
         )
     loaded = Loaded(model=model, config=config, store=store, precomputed=precomputed)
     return spec.start(archive, loaded)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from handler.core.graph_source import ServedGraph, mapped_graph
+from handler.core.graph_source import ServedGraph
 from handler.core.precomputed import PrecomputedRows
 from handler.core.router import Router
 from handler.live.live_graph import LiveGraph, UpdatePolicy, open_live_graph
@@ -113,9 +113,6 @@ def open_updates(
     store: ServedGraph, settings: ServingSettings
 ) -> tuple[LiveGraph | None, UpdatePolicy]:
     """The archive's live graph and update policy. The overlay reads its base through the
-    graph view, so a node archive takes updates over a graph in Redis too; a link archive's
-    updates are refused there (its top-k and neighbour exclusion over a changing graph in
-    Redis are not verified yet)."""
-    if settings.updates_enabled and settings.task != "node":
-        store = mapped_graph(store, f"live updates on a {settings.task} archive")
+    graph view, so an archive takes updates over a graph in Redis too (a link archive only
+    with precomputed rows, which the link task checks)."""
     return open_live_graph(store, settings)

@@ -91,7 +91,8 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
         self.model_name = model_name
         # Every node's embedding at build time: the precomputed output rows where there are
         # (which live updates refresh: see _scores_against_every_node), else link/'s.
-        stored = ego.precomputed.precomputed.layers[-1] if ego.precomputed else assets.embeddings
+        rows = ego.precomputed
+        stored = rows.precomputed.every_row(rows.num_layers - 1) if rows else assets.embeddings
         self.table = readonly_tensor(stored)
         if self.device.type != "cpu":
             self.table = self.table.to(self.device)

@@ -1,6 +1,6 @@
 """Which archives take live updates over a graph in Redis (handler.tasks.spec.open_updates): a
-node archive does, on the update log the same store served from its directory would use; a
-link archive is refused at start in one line."""
+node archive does, on the update log the same store served from its directory would use, and so
+does a link archive (with precomputed rows)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
-from graph_assets import StoreError
 from graph_assets.live.log_lineage import update_log_path
 from graph_assets.remote import RemoteStore, load_store, open_remote_store
 from graph_assets.remote.connect import connect
@@ -62,10 +61,14 @@ def test_a_node_archive_takes_updates_on_the_stores_log(
         live.close()
 
 
-def test_a_link_archive_is_refused_updates_in_one_line(
+def test_a_link_archive_takes_updates_too(
     remote: RemoteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Its precomputed rows are kept in Redis beside the graph (the link task asks for them)."""
     monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", SECRET)
-    with pytest.raises(StoreError, match="live updates on a link archive needs the graph") as e:
-        open_updates(remote, settings("link", tmp_path))
-    assert "\n" not in str(e.value) and "prefix policy" in str(e.value)
+    live, policy = open_updates(remote, settings("link", tmp_path))
+    assert live is not None and policy.enabled
+    try:
+        assert live.overlay.base is remote
+    finally:
+        live.close()

@@ -1,0 +1,179 @@
+"""A precomputed archive's rows (``model.precompute``) kept in Redis beside the graph they were
+computed from, so workers of an archive served from Redis need no whole-graph array.
+
+Keys follow the graph's layout (``graph_assets.remote.layout``): the rows of array ``a`` of the
+nodes of block ``b`` are the value ``{group tag}:b<b>:p<a>`` (float32, every column), and the
+block's out-lists (which rows an update reaches) ``{group tag}:b<b>:out`` (int64: the block's
+``n + 1`` pointers, then its out-neighbours). A read of any number of nodes is one MGET per
+group of blocks, in one pipelined round (``RemoteStore.block_values``). The rows' ``meta.json``
+sits at ``{NAME}:precomputed``, written last: a worker compares it with its archive's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from graph_assets.remote.cache import BlockCache, Segments
+from graph_assets.remote.connect import Client, execute
+from graph_assets.remote.errors import RemoteGraphError
+from graph_assets.remote.layout import CHUNK_BYTES, Keys
+from graph_assets.remote.reader import RemoteStore
+
+OUT_FIELD = "out"
+_MB = 1 << 20
+
+
+def rows_field(array: int) -> str:
+    return f"p{array}"
+
+
+def meta_key(keys: Keys) -> str:
+    return f"{{{keys.prefix}}}:precomputed"
+
+
+def load_rows(
+    client: Client,
+    keys: Keys,
+    block_size: int,
+    arrays: Sequence[np.ndarray],
+    out_indptr: np.ndarray,
+    out_indices: np.ndarray,
+    meta: dict[str, Any],
+    shown: str,
+) -> int:
+    """Writes ``arrays`` and the out-lists by blocks in pipelined rounds of about
+    ``CHUNK_BYTES``, then ``meta`` (the record a worker checks); returns the bytes written."""
+    rows = len(arrays[0])
+    nodes = len(out_indptr) - 1
+    written = 0
+    pending: list[tuple[str, bytes]] = []
+
+    def flush() -> None:
+        pipe = client.pipeline(transaction=False)
+        for key, value in pending:
+            pipe.set(key, value)
+        execute(client, pipe, shown)
+        pending.clear()
+
+    size = 0
+
+    def add(key: str, value: bytes) -> None:
+        nonlocal size
+        pending.append((key, value))
+        size += len(value)
+
+    for block in range(-(-max(rows, nodes) // block_size)):
+        first = block * block_size
+        for index, array in enumerate(arrays):
+            if first < rows:
+                part = np.ascontiguousarray(array[first : first + block_size], dtype="<f4")
+                add(keys.block(block, rows_field(index)), part.tobytes())
+        if first < nodes:
+            ptr = np.asarray(out_indptr[first : min(first + block_size, nodes) + 1], dtype="<i8")
+            out = np.asarray(out_indices[ptr[0] : ptr[-1]], dtype="<i8")
+            add(keys.block(block, OUT_FIELD), (ptr - ptr[0]).tobytes() + out.tobytes())
+        if size >= CHUNK_BYTES:
+            written, size = written + size, 0
+            flush()
+    if pending:
+        written += size
+        flush()
+    pipe = client.pipeline(transaction=False)
+    pipe.set(meta_key(keys), json.dumps(meta, sort_keys=True))
+    execute(client, pipe, shown)
+    return written
+
+
+def read_meta(store: RemoteStore) -> dict[str, Any] | None:
+    """The meta of the rows loaded beside ``store``'s graph; None when none were loaded."""
+    pipe = store.client.pipeline(transaction=False)
+    pipe.get(meta_key(store.keys))
+    (raw,) = execute(store.client, pipe, store.shown)
+    return None if raw is None else cast(dict[str, Any], json.loads(raw))
+
+
+class RemoteRows:
+    """Rows of ``widths`` arrays of ``count`` nodes and every node's out-list, read from the
+    cluster in one round per read through a bounded cache of their own (the stored rows never
+    change: an update's refreshed rows live in the worker, ``handler.core.precomputed``)."""
+
+    def __init__(
+        self, store: RemoteStore, widths: Sequence[int], count: int, cache_mb: float
+    ) -> None:
+        self.store = store
+        self.widths = tuple(widths)
+        self.count = count
+        self.cache = BlockCache(int(cache_mb * _MB))
+
+    def read(self, array: int, nodes: np.ndarray) -> np.ndarray:
+        """float32 rows of array ``array`` of ``nodes`` (each below ``count``)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        width = self.widths[array]
+        if nodes.size == 0:
+            return np.zeros((0, width), dtype=np.float32)
+        bs = self.store.layout.block_size
+        blocks, inverse = np.unique(nodes // bs, return_inverse=True)
+        (rows,) = self._fetch(rows_field(array), blocks)
+        return np.array(rows.rows[rows.start[inverse] + nodes - blocks[inverse] * bs])
+
+    def every_row(self, array: int) -> np.ndarray:
+        """Every node's rows of ``array`` (a link archive's top-k table), in one round."""
+        return self.read(array, np.arange(self.count, dtype=np.int64))
+
+    def out_neighbours(self, nodes: np.ndarray) -> np.ndarray:
+        """The out-neighbours of ``nodes`` (graph nodes), end to end, in one round."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        if nodes.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        bs = self.store.layout.block_size
+        blocks, inverse = np.unique(nodes // bs, return_inverse=True)
+        ptr, out = self._fetch(OUT_FIELD, blocks)
+        at = ptr.start[inverse] + nodes - blocks[inverse] * bs
+        starts = out.start[inverse] + ptr.rows[at]
+        counts = ptr.rows[at + 1] - ptr.rows[at]
+        ends = np.cumsum(counts)
+        flat = np.repeat(starts - (ends - counts), counts) + np.arange(int(ends[-1]))
+        return np.asarray(out.rows[flat], dtype=np.int64)
+
+    def _fetch(self, field: str, blocks: np.ndarray) -> tuple[Segments, ...]:
+        """``field``'s decoded parts of ``blocks`` (unique, ascending): cached, the rest in
+        one round."""
+        held, parts = self.cache.lookup(field, blocks)
+        if held.all():
+            return parts
+        absent = blocks[~held]
+        values = self.store.block_values([(int(b), field) for b in absent.tolist()])
+        new = self._decoded(field, absent, values)
+        self.cache.put(field, absent, new)
+        if held.any():
+            return tuple(old.compacted().taking(n, held) for old, n in zip(parts, new, strict=True))
+        return new
+
+    def _decoded(
+        self, field: str, blocks: np.ndarray, values: Sequence[bytes | None]
+    ) -> tuple[Segments, ...]:
+        lost = [i for i, value in enumerate(values) if value is None]
+        if lost:
+            key = self.store.keys.block(int(blocks[lost[0]]), field)
+            raise RemoteGraphError(
+                f"{self.store.shown}: the precomputed rows' key {key} is missing (evicted or "
+                "deleted?); rebuild the archive with ./build_mar.sh --precompute to load them again"
+            )
+        raws = cast(list[bytes], values)
+        if field != OUT_FIELD:
+            width = self.widths[int(field[1:])]
+            parts = [np.frombuffer(raw, dtype="<f4").reshape(-1, width) for raw in raws]
+            return (Segments.of(parts),)
+        bs = self.store.layout.block_size
+        num_nodes = self.store.num_nodes
+        ptrs, outs = [], []
+        for block, raw in zip(blocks.tolist(), raws, strict=True):
+            n = min(bs, num_nodes - block * bs) + 1
+            flat = np.frombuffer(raw, dtype="<i8")
+            ptrs.append(flat[:n])
+            outs.append(flat[n:])
+        return Segments.of(ptrs), Segments.of(outs)
