@@ -119,7 +119,7 @@ def get_per_block(view: RemoteStore, nodes: np.ndarray) -> list[Any]:
 def mget_per_group(view: RemoteStore, nodes: np.ndarray) -> list[Any]:
     """The same values as the reader fetches them (no decoding, checks nor cache)."""
     blocks = np.unique(nodes // view.layout.block_size).tolist()
-    return view._values([(block, ADJ) for block in blocks])
+    return view.block_values([(block, ADJ) for block in blocks])
 
 
 def requests(
