@@ -42,7 +42,7 @@ Graph
                           GNNSERVE_REDIS_PASSWORD_FILE names, never the URL). The build reads
                           --store DIR (or --graph/--synthetic) here as usual, records the URL
                           and the store's checksum, and checks the graph under NAME is that
-                          store; no --precompute, and --enable-updates on node archives only
+                          store; with --precompute the build loads the rows beside the graph
                           (docs/redis-cluster.md)
   --remote-cache-mb MB    a graph in Redis: MB of fetched blocks each worker caches (default 256)
   --remote-timeout-ms MS  a graph in Redis: how long one read may wait (default 1000)
@@ -273,7 +273,6 @@ elif [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no
 if [[ "$graph_location" =~ ^rediss?:// ]]; then
   remote=1  # the build reads its local store; workers read the graph loaded into Redis
   [ "$task" != graph ] || die "--graph-location goes with --task node or link (a graph archive carries no stored graph)"
-  [ -z "$precompute" ] || die "--precompute needs the graph mapped; a graph in Redis is sampled at each request"
 fi
 if [ -n "$graph_location" ] && [ -z "$remote" ]; then
   [ "$task" != graph ] || die "--graph-location goes with --task node or link (a graph archive carries no stored graph)"
@@ -365,8 +364,19 @@ fi
 cp "$work/model/model_config.json" "$work/model/metrics.json" "$stage/"
 if [ -n "$precompute" ]; then
   step "2/5 precomputing the rows every answer reads"
-  "$PYTHON" -m model precompute --store "$graph_store" --model-dir "$work/model" \
-    --out "$stage/precomputed"
+  if [ -n "$remote" ]; then
+    # The rows go beside the graph in Redis; the archive keeps their meta.json, which workers
+    # compare with the rows' record there.
+    precomputed="$work/precomputed"
+    "$PYTHON" -m model precompute --store "$graph_store" --model-dir "$work/model" \
+      --out "$precomputed" --load-to "$graph_location" || exit 1
+    mkdir -p "$stage/precomputed"
+    cp "$precomputed/meta.json" "$stage/precomputed/"
+  else
+    precomputed="$stage/precomputed"
+    "$PYTHON" -m model precompute --store "$graph_store" --model-dir "$work/model" \
+      --out "$precomputed"
+  fi
 fi
 
 step "3/5 writing the model-config YAML and staging the code"
@@ -379,7 +389,7 @@ if [ -n "$verify" ]; then
   else
     step "4/5 verifying the serving path against the model's full-graph forward"
     checked=(--store "$graph_store")
-    if [ -n "$precompute" ]; then checked+=(--precomputed "$stage/precomputed"); fi
+    if [ -n "$precompute" ]; then checked+=(--precomputed "$precomputed"); fi
   fi
   "$PYTHON" -m archive_build.verify "${checked[@]}" --model-dir "$work/model" \
     --model-config-yaml "$work/model-config.yaml" --tolerance "$verify_tolerance" \

@@ -324,11 +324,6 @@ def _remote_reference(args: argparse.Namespace) -> tuple[str, str]:
     worker checks at start, refused here first (ValueError, one line)."""
     if args.graph_store is None:
         raise ValueError("a redis:// --graph-location needs --graph-store (the store loaded there)")
-    if args.enable_updates and args.task != "node":
-        raise ValueError(
-            f"--enable-updates on a {args.task} archive needs the graph mapped (live updates "
-            "over a graph in Redis serve node archives): give --graph-location a directory"
-        )
     where = parse_location(args.graph_location)
     checksum = read_meta(args.graph_store)["checksum"]
     graph = open_remote_store(

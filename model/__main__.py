@@ -38,7 +38,7 @@ from model.export import (
     preset_keys,
     write_model_files,
 )
-from model.precompute import Mode, plan_for, precompute, weights_digest
+from model.precompute import Mode, load_to_redis, plan_for, precompute, weights_digest
 from model.registry import build_model
 from model.served import serving_needs
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
@@ -71,6 +71,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     precompute.add_argument("--out", required=True, help="directory to write (precomputed/)")
     precompute.add_argument("--quiet", action="store_true", help="no progress bar")
+    precompute.add_argument(
+        "--load-to",
+        metavar="redis://HOST:PORT/NAME",
+        help="then load the rows into Redis beside the graph loaded there (an archive served "
+        "from a graph in Redis)",
+    )
     add_task_commands(commands)
     for command in (train, package):
         _add_model_flags(command, model_defaults)
@@ -128,7 +134,11 @@ def _precompute(args: dict[str, Any], store: GraphStore) -> str:
         if meta["mode"] == Mode.LAYERS.value
         else f"the output (width {meta['dims'][0]})"
     )
-    return f"  precomputed {what} of {count} {kind}nodes in {time.perf_counter() - started:.1f} s"
+    seconds = time.perf_counter() - started
+    summary = f"  precomputed {what} of {count} {kind}nodes in {seconds:.1f} s"
+    if args.get("load_to"):
+        summary += "\n" + load_to_redis(Path(args["out"]), args["load_to"], store.checksum)
+    return summary
 
 
 def _package(args: dict[str, Any], store: GraphStore) -> str:

@@ -29,6 +29,11 @@
 Beside them: ``out_indptr.npy`` / ``out_indices.npy``, the graph's edges grouped by source
 (CSR), which an update follows to find the rows it reaches; ``meta.json``: format version,
 mode, hops, the graph's checksum, the weights' sha256, dims, the files.
+
+For an archive served from a graph in Redis, :func:`load_to_redis` loads the written rows and
+out-lists beside the graph (``graph_assets.remote.rows``) and the archive keeps only
+``meta.json``; :class:`Precomputed`'s reads (``read``, ``out_neighbours``, ``every_row``) go
+there, one round per read, instead of to the memory maps.
 """
 
 from __future__ import annotations
@@ -52,7 +57,7 @@ from graph_assets.durable import fsync_path
 from graph_assets.errors import StoreError
 from graph_assets.remote.location import parse_location
 from graph_assets.remote.reader import RemoteStore, open_remote_store
-from graph_assets.remote.rows import RemoteRows, load_rows, read_meta
+from graph_assets.remote.rows import RemoteRows, load_rows, read_meta, rows_id
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore, file_digests, open_recorded_array
 from model.architectures import GCN, NodeClassifier
@@ -610,21 +615,20 @@ def open_archive_precomputed(
 def open_remote_precomputed(
     path: Path, store: RemoteStore, weights_sha256: str, cache_mb: float
 ) -> Precomputed:
-    """The rows loaded into Redis beside ``store``'s graph (``load_to_redis``), refused
-    (StoreError, one line) unless their meta is the archive's ``path/meta.json``."""
+    """The rows loaded into Redis beside ``store``'s graph by the archive's build
+    (``load_to_redis``), refused (StoreError, one line) unless they are there, recorded with
+    the archive's ``path/meta.json``."""
     meta_path = Path(path) / META_FILE
     meta = _checked_meta(meta_path, store.checksum, weights_sha256)
-    found = read_meta(store)
-    where = f"{store.shown} prefix {store.keys.prefix!r}"
-    if found is None:
-        raise StoreError(f"{where} holds no precomputed rows; {_REBUILD} to load them")
-    if found != meta:
+    name = rows_id(meta)
+    if read_meta(store, name) != meta:
         raise StoreError(
-            f"{where} holds precomputed rows built at {found.get('built_at')}, this archive's "
-            f"are of {meta.get('built_at')}; {_REBUILD} to load its rows"
+            f"{store.shown} prefix {store.keys.prefix!r} holds no precomputed rows {name} of "
+            f"this archive (built at {meta.get('built_at')}; deleted or evicted?); {_REBUILD} "
+            "to load them"
         )
     count = stored_rows(store.schema, meta["node_types"])
-    remote = RemoteRows(store, [int(d) for d in meta["dims"]], count, cache_mb)
+    remote = RemoteRows(store, name, [int(d) for d in meta["dims"]], count, cache_mb)
     empty = np.zeros(0, dtype=np.int64)
     return Precomputed(Path(path), meta, [], empty, empty, remote=remote)
 
@@ -659,8 +663,8 @@ def load_to_redis(path: Path, location: str, checksum: str, timeout_ms: int = 10
     finally:
         store.close()
     return (
-        f"  loaded the rows into {store.shown} prefix {where.prefix!r}: {written / 2**20:.1f} "
-        f"MiB in {time.perf_counter() - started:.1f} s"
+        f"  loaded the rows {rows_id(meta)} into {store.shown} prefix {where.prefix!r}: "
+        f"{written / 2**20:.1f} MiB in {time.perf_counter() - started:.1f} s"
     )
 
 

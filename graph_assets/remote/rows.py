@@ -1,16 +1,20 @@
 """A precomputed archive's rows (``model.precompute``) kept in Redis beside the graph they were
 computed from, so workers of an archive served from Redis need no whole-graph array.
 
-Keys follow the graph's layout (``graph_assets.remote.layout``): the rows of array ``a`` of the
-nodes of block ``b`` are the value ``{group tag}:b<b>:p<a>`` (float32, every column), and the
-block's out-lists (which rows an update reaches) ``{group tag}:b<b>:out`` (int64: the block's
-``n + 1`` pointers, then its out-neighbours). A read of any number of nodes is one MGET per
-group of blocks, in one pipelined round (``RemoteStore.block_values``). The rows' ``meta.json``
-sits at ``{NAME}:precomputed``, written last: a worker compares it with its archive's.
+Several archives (a node and a link model, or two versions) may keep rows beside one graph:
+each build's rows are named by its ``rows_id`` (a digest of their ``meta.json``). Keys follow
+the graph's layout (``graph_assets.remote.layout``): the rows of array ``a`` of the nodes of
+block ``b`` are the value ``{group tag}:b<b>:p<id>.<a>`` (float32, every column), and the
+block's out-lists (which rows an update reaches; the graph's, shared by every build)
+``{group tag}:b<b>:out`` (int64: the block's ``n + 1`` pointers, then its out-neighbours). A
+read of any number of nodes is one MGET per group of blocks, in one pipelined round
+(``RemoteStore.block_values``). The rows' ``meta.json`` sits at ``{NAME}:precomputed:<id>``,
+written last: a worker reads its archive's there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any, cast
@@ -27,12 +31,17 @@ OUT_FIELD = "out"
 _MB = 1 << 20
 
 
-def rows_field(array: int) -> str:
-    return f"p{array}"
+def rows_id(meta: dict[str, Any]) -> str:
+    """What names one build's rows: a digest of their meta (weights, graph, time, files)."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def meta_key(keys: Keys) -> str:
-    return f"{{{keys.prefix}}}:precomputed"
+def rows_field(rows: str, array: int) -> str:
+    return f"p{rows}.{array}"
+
+
+def meta_key(keys: Keys, rows: str) -> str:
+    return f"{{{keys.prefix}}}:precomputed:{rows}"
 
 
 def load_rows(
@@ -45,8 +54,10 @@ def load_rows(
     meta: dict[str, Any],
     shown: str,
 ) -> int:
-    """Writes ``arrays`` and the out-lists by blocks in pipelined rounds of about
-    ``CHUNK_BYTES``, then ``meta`` (the record a worker checks); returns the bytes written."""
+    """Writes ``arrays`` (named by ``rows_id(meta)``) and the out-lists by blocks in pipelined
+    rounds of about ``CHUNK_BYTES``, then ``meta`` (the record a worker reads); returns the
+    bytes written."""
+    name = rows_id(meta)
     rows = len(arrays[0])
     nodes = len(out_indptr) - 1
     written = 0
@@ -71,7 +82,7 @@ def load_rows(
         for index, array in enumerate(arrays):
             if first < rows:
                 part = np.ascontiguousarray(array[first : first + block_size], dtype="<f4")
-                add(keys.block(block, rows_field(index)), part.tobytes())
+                add(keys.block(block, rows_field(name, index)), part.tobytes())
         if first < nodes:
             ptr = np.asarray(out_indptr[first : min(first + block_size, nodes) + 1], dtype="<i8")
             out = np.asarray(out_indices[ptr[0] : ptr[-1]], dtype="<i8")
@@ -83,15 +94,15 @@ def load_rows(
         written += size
         flush()
     pipe = client.pipeline(transaction=False)
-    pipe.set(meta_key(keys), json.dumps(meta, sort_keys=True))
+    pipe.set(meta_key(keys, name), json.dumps(meta, sort_keys=True))
     execute(client, pipe, shown)
     return written
 
 
-def read_meta(store: RemoteStore) -> dict[str, Any] | None:
-    """The meta of the rows loaded beside ``store``'s graph; None when none were loaded."""
+def read_meta(store: RemoteStore, rows: str) -> dict[str, Any] | None:
+    """The meta of the rows ``rows`` loaded beside ``store``'s graph; None when there are none."""
     pipe = store.client.pipeline(transaction=False)
-    pipe.get(meta_key(store.keys))
+    pipe.get(meta_key(store.keys, rows))
     (raw,) = execute(store.client, pipe, store.shown)
     return None if raw is None else cast(dict[str, Any], json.loads(raw))
 
@@ -102,9 +113,10 @@ class RemoteRows:
     change: an update's refreshed rows live in the worker, ``handler.core.precomputed``)."""
 
     def __init__(
-        self, store: RemoteStore, widths: Sequence[int], count: int, cache_mb: float
+        self, store: RemoteStore, rows: str, widths: Sequence[int], count: int, cache_mb: float
     ) -> None:
         self.store = store
+        self.rows = rows
         self.widths = tuple(widths)
         self.count = count
         self.cache = BlockCache(int(cache_mb * _MB))
@@ -117,7 +129,7 @@ class RemoteRows:
             return np.zeros((0, width), dtype=np.float32)
         bs = self.store.layout.block_size
         blocks, inverse = np.unique(nodes // bs, return_inverse=True)
-        (rows,) = self._fetch(rows_field(array), blocks)
+        (rows,) = self._fetch(rows_field(self.rows, array), blocks)
         return np.array(rows.rows[rows.start[inverse] + nodes - blocks[inverse] * bs])
 
     def every_row(self, array: int) -> np.ndarray:
@@ -165,7 +177,7 @@ class RemoteRows:
             )
         raws = cast(list[bytes], values)
         if field != OUT_FIELD:
-            width = self.widths[int(field[1:])]
+            width = self.widths[int(field.rsplit(".", 1)[1])]
             parts = [np.frombuffer(raw, dtype="<f4").reshape(-1, width) for raw in raws]
             return (Segments.of(parts),)
         bs = self.store.layout.block_size

@@ -221,19 +221,24 @@ def test_a_link_archive_scores_and_ranks_alike_from_the_cluster_before_and_after
         rows.graph.close()
 
 
-def test_rows_of_another_build_are_refused_in_one_line(
+def test_two_builds_rows_live_side_by_side_and_unloaded_rows_are_refused_in_one_line(
     cluster: LocalCluster, int_store: GraphStore, tmp_path: Path
 ) -> None:
     model = random_model(int_store, "sage")
     rows = pair(cluster, int_store, model, tmp_path / "first", "rows_refused")
     try:
         again = tmp_path / "second" / "precomputed"
-        precompute(model, int_store, again, "weights", chunk_edges=64, progress=False, hops=2)
-        meta = (again / "meta.json").read_text()
-        (again / "meta.json").write_text(meta.replace('"built_at": "', '"built_at": "0'))
-        with pytest.raises(StoreError, match="holds precomputed rows built at") as error:
-            open_remote_precomputed(again, rows.graph, "weights", cache_mb=1)
+        other = random_model(int_store, "gcn")
+        precompute(other, int_store, again, "other", chunk_edges=64, progress=False, hops=2)
+        with pytest.raises(StoreError, match=r"holds no precomputed rows \w+ of this") as error:
+            open_remote_precomputed(again, rows.graph, "other", cache_mb=1)
         assert "\n" not in str(error.value)
+        load_to_redis(again, f"{cluster.url}/rows_refused", int_store.checksum)
+        second = open_remote_precomputed(again, rows.graph, "other", cache_mb=1)
+        nodes = np.arange(int_store.num_nodes, dtype=np.int64)
+        local = open_precomputed(again, int_store, "other")
+        assert np.array_equal(second.read(1, nodes), local.read(1, nodes))
+        assert np.array_equal(rows.remote.read(1, nodes), rows.local.read(1, nodes))
     finally:
         rows.graph.close()
 
