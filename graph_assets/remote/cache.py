@@ -60,14 +60,16 @@ def ranges(start: np.ndarray, count: np.ndarray) -> np.ndarray:
 class _Field:
     """One field's cached blocks: per part an arena of rows, end to end in the order they
     came (the rows of dropped blocks left behind until the arena is compacted), and the held
-    blocks sorted, each with its start and count per part, its size and its last use."""
+    blocks sorted, each with its start and count per part, its size and its last use (1-D
+    arrays each: inserting into them costs a copy, not a masked 2-D assignment)."""
 
     def __init__(self, like: Sequence[np.ndarray]) -> None:
         self.arenas = [np.empty((0, *part.shape[1:]), dtype=part.dtype) for part in like]
+        self.row_bytes = [part.itemsize * int(np.prod(part.shape[1:])) for part in like]
         self.ends = [0] * len(like)
         self.blocks = np.empty(0, dtype=np.int64)
-        self.starts = np.empty((0, len(like)), dtype=np.int64)
-        self.counts = np.empty((0, len(like)), dtype=np.int64)
+        self.starts = [np.empty(0, dtype=np.int64) for _ in like]
+        self.counts = [np.empty(0, dtype=np.int64) for _ in like]
         self.sizes = np.empty(0, dtype=np.int64)
         self.used = np.empty(0, dtype=np.int64)
 
@@ -80,24 +82,22 @@ class _Field:
 
     def segments(self, at: np.ndarray) -> tuple[Segments, ...]:
         return tuple(
-            Segments(arena[: self.ends[p]], self.starts[at, p], self.counts[at, p])
+            Segments(arena[: self.ends[p]], self.starts[p][at], self.counts[p][at])
             for p, arena in enumerate(self.arenas)
         )
 
     def add(self, blocks: np.ndarray, parts: Sequence[Segments], used: int) -> int:
-        """Appends ``blocks`` (not held) and returns the bytes they take."""
-        starts = np.stack(
-            [self._append(p, part.rows) + part.start for p, part in enumerate(parts)], 1
-        )
-        counts = np.stack([part.count for part in parts], 1)
-        row_bytes = [arena.itemsize * int(np.prod(arena.shape[1:])) for arena in self.arenas]
-        sizes = counts @ np.array(row_bytes, dtype=np.int64) + _ENTRY_OVERHEAD
-        order = np.argsort(np.concatenate([self.blocks, blocks]), kind="stable")
-        self.blocks = np.concatenate([self.blocks, blocks])[order]
-        self.starts = np.concatenate([self.starts, starts])[order]
-        self.counts = np.concatenate([self.counts, counts])[order]
-        self.sizes = np.concatenate([self.sizes, sizes])[order]
-        self.used = np.concatenate([self.used, np.full(len(blocks), used)])[order]
+        """Appends ``blocks`` (not held, ascending) and returns the bytes they take."""
+        at = np.searchsorted(self.blocks, blocks)
+        sizes = np.full(len(blocks), _ENTRY_OVERHEAD, dtype=np.int64)
+        for p, part in enumerate(parts):
+            start = self._append(p, part.rows) + part.start
+            self.starts[p] = np.insert(self.starts[p], at, start)
+            self.counts[p] = np.insert(self.counts[p], at, part.count)
+            sizes += part.count * self.row_bytes[p]
+        self.blocks = np.insert(self.blocks, at, blocks)
+        self.sizes = np.insert(self.sizes, at, sizes)
+        self.used = np.insert(self.used, at, used)
         return int(sizes.sum())
 
     def remove(self, at: np.ndarray) -> int:
@@ -105,12 +105,9 @@ class _Field:
         keep = np.ones(len(self.blocks), dtype=bool)
         keep[at] = False
         freed = int(self.sizes[~keep].sum())
-        self.blocks, self.starts, self.counts = (
-            self.blocks[keep],
-            self.starts[keep],
-            self.counts[keep],
-        )
-        self.sizes, self.used = self.sizes[keep], self.used[keep]
+        self.blocks, self.sizes, self.used = self.blocks[keep], self.sizes[keep], self.used[keep]
+        self.starts = [start[keep] for start in self.starts]
+        self.counts = [count[keep] for count in self.counts]
         return freed
 
     def _append(self, part: int, rows: np.ndarray) -> int:
@@ -118,11 +115,12 @@ class _Field:
         already handed out are never overwritten: a full arena is compacted into a new one."""
         arena, end = self.arenas[part], self.ends[part]
         if end + len(rows) > len(arena):
-            live = ranges(self.starts[:, part], self.counts[:, part])
+            starts, counts = self.starts[part], self.counts[part]
+            live = ranges(starts, counts)
             room = int(_ARENA_GROWTH * (len(live) + len(rows))) + 1
             arena = np.empty((room, *arena.shape[1:]), dtype=arena.dtype)
             arena[: len(live)] = self.arenas[part][live]
-            self.starts[:, part] = np.cumsum(self.counts[:, part]) - self.counts[:, part]
+            self.starts[part] = np.cumsum(counts) - counts
             self.arenas[part], end = arena, len(live)
         arena[end : end + len(rows)] = rows
         self.ends[part] = end + len(rows)
@@ -153,7 +151,7 @@ class BlockCache:
         return held, entries.segments(at[held])
 
     def put(self, field: str, blocks: np.ndarray, parts: Sequence[Segments]) -> None:
-        """Keeps ``field`` of ``blocks`` (unique, none held), whose rows per part are
+        """Keeps ``field`` of ``blocks`` (ascending, none held), whose rows per part are
         ``parts``, as far as the capacity allows, the least recently used going first."""
         if not len(blocks) or not self.capacity_bytes:
             return
