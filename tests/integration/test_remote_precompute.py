@@ -1,0 +1,151 @@
+"""Precomputed archives served from a graph in a Redis Cluster, through build_mar.sh and
+TorchServe: a node archive (gcn) and a link archive (sage, live updates) built with
+``--precompute --graph-location redis://...`` (the build loads the rows beside the graph) and
+the same archives (same weights) built over the local store, each with two workers and its
+own update log, take the same seeded random stream of updates and answer alike (predictions
+and pair scores within 1e-6, the same classes, the same top-k, the same graph version)."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+from bench.harness.redis_server import MISSING, redis_server_binary
+from bench.harness.torchserve import Serve, TorchServe
+from graph_assets import open_store
+from handler.live.live_graph import LiveGraph, UpdateRequest
+from tests.live_reference import live_ids, random_update
+from tests.redis_cluster import LocalCluster
+
+from .archives import ROOT, write_small_graph
+
+pytestmark = pytest.mark.integration
+SECRET = "remote-precompute-secret-0123456"
+PREFIX, SEED, UPDATES, TOLERANCE = "rows", 5, 20, 1e-6
+COMMON = [
+    *("--fanouts", "2,2", "--device", "cpu", "--batch-size", "1", "--enable-updates"),
+    *("--min-workers", "2", "--max-workers", "2", "--precompute", "--epochs", "3"),
+]
+TASKS = {"node": ["--arch", "gcn"], "link": ["--task", "link", "--arch", "sage"]}
+
+
+@dataclass(frozen=True)
+class Served:
+    server: TorchServe
+    reference: LiveGraph  # the local store with the stream applied: what the stream draws on
+
+
+@pytest.fixture(scope="module")
+def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """``<task>_local`` (the store in the archive) and ``<task>_remote`` (the store loaded into
+    the cluster, the rows loaded beside it by the build; the same weights), in one TorchServe."""
+    if redis_server_binary() is None:
+        pytest.fail(MISSING)
+    root = tmp_path_factory.mktemp("remote_precompute")
+    graph, store, model_store = write_small_graph(root / "graph"), root / "store", root / "mars"
+    run_python("-m", "graph_assets", "build", "--graph", str(graph), "--out", str(store))
+    cluster = LocalCluster(root / "cluster").start()
+    reference = LiveGraph(open_store(store), root / "reference.log")
+    try:
+        load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
+        run_python("-m", "graph_assets", "load-redis", *load, "--block-size", "8")
+        models = []
+        for task, options in TASKS.items():
+            local = f"{task}_local"
+            build_mar("--store", str(store), "--name", local, *options, *paths(root, local))
+            with zipfile.ZipFile(model_store / f"{local}.mar") as archive:
+                weights = Path(archive.extract("model.pt", root / local))
+            remote = f"{task}_remote"
+            where = ["--graph-location", f"{cluster.url}/{PREFIX}", "--weights", str(weights)]
+            build_mar(
+                "--store", str(store), "--name", remote, *where, *options, *paths(root, remote)
+            )
+            with zipfile.ZipFile(model_store / f"{remote}.mar") as archive:
+                names = archive.namelist()
+            assert "precomputed/meta.json" in names
+            assert not any(name.endswith(".npy") for name in names if "precomputed/" in name)
+            models += [f"{local}={local}.mar", f"{remote}={remote}.mar"]
+        env = {"GNNSERVE_UPDATE_SECRET": SECRET}
+        with serve(model_store, ",".join(models), name="remote_precompute", env=env) as server:
+            yield Served(server, reference)
+    finally:
+        reference.close()
+        cluster.stop()
+
+
+def paths(root: Path, state: str) -> list[str]:
+    return ["--update-state-dir", str(root / state), "--export-path", str(root / "mars")]
+
+
+def run_python(*args: str) -> None:
+    subprocess.run([sys.executable, *args], check=True, cwd=ROOT, timeout=300)
+
+
+def build_mar(*options: str) -> None:
+    subprocess.run(
+        [str(ROOT / "build_mar.sh"), *COMMON, *options],
+        check=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        timeout=600,
+    )
+
+
+def post(server: TorchServe, model: str, body: dict[str, Any]) -> requests.Response:
+    headers = {**server.auth("inference"), "X-Gnnserve-Update-Key": SECRET}
+    return requests.post(
+        f"{server.inference_url}/predictions/{model}", json=body, headers=headers, timeout=60
+    )
+
+
+def both(served: Served, task: str, body: dict[str, Any]) -> tuple[dict, dict]:
+    local, remote = (post(served.server, f"{task}_{where}", body) for where in ("local", "remote"))
+    assert local.status_code == remote.status_code == 200, (body, local.text, remote.text)
+    a, b = local.json(), remote.json()
+    assert a.get("graph_version") == b.get("graph_version"), (a, b)
+    return a, b
+
+
+def check_alike(served: Served) -> None:
+    """Every live node's prediction, some pair scores and top-k lists, asked twice of both
+    archives of each task (so both workers answer)."""
+    ids = live_ids(served.reference)
+    for _ in range(2):
+        a, b = both(served, "node", {"node_ids": ids})
+        for mine, theirs in zip(a["predictions"], b["predictions"], strict=True):
+            assert mine["predicted_class"] == theirs["predicted_class"], (mine, theirs)
+            gap = np.abs(np.subtract(mine["probabilities"], theirs["probabilities"])).max()
+            assert gap <= TOLERANCE, (mine, theirs)
+        pairs = [[ids[i], ids[(7 * i + 3) % len(ids)]] for i in range(0, len(ids), 3)]
+        a, b = both(served, "link", {"pairs": pairs})
+        scores = [[p["score"] for p in answer["predictions"]] for answer in (a, b)]
+        assert np.abs(np.subtract(*scores)).max() <= TOLERANCE
+        for src in ids[:: max(1, len(ids) // 8)]:
+            a, b = both(served, "link", {"src": src, "top_k": 10})
+            assert [r["dst"] for r in a["recommendations"]] == [
+                r["dst"] for r in b["recommendations"]
+            ]
+
+
+def test_an_update_stream_answers_alike_from_rows_in_the_cluster_and_the_local_store(
+    served: Served,
+) -> None:
+    check_alike(served)
+    rng, counter = random.Random(SEED), [0]
+    for step in range(1, UPDATES + 1):
+        operations = random_update(rng, served.reference, counter)
+        served.reference.update(UpdateRequest(operations))
+        body = {"op": "update", "operations": operations}
+        for task in TASKS:
+            both(served, task, body)
+        if step % 10 == 0:
+            check_alike(served)
