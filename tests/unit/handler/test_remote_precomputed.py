@@ -25,6 +25,7 @@ from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.extras import NodeExtrasEngine
 from model import build_model
 from model.link_assets import open_link_assets, write_link_assets
 from model.precompute import (
@@ -136,6 +137,26 @@ def stream(engines: list[tuple[NodeClassificationEngine, LiveGraph]], typed: boo
             live.update(UpdateRequest(raw))
 
 
+def same_extras(engines: list[tuple[NodeClassificationEngine, LiveGraph]]) -> None:
+    """Embeddings and a new node's answer (both directions) alike on both workers."""
+    ids = live_ids(engines[0][1])
+    features = [0.25] * engines[0][1].store.feature_dim
+    bodies = [
+        {"node_ids": ids[:20], "return_embedding": True},
+        {"new_node": {"x": features, "neighbors": ids[1:9:2], "direction": "both"}},
+    ]
+    (a, b) = (
+        NodeExtrasEngine(engine.ego, "1.0").handle([{"body": body} for body in bodies])
+        for engine, _ in engines
+    )
+    assert all(r.status == 200 for r in a + b), [r.body for r in a + b]
+    mine = torch.tensor([p["embedding"] for p in a[0].body["predictions"]])
+    theirs = torch.tensor([p["embedding"] for p in b[0].body["predictions"]])
+    assert float((mine - theirs).abs().max()) <= TOLERANCE
+    gap = np.abs(np.subtract(a[1].body["probabilities"], b[1].body["probabilities"])).max()
+    assert gap <= TOLERANCE
+
+
 @pytest.mark.parametrize("arch", ["gcn", "sage"])
 def test_a_node_archive_answers_alike_from_the_cluster_before_and_after_updates(
     cluster: LocalCluster, int_store: GraphStore, tmp_path: Path, arch: str
@@ -147,6 +168,7 @@ def test_a_node_archive_answers_alike_from_the_cluster_before_and_after_updates(
         same_answers(engines, None)
         stream(engines, typed=False)
         same_answers(engines, None)
+        same_extras(engines)
         assert rows.graph.counters.round_trips > 0
     finally:
         for _, live in engines:
