@@ -180,7 +180,7 @@ class BlockCache:
         sizes = np.concatenate([self._fields[name].sizes for name in names])
         owner = np.repeat(np.arange(len(names)), [len(self._fields[n].used) for n in names])
         within = np.concatenate([np.arange(len(self._fields[name].used)) for name in names])
-        order = np.argsort(used, kind="stable")
+        order = np.argsort(used)  # ties (used by one read) go in any order
         freed = np.cumsum(sizes[order])
         gone = order[: int(np.searchsorted(freed, at_least)) + 1]
         for f, name in enumerate(names):
