@@ -18,8 +18,11 @@ _ENTRY_OVERHEAD = 64  # bytes an entry's index rows cost beside its data
 # Once full, eviction frees this share of the capacity beyond what a put needs, so that the
 # (sorting) eviction runs once per many puts rather than on each.
 _EVICT_SLACK = 1 / 16
-# An arena that runs out of room is compacted into one this much larger than its live rows.
+# An arena that runs out of room is compacted into one this much larger than its live rows,
+# and one that drops to less than 1/_SHRINK_BELOW live rows is compacted too: the arrays take
+# at most twice what the cache holds.
 _ARENA_GROWTH = 1.5
+_SHRINK_BELOW = 2
 
 
 @dataclass(frozen=True)
@@ -108,29 +111,37 @@ class _Field:
         self.blocks, self.sizes, self.used = self.blocks[keep], self.sizes[keep], self.used[keep]
         self.starts = [start[keep] for start in self.starts]
         self.counts = [count[keep] for count in self.counts]
+        for part, arena in enumerate(self.arenas):
+            if len(arena) > _SHRINK_BELOW * (int(self.counts[part].sum()) + 1):
+                self._compact(part, 0)
         return freed
 
     def _append(self, part: int, rows: np.ndarray) -> int:
         """Writes ``rows`` after the part's last rows and returns where they start. Rows
         already handed out are never overwritten: a full arena is compacted into a new one."""
-        arena, end = self.arenas[part], self.ends[part]
-        if end + len(rows) > len(arena):
-            starts, counts = self.starts[part], self.counts[part]
-            live = ranges(starts, counts)
-            room = int(_ARENA_GROWTH * (len(live) + len(rows))) + 1
-            arena = np.empty((room, *arena.shape[1:]), dtype=arena.dtype)
-            arena[: len(live)] = self.arenas[part][live]
-            self.starts[part] = np.cumsum(counts) - counts
-            self.arenas[part], end = arena, len(live)
-        arena[end : end + len(rows)] = rows
+        if self.ends[part] + len(rows) > len(self.arenas[part]):
+            self._compact(part, len(rows))
+        end = self.ends[part]
+        self.arenas[part][end : end + len(rows)] = rows
         self.ends[part] = end + len(rows)
         return end
+
+    def _compact(self, part: int, extra: int) -> None:
+        """Moves the part's held rows, end to end, into a new arena with room for ``extra``
+        more (the old one stays whole for the rows already handed out)."""
+        starts, counts = self.starts[part], self.counts[part]
+        live = ranges(starts, counts)
+        old = self.arenas[part]
+        arena = np.empty((int(_ARENA_GROWTH * (len(live) + extra)) + 1, *old.shape[1:]), old.dtype)
+        arena[: len(live)] = old[live]
+        self.arenas[part], self.ends[part] = arena, len(live)
+        self.starts[part] = np.cumsum(counts) - counts
 
 
 class BlockCache:
     """Decoded rows of ``(block, field)`` entries, evicted least recently used first once they
-    would hold more than ``capacity_bytes`` (0: nothing is kept). Its arrays take up to about
-    1.5 times what it holds (rows of dropped blocks wait for a compaction)."""
+    would hold more than ``capacity_bytes`` (0: nothing is kept). Its arrays take up to twice
+    what it holds (rows of dropped blocks wait for a compaction)."""
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -155,12 +166,12 @@ class BlockCache:
         ``parts``, as far as the capacity allows, the least recently used going first."""
         if not len(blocks) or not self.capacity_bytes:
             return
-        entries = self._fields.get(field)
-        if entries is None:
-            entries = self._fields[field] = _Field([part.rows for part in parts])
         need = sum(part.rows.nbytes for part in parts) + _ENTRY_OVERHEAD * len(blocks)
         if need > self.capacity_bytes:
             return
+        entries = self._fields.get(field)
+        if entries is None:
+            entries = self._fields[field] = _Field([part.rows for part in parts])
         if self.nbytes + need > self.capacity_bytes:
             slack = int(self.capacity_bytes * _EVICT_SLACK)
             self._evict(self.nbytes + need - self.capacity_bytes + slack)

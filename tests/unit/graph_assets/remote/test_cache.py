@@ -1,6 +1,6 @@
-"""The block cache: least recently used out first, never over its capacity, an invalidated
-block's fields all gone, and every held block's rows exactly what was put, through evictions,
-drops and compactions."""
+"""The block cache: least recently used out first, never over its capacity (its arrays never
+over twice that), an invalidated block's fields all gone, and every held block's rows exactly
+what was put, through evictions, drops and compactions."""
 
 from __future__ import annotations
 
@@ -70,6 +70,19 @@ def test_held_rows_are_what_was_put_through_evictions_drops_and_compactions() ->
         if rng.random() < 0.1:
             cache.drop_blocks(rng.integers(0, 200, size=10))
         assert 0 <= cache.nbytes <= cache.capacity_bytes
+        arenas = [a for f in cache._fields.values() for a in f.arenas]
+        assert sum(a.nbytes for a in arenas) <= 2 * cache.capacity_bytes  # the arrays' bound
+
+
+def test_a_field_evicted_for_another_gives_its_memory_back() -> None:
+    cache = BlockCache(capacity_bytes=100_000)
+    row = [np.zeros((10, 50), dtype=np.float32)]  # 2,000 bytes a block
+    for field in ("a", "b"):  # "b" fills the cache, evicting every block of "a"
+        for block in range(0, 100, 5):
+            put(cache, field, list(range(block, block + 5)), row * 5)
+    assert held(cache, "a", list(range(100))) == [False] * 100
+    arenas = [a for f in cache._fields.values() for a in f.arenas]
+    assert sum(a.nbytes for a in arenas) <= 2 * cache.capacity_bytes
 
 
 def test_segments_compact_and_interleave_blocks_in_order() -> None:
