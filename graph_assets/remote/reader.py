@@ -427,12 +427,9 @@ class RemoteStore:
         blocks = _distinct(nodes // bs)
         wanted = {DEG: blocks}
         for t, kind in enumerate(self.schema.node_types):
-            low, high = (
-                np.maximum(blocks * bs, kind.offset),
-                np.minimum((blocks + 1) * bs, kind.stop),
-            )
-            if kind.feature_dim:
-                wanted[features_field(t)] = blocks[low < high]
+            if kind.feature_dim:  # the blocks holding nodes of the type
+                low = np.maximum(blocks * bs, kind.offset)
+                wanted[features_field(t)] = blocks[low < np.minimum((blocks + 1) * bs, kind.stop)]
         wide = [r.edge_feature_dim > 0 for r in self.schema.relations]
         if len(edge_ids) and any(wide):
             edge_blocks, inverse, _ = self._edge_blocks(edge_ids)
