@@ -598,23 +598,20 @@ def open_archive_precomputed(
     model_dir: Path,
     store: GraphStore | RemoteStore,
     verify_checksum: bool = True,
-    cache_mb: float = 0.0,
 ) -> Precomputed | None:
     """The archive's ``precomputed/``, checked against its graph and ``model.pt``; None for an
     archive built without ``--precompute``. For a graph in Redis, the rows loaded beside it
-    (read through a cache of ``cache_mb``)."""
+    (read through the graph's block cache)."""
     path = Path(model_dir) / PRECOMPUTED_DIR
     if not path.is_dir():
         return None
     weights = weights_digest(Path(model_dir) / WEIGHTS_FILE)
     if isinstance(store, RemoteStore):
-        return open_remote_precomputed(path, store, weights, cache_mb)
+        return open_remote_precomputed(path, store, weights)
     return open_precomputed(path, store, weights, verify_checksum)
 
 
-def open_remote_precomputed(
-    path: Path, store: RemoteStore, weights_sha256: str, cache_mb: float
-) -> Precomputed:
+def open_remote_precomputed(path: Path, store: RemoteStore, weights_sha256: str) -> Precomputed:
     """The rows loaded into Redis beside ``store``'s graph by the archive's build
     (``load_to_redis``), refused (StoreError, one line) unless they are there, recorded with
     the archive's ``path/meta.json``."""
@@ -628,7 +625,7 @@ def open_remote_precomputed(
             "to load them"
         )
     count = stored_rows(store.schema, meta["node_types"])
-    remote = RemoteRows(store, name, [int(d) for d in meta["dims"]], count, cache_mb)
+    remote = RemoteRows(store, name, [int(d) for d in meta["dims"]], count)
     empty = np.zeros(0, dtype=np.int64)
     return Precomputed(Path(path), meta, [], empty, empty, remote=remote)
 

@@ -81,10 +81,10 @@ def measure(nodes: int, edges: int, repeats: int, home: Path) -> dict[str, Any]:
             row["local_out_ms"] = p50_ms(local.out_neighbours, batches)
             for name, cache_mb in (("cold", 0.0), ("warm", 4096.0)):
                 graph = open_remote_store(
-                    cluster.url, PREFIX, store.checksum, cache_mb=0, timeout_ms=5000
+                    cluster.url, PREFIX, store.checksum, cache_mb=cache_mb, timeout_ms=5000
                 )
                 try:
-                    rows = open_remote_precomputed(home / "p", graph, "weights", cache_mb)
+                    rows = open_remote_precomputed(home / "p", graph, "weights")
                     if name == "warm":
                         for batch in batches:
                             rows.read(1, batch)

@@ -76,6 +76,11 @@ class _Field:
         self.sizes = np.empty(0, dtype=np.int64)
         self.used = np.empty(0, dtype=np.int64)
 
+    @property
+    def nbytes(self) -> int:
+        index = [self.blocks, self.sizes, self.used, *self.starts, *self.counts]
+        return sum(array.nbytes for array in [*self.arenas, *index])
+
     def positions(self, blocks: np.ndarray) -> np.ndarray:
         """Each block's index among the held ones, -1 where it is not held."""
         at = np.searchsorted(self.blocks, blocks)
@@ -148,6 +153,11 @@ class BlockCache:
         self.nbytes = 0
         self._fields: dict[str, _Field] = {}
         self._clock = 0
+
+    @property
+    def footprint(self) -> int:
+        """Bytes its arrays take: the arenas, free rows included, and the block indices."""
+        return sum(entries.nbytes for entries in self._fields.values())
 
     def lookup(self, field: str, blocks: np.ndarray) -> tuple[np.ndarray, tuple[Segments, ...]]:
         """Which of ``blocks`` (unique) hold ``field`` here, and those blocks' rows per part,

@@ -25,6 +25,7 @@ from graph_assets.live.redis_log import shown_url
 from graph_assets.remote.cache import BlockCache, Segments
 from graph_assets.remote.connect import Client, connect, execute, guarded
 from graph_assets.remote.errors import RemoteGraphError
+from graph_assets.remote.id_cache import IdCache
 from graph_assets.remote.layout import (
     ADJ,
     DEG,
@@ -75,6 +76,8 @@ class RemoteCounters:
     bytes_read: int = 0
     cache_hits: int = 0
     cache_misses: int = 0
+    id_hits: int = 0
+    id_misses: int = 0
     read_seconds: float = 0.0
 
 
@@ -109,11 +112,19 @@ def open_remote_store(
         edge_starts = np.concatenate([np.frombuffer(v, dtype="<i8") for v in values])
         if len(edge_starts) != layout.num_blocks + 1:
             raise RemoteGraphError(_lost(shown, keys, "part of the table of block edges"))
-        cache = BlockCache(int(cache_mb * _MB))
-        return RemoteStore(client, keys, layout, edge_starts, cache, shown)
+        cache, ids = budgeted_caches(int(cache_mb * _MB))
+        return RemoteStore(client, keys, layout, edge_starts, cache, shown, ids)
     except BaseException:
         client.close()
         raise
+
+
+def budgeted_caches(budget_bytes: int) -> tuple[BlockCache, IdCache]:
+    """A worker's caches within ``budget_bytes`` (``remote_cache_mb``) in all: an eighth for
+    ID lookups, the rest for the block cache's arrays, which the graph's blocks and the
+    precomputed rows share (they take up to twice the rows held, so it holds half of it)."""
+    ids = budget_bytes // 8
+    return BlockCache((budget_bytes - ids) // 2), IdCache(ids)
 
 
 def _checked_layout(client: Client, keys: Keys, shown: str, expected: str) -> RemoteLayout:
@@ -162,12 +173,14 @@ class RemoteStore:
         edge_starts: np.ndarray,
         cache: BlockCache,
         shown: str,
+        ids: IdCache | None = None,
     ) -> None:
         self.client = client
         self.keys = keys
         self.layout = layout
         self.edge_starts = edge_starts  # [blocks + 1]: each block's first edge ID, then E
         self.cache = cache
+        self.ids = ids if ids is not None else IdCache(0)
         self.shown = shown
         self._counters = RemoteCounters()
 
@@ -259,9 +272,16 @@ class RemoteStore:
     def types_of(self, nodes: np.ndarray) -> np.ndarray:
         return self.schema.types_of(nodes)
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes the worker's caches of this graph take: the block cache's arrays and indices
+        and the ID lookups (at most ``cache_mb`` in all)."""
+        return self.cache.footprint + self.ids.nbytes
+
     def lookup(self, ids: Sequence[int | str], node_type: str | None = None) -> np.ndarray:
         """Global indices (int64) of external ``ids`` of ``node_type`` (default: the target
-        type), -1 for an ID the type lacks, as `GraphStore.lookup` matches them; one round."""
+        type), -1 for an ID the type lacks, as `GraphStore.lookup` matches them; found ones
+        are cached (the graph in Redis never changes under a worker), the rest in one round."""
         t = 0 if node_type is None else self.schema.type_index(node_type)
         kind = self.schema.node_types[t]
         keys = [node_key(cast(IdKind, kind.id_kind), x) for x in ids]
@@ -270,6 +290,22 @@ class RemoteStore:
         found = np.full(len(keys), -1, dtype=np.int64)
         if not wanted:
             return found
+        cached = self.ids.get(t, wanted)
+        missing = np.flatnonzero(cached < 0)
+        self._counters.id_hits += len(wanted) - len(missing)
+        self._counters.id_misses += len(missing)
+        if len(missing):
+            asked = [wanted[p] for p in missing.tolist()]
+            fetched = self._fetched_ids(t, asked)
+            self.ids.put(t, asked, fetched)
+            cached[missing] = fetched
+        found[usable] = cached
+        return found
+
+    def _fetched_ids(self, t: int, wanted: list[int | bytes]) -> np.ndarray:
+        """Global indices of canonical keys ``wanted`` of type ``t`` from Redis, in one round."""
+        kind = self.schema.node_types[t]
+        found = np.full(len(wanted), -1, dtype=np.int64)
         array = key_array(wanted, self.layout.id_dtypes[t])
         shards = id_shards(array, self.layout.id_shards[t])
         names = [key if isinstance(key, bytes) else str(key).encode("ascii") for key in wanted]
@@ -285,7 +321,7 @@ class RemoteStore:
         for members, values in zip(groups.values(), replies, strict=True):
             for position, value in zip(members, values, strict=True):
                 if value is not None:
-                    found[usable[position]] = int(value) + kind.offset
+                    found[position] = int(value) + kind.offset
         return found
 
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:

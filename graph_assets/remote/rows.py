@@ -21,14 +21,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from graph_assets.remote.cache import BlockCache, Segments
+from graph_assets.remote.cache import Segments
 from graph_assets.remote.connect import Client, execute
 from graph_assets.remote.errors import RemoteGraphError
 from graph_assets.remote.layout import CHUNK_BYTES, Keys
 from graph_assets.remote.reader import RemoteStore
 
 OUT_FIELD = "out"
-_MB = 1 << 20
 
 
 def rows_id(meta: dict[str, Any]) -> str:
@@ -109,17 +108,16 @@ def read_meta(store: RemoteStore, rows: str) -> dict[str, Any] | None:
 
 class RemoteRows:
     """Rows of ``widths`` arrays of ``count`` nodes and every node's out-list, read from the
-    cluster in one round per read through a bounded cache of their own (the stored rows never
-    change: an update's refreshed rows live in the worker, ``handler.core.precomputed``)."""
+    cluster in one round per read through the graph's block cache, so that one budget
+    (``remote_cache_mb``) bounds both (the stored rows never change: an update's refreshed rows
+    live in the worker, ``handler.core.precomputed``)."""
 
-    def __init__(
-        self, store: RemoteStore, rows: str, widths: Sequence[int], count: int, cache_mb: float
-    ) -> None:
+    def __init__(self, store: RemoteStore, rows: str, widths: Sequence[int], count: int) -> None:
         self.store = store
         self.rows = rows
         self.widths = tuple(widths)
         self.count = count
-        self.cache = BlockCache(int(cache_mb * _MB))
+        self.cache = store.cache
 
     def read(self, array: int, nodes: np.ndarray) -> np.ndarray:
         """float32 rows of array ``array`` of ``nodes`` (each below ``count``)."""

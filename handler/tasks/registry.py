@@ -38,10 +38,7 @@ def start_task(archive: Archive, open_graph: Callable[[], ServedGraph]) -> Start
     precomputed = None
     if store is not None and (archive.model_dir / PRECOMPUTED_DIR).is_dir():
         precomputed = open_archive_precomputed(
-            archive.model_dir,
-            store,
-            archive.settings.verify_checksum,
-            archive.settings.remote_cache_mb,
+            archive.model_dir, store, archive.settings.verify_checksum
         )
     loaded = Loaded(model=model, config=config, store=store, precomputed=precomputed)
     return spec.start(archive, loaded)

@@ -82,7 +82,7 @@ def pair(
     graph = open_remote_store(cluster.url, prefix, store.checksum, cache_mb=1, timeout_ms=5000)
     return Pair(
         open_precomputed(directory, store, "weights"),
-        open_remote_precomputed(directory, graph, "weights", cache_mb=1),
+        open_remote_precomputed(directory, graph, "weights"),
         graph,
     )
 
@@ -253,10 +253,10 @@ def test_two_builds_rows_live_side_by_side_and_unloaded_rows_are_refused_in_one_
         other = random_model(int_store, "gcn")
         precompute(other, int_store, again, "other", chunk_edges=64, progress=False, hops=2)
         with pytest.raises(StoreError, match=r"holds no precomputed rows \w+ of this") as error:
-            open_remote_precomputed(again, rows.graph, "other", cache_mb=1)
+            open_remote_precomputed(again, rows.graph, "other")
         assert "\n" not in str(error.value)
         load_to_redis(again, f"{cluster.url}/rows_refused", int_store.checksum)
-        second = open_remote_precomputed(again, rows.graph, "other", cache_mb=1)
+        second = open_remote_precomputed(again, rows.graph, "other")
         nodes = np.arange(int_store.num_nodes, dtype=np.int64)
         local = open_precomputed(again, int_store, "other")
         assert np.array_equal(second.read(1, nodes), local.read(1, nodes))

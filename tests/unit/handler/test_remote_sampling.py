@@ -233,7 +233,7 @@ def test_a_batch_costs_at_most_hops_plus_two_round_trips(
     remote: Remote, stores, gat, graph: str, fanouts: list[int]
 ) -> None:
     """Cold: the ID lookup, one round per hop, one for every feature, degree and edge feature
-    row; warm (the same batch again): the lookup only."""
+    row; warm (the same batch again): none, the IDs' indices and every block being cached."""
     store = stores[graph]
     model = node_recipe(store, "sage") if graph == "typed" else gat
     if len(fanouts) == 3:
@@ -245,7 +245,7 @@ def test_a_batch_costs_at_most_hops_plus_two_round_trips(
     assert 1 + len(fanouts) <= cold.remote_round_trips <= len(fanouts) + 2
     assert cold.remote_bytes > 0 and cold.remote_cache_misses > 0 and cold.remote_read > 0
     warm = batch_reads(far, bodies)
-    assert warm.remote_round_trips == 1  # the ID lookup: every block is cached
+    assert warm.remote_round_trips == 0 and warm.remote_bytes == 0
     assert warm.remote_cache_misses == 0 and warm.remote_cache_hits > 0
 
 
@@ -269,7 +269,9 @@ def test_a_worker_opens_the_graph_its_archive_names(remote: Remote, servers, sto
     location = f"{servers['cluster']}/typed"
     graph = open_graph(Path("unused"), remote_settings(location, store.checksum))
     assert isinstance(graph, RemoteStore) and graph.checksum == store.checksum
-    assert graph.cache.capacity_bytes == 256 << 20  # remote_cache_mb's default
+    # remote_cache_mb's default: an eighth for IDs, the block arrays (twice what they hold) the rest
+    assert graph.ids.capacity_bytes == 32 << 20
+    assert graph.cache.capacity_bytes == 112 << 20
 
 
 def test_a_worker_refuses_another_graph_in_one_line(remote: Remote, servers, stores) -> None:

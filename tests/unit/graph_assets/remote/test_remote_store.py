@@ -196,7 +196,7 @@ def test_the_cache_hits_stays_bounded_and_drops_invalidated_blocks(loaded: Loade
     counters = view.counters
     assert (counters.round_trips, counters.cache_misses) == (2, blocks + 1)
 
-    tiny = remote(url, prefix, store, cache_mb=0.002)  # 2 KB: a few blocks
+    tiny = remote(url, prefix, store, cache_mb=0.005)  # 5 KB: about 2 KB of blocks held
     for start in range(0, store.num_nodes, 40):
         tiny.degree_rows(np.arange(start, min(start + 40, store.num_nodes)))
         assert 0 < tiny.cache.nbytes <= tiny.cache.capacity_bytes
