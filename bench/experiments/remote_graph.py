@@ -12,7 +12,9 @@ thread, CPU, the default cache (``gnn.remote_cache_mb`` 256):
 
 1. local: the 1M store in the archive;
 2. remote: the 1M graph in the cluster (``--graph-location redis://.../g1m``);
-3. remote_10M: the 10M graph in the cluster, served for the memory and cache figures only.
+3. remote_10M: the 10M graph in the cluster, served for the memory and cache figures only;
+4. remote_sized, remote_10M_sized: 2 and 3 with a cache sized for the working set
+   (``--remote-cache-mb 64``, ``SIZED_CACHE_MB``), for the memory ratio at that size (info).
 
 One TorchServe serves all three. Every request asks for 10-14 node IDs (mean 12). Measured, in
 this order:
@@ -26,7 +28,7 @@ this order:
 - Redis round trips per batch: from the worker's batch log line (handler.core.metrics: the mean
   per batch of each interval), weighted by the interval's batches, over the remote pairs;
 - cache: the same load, IDs drawn by Zipf(1.1) rank from a random permutation of the nodes, on
-  both remote archives for ``--zipf-seconds`` each; the hit ratio of the second half;
+  each remote archive for ``--zipf-seconds``; the hit ratio and throughput of the second half;
 - memory: the PSS (``/proc/<pid>/smaps_rollup``, the pid from the describe API) of each remote
   worker once it has served that Zipf load;
 - Redis: the load rate (rows/s: nodes, edges and IDs written), ``used_memory`` summed over the
@@ -77,6 +79,8 @@ BATCH, DELAY = 16, 5
 CONNECTIONS = 32
 IDS = (10, 14)
 PREFIXES = {"1M": "g1m", "10M": "g10m"}
+DEFAULT_CACHE_MB = 256  # gnn.remote_cache_mb's default
+SIZED_CACHE_MB = 64  # about the 1M graph's Zipf working set
 LATENCY_TARGET, THROUGHPUT_TARGET, MEMORY_TARGET = 1.5, 0.6, 1.2
 SAMPLED_BLOCKS = 256
 BATCH_LINE = re.compile(
@@ -188,10 +192,17 @@ def sampled_sizes(client: Any, store: GraphStore, prefix: str) -> dict[str, floa
 # -- archives ---------------------------------------------------------------------------------
 
 
-def build(artifacts: Artifacts, name: str, graph: str, location: str | None) -> Path:
+def build(
+    artifacts: Artifacts,
+    name: str,
+    graph: str,
+    location: str | None,
+    cache_mb: int = DEFAULT_CACHE_MB,
+) -> Path:
     """The archive ``name`` of ``graph``'s store with the shared random weights, its graph in
-    the archive or, with ``location``, in Redis (rebuilt: the cluster's ports change)."""
-    extra = ["--graph-location", location] if location else []
+    the archive or, with ``location``, in Redis read through a cache of ``cache_mb`` (rebuilt:
+    the cluster's ports change)."""
+    extra = ["--graph-location", location, "--remote-cache-mb", str(cache_mb)] if location else []
     if location:
         shutil.rmtree(artifacts.archives / name, ignore_errors=True)
     return artifacts.built(
@@ -402,10 +413,20 @@ def table(results: dict[str, Any]) -> str:
         f"{reads['read_ms']:.2f} ms of reads a batch |"
     )
     rows.append(
-        f"| cache hit ratio, Zipf(1.1), default cache (256 MB) | report "
+        f"| cache hit ratio, Zipf(1.1), default cache ({DEFAULT_CACHE_MB} MB) | report "
         f"| {large['reads']['hit_ratio']:.3f} | 10M edges (512 MB of features); 1M edges "
         f"{small['reads']['hit_ratio']:.3f}; {large['reads']['round_trips']:.2f} vs "
         f"{small['reads']['round_trips']:.2f} round trips a batch |"
+    )
+    sized_small, sized_large = zipf["remote_sized"], zipf["remote_10M_sized"]
+    sized = sized_large["pss_mib"] / sized_small["pss_mib"]
+    rows.append(
+        f"| worker PSS 10M / 1M edges, remote, cache sized {SIZED_CACHE_MB} MB | info "
+        f"| {sized:.2f} | {sized_large['pss_mib']:,.0f} vs {sized_small['pss_mib']:,.0f} MiB; "
+        f"hit ratio {sized_large['reads']['hit_ratio']:.3f} vs "
+        f"{sized_small['reads']['hit_ratio']:.3f}, Zipf throughput "
+        f"{sized_large['throughput']:,.0f} vs {sized_small['throughput']:,.0f} req/s (at "
+        f"{DEFAULT_CACHE_MB} MB: {large['throughput']:,.0f} vs {small['throughput']:,.0f}) |"
     )
     local_pss = results["local_pss_mib"]
     rows.append(
@@ -465,7 +486,8 @@ def main() -> None:
             "batch": [BATCH, DELAY],
             "ids_per_request": list(IDS),
             "cluster": "3 primaries + 3 replicas, loopback",
-            "remote_cache_mb": 256,
+            "remote_cache_mb": DEFAULT_CACHE_MB,
+            "sized_cache_mb": SIZED_CACHE_MB,
             "pairs": args.pairs,
             "seconds": args.seconds,
             "zipf_seconds": args.zipf_seconds,
@@ -480,11 +502,17 @@ def main() -> None:
             "local": local,
             "remote": build(artifacts, "remote_graph_remote", "1M", f"{redis.url}/g1m"),
             "remote_10M": build(artifacts, "remote_graph_10M", "10M", f"{redis.url}/g10m"),
+            "remote_sized": build(
+                artifacts, "remote_graph_sized", "1M", f"{redis.url}/g1m", SIZED_CACHE_MB
+            ),
+            "remote_10M_sized": build(
+                artifacts, "remote_graph_10M_sized", "10M", f"{redis.url}/g10m", SIZED_CACHE_MB
+            ),
         }
         models = [f"{name}={folder.name}" for name, folder in folders.items()]
         payload = uniform_bodies(GRAPHS["1M"].nodes, 20_000)
         remote = open_remote_store(
-            redis.url, "g1m", stores["1M"].checksum, cache_mb=256, timeout_ms=5000
+            redis.url, "g1m", stores["1M"].checksum, cache_mb=DEFAULT_CACHE_MB, timeout_ms=5000
         )
         views: dict[str, GraphStore | RemoteStore] = {"local": stores["1M"], "remote": remote}
         results["in_process"] = in_process(local, views, payload, args.rounds)
@@ -500,7 +528,12 @@ def main() -> None:
             results["local_pss_mib"] = round(memory_of(model_worker_pids(server, "local")).pss, 1)
             results["zipf"] = zipf_and_memory(
                 server,
-                {"remote": stores["1M"].num_nodes, "remote_10M": stores["10M"].num_nodes},
+                {
+                    "remote": stores["1M"].num_nodes,
+                    "remote_10M": stores["10M"].num_nodes,
+                    "remote_sized": stores["1M"].num_nodes,
+                    "remote_10M_sized": stores["10M"].num_nodes,
+                },
                 args.zipf_seconds,
             )
     results["steal_percent"] = steal_percent(steal)
