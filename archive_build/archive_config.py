@@ -288,7 +288,7 @@ def _add_graph_options(parser: argparse.ArgumentParser) -> None:
         "--remote-cache-mb",
         type=float,
         default=ServingSettings.remote_cache_mb,
-        help="a graph in Redis: MB of fetched blocks each worker caches",
+        help="a graph in Redis: MB each worker's caches take in all (IDs and fetched blocks)",
     )
     parser.add_argument(
         "--remote-timeout-ms",

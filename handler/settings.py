@@ -51,8 +51,10 @@ class ServingSettings:
         graph_checksum: the checksum of the store at ``graph_location`` the archive was built
             and trained with; a worker refuses a store (or a graph in Redis) that names
             another. Given together with ``graph_location``, or not at all.
-        remote_cache_mb: a graph in Redis: MB of fetched blocks each worker keeps (least
-            recently used dropped first); 0 keeps none.
+        remote_cache_mb: a graph in Redis: MB each worker's caches take in all (an eighth
+            for ID lookups, the rest for fetched blocks of the graph and its precomputed rows,
+            least recently used dropped first; `graph_assets.remote.reader.budgeted_caches`);
+            0 keeps none.
         remote_timeout_ms: a graph in Redis: how long one read may wait for Redis.
         share_graph: map the graph from a cache shared by every archive version with the same
             graph checksum (one copy in memory) instead of from this archive's unpacked copy;
