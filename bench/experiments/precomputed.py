@@ -454,7 +454,8 @@ def reaching_update(
                 break
     if not chosen:
         raise ValueError(f"every node's refresh reaches more than {target} rows")
-    features = rng.standard_normal((len(chosen), store.feature_dim)).astype(np.float32)
+    width = store.schema.target_type.feature_dim
+    features = rng.standard_normal((len(chosen), width)).astype(np.float32)
     operations = [
         {"type": "set_features", "id": node_id, "x": row.tolist()}
         for node_id, row in zip(store.external_ids(np.array(chosen)), features, strict=True)
