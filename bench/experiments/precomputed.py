@@ -61,9 +61,10 @@ import requests
 import torch
 
 from bench.experiments.suite import bodies, machine
-from bench.experiments.updates import alternate, apply_ignoring_conflicts, p99
+from bench.experiments.updates import apply_ignoring_conflicts, p99
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, ArchiveSpec, Artifacts
+from bench.harness.paired import alternate
 from bench.harness.torchserve import TorchServe
 from bench.harness.watch import CpuWatch, host_steal, steal_percent
 from bench.systems import servers

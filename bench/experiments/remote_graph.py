@@ -56,13 +56,19 @@ import numpy as np
 import torch
 
 from bench.experiments.suite import machine
-from bench.experiments.typed_graph import STAGES, check_answers, level
-from bench.experiments.updates import alternate
+from bench.experiments.typed_graph import STAGES
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, Artifacts
+from bench.harness.paired import (
+    CONNECTIONS,
+    alternate,
+    check_answers,
+    paired_levels,
+    warmed_targets,
+)
 from bench.harness.redis_cluster import LocalCluster
 from bench.harness.torchserve import TorchServe, model_worker_pids
-from bench.harness.watch import CpuWatch, host_steal, memory_of, steal_percent
+from bench.harness.watch import host_steal, memory_of, steal_percent
 from bench.systems import servers
 from graph_assets import GraphStore, open_store
 from graph_assets.remote import RemoteStore, load_store, open_remote_store
@@ -76,7 +82,6 @@ SYSTEMS = ("local", "remote")
 FANOUTS = (10, 10)
 HOPS = len(FANOUTS)
 BATCH, DELAY = 16, 5
-CONNECTIONS = 32
 IDS = (10, 14)
 PREFIXES = {"1M": "g1m", "10M": "g10m"}
 DEFAULT_CACHE_MB = 256  # gnn.remote_cache_mb's default
@@ -298,34 +303,9 @@ def pairs(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Pairs at 32 connections, then at one, the order alternating from pair to pair; and the
     remote worker's Redis figures over them."""
-    auth = server.auth("inference")
-    targets = {
-        name: loadgen.Target(f"{server.inference_url}/predictions/{name}", payload, auth)
-        for name in SYSTEMS
-    }
-    for target in targets.values():
-        check_answers(target.url, auth, payload[0])
-    cpu = {name: CpuWatch.of(server, name) for name in SYSTEMS}
-    for target in targets.values():
-        loadgen.closed_loop(target, CONNECTIONS, 5.0, 100_000, timeout_s=180)  # warm-up
+    targets, cpu = warmed_targets(server, SYSTEMS, payload)
     since = log_offset(model_log(server))
-    levels = []
-    for concurrency in (CONNECTIONS, 1):
-        for pair in range(count):
-            measured = {
-                name: level(targets[name], concurrency, cpu[name], seconds)
-                for name in alternate(SYSTEMS, pair)
-            }
-            levels.append({"concurrency": concurrency, "pair": pair} | measured)
-            print(
-                f"    c={concurrency:<3} pair {pair}: "
-                + " | ".join(
-                    f"{name} {measured[name]['throughput']:7.1f} req/s p50 "
-                    f"{measured[name]['p50_ms']:6.2f} p99 {measured[name]['p99_ms']:6.2f} ms"
-                    for name in SYSTEMS
-                ),
-                flush=True,
-            )
+    levels = paired_levels(targets, cpu, SYSTEMS, count, seconds)
     return levels, batch_reads(model_log(server), "remote", since)
 
 

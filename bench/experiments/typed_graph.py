@@ -50,14 +50,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
-import requests
 import torch
 
 from bench.experiments.suite import machine
-from bench.experiments.updates import alternate
-from bench.harness import loadgen
 from bench.harness.artifacts import ROOT, Artifacts
-from bench.harness.watch import CpuWatch, host_steal, steal_percent
+from bench.harness.paired import CONNECTIONS, alternate, paired_levels, warmed_targets
+from bench.harness.watch import host_steal, steal_percent
 from bench.systems import servers
 from graph_assets import open_store
 from graph_assets.input.reader import RawGraph
@@ -70,7 +68,6 @@ from model.export import load_model
 SYSTEMS = ("homogeneous", "typed")
 FANOUTS = (10, 5)
 BATCH, DELAY = 16, 5
-CONNECTIONS = 32
 DEFAULT_EDGES = 1_000_000
 USES_PER_USER = 1.3  # fraud_graph gives each user one device, and a second with p = 0.3
 THROUGHPUT_TARGET, LATENCY_TARGET = 0.7, 1.3
@@ -312,67 +309,15 @@ def in_process(folders: dict[str, Path], payload: Sequence[bytes], rounds: int) 
 # -- served -----------------------------------------------------------------------------------
 
 
-def level(
-    target: loadgen.Target, concurrency: int, cpu: CpuWatch, seconds: float
-) -> dict[str, Any]:
-    """One closed-loop level: throughput, latency, errors, the worker's CPU per answer."""
-    before = cpu.read()[0]
-    result = loadgen.closed_loop(target, concurrency, seconds, int(seconds * 20_000), 180)
-    worker_ms = 1000 * (cpu.read()[0] - before) / max(result.ok, 1)
-    return {
-        "throughput": result.throughput,
-        "p50_ms": result.p50_ms,
-        "p99_ms": result.p99_ms,
-        "ok": result.ok,
-        "errors": result.errors,
-        "error_kinds": result.error_kinds,
-        "worker_cpu_ms_per_request": round(worker_ms, 4),
-    }
-
-
-def check_answers(url: str, auth: dict[str, str], body: bytes) -> None:
-    """One request answered with one prediction per ID, before anything is measured."""
-    answer = requests.post(url, data=body, headers=auth, timeout=60)
-    asked = len(json.loads(body)["node_ids"])
-    if answer.status_code != 200 or len(answer.json()["predictions"]) != asked:
-        raise RuntimeError(f"{url}: {answer.status_code} {answer.text[:300]}")
-
-
 def served(
     artifacts: Artifacts, folders: dict[str, Path], payload: list[bytes], pairs: int, seconds: float
 ) -> dict[str, Any]:
     """Pairs at 32 connections, then at one, the order alternating from pair to pair."""
     models = [f"{name}={folder.name}" for name, folder in folders.items()]
-    levels: list[dict[str, Any]] = []
     home = artifacts.work / "run" / "typed_graph"
     with servers.torchserve(home, artifacts.archives, models) as server:
-        auth = server.auth("inference")
-        targets = {
-            name: loadgen.Target(f"{server.inference_url}/predictions/{name}", payload, auth)
-            for name in folders
-        }
-        for target in targets.values():
-            check_answers(target.url, auth, payload[0])
-        cpu = {name: CpuWatch.of(server, name) for name in folders}
-        for target in targets.values():
-            loadgen.closed_loop(target, CONNECTIONS, 5.0, 100_000, timeout_s=180)  # warm-up
-        for concurrency in (CONNECTIONS, 1):
-            for pair in range(pairs):
-                measured = {
-                    name: level(targets[name], concurrency, cpu[name], seconds)
-                    for name in alternate(SYSTEMS, pair)
-                }
-                levels.append({"concurrency": concurrency, "pair": pair} | measured)
-                print(
-                    f"    c={concurrency:<3} pair {pair}: "
-                    + " | ".join(
-                        f"{name} {measured[name]['throughput']:7.1f} req/s p50 "
-                        f"{measured[name]['p50_ms']:6.2f} p99 {measured[name]['p99_ms']:6.2f} ms"
-                        for name in SYSTEMS
-                    ),
-                    flush=True,
-                )
-    return {"levels": levels}
+        targets, cpu = warmed_targets(server, SYSTEMS, payload)
+        return {"levels": paired_levels(targets, cpu, SYSTEMS, pairs, seconds)}
 
 
 # -- report -----------------------------------------------------------------------------------

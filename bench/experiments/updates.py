@@ -38,6 +38,7 @@ import numpy as np
 import psutil
 import torch
 
+from bench.harness.paired import alternate
 from graph_assets import GraphStore, generate_synthetic, open_store
 from graph_assets.live.operations import decode_operations
 from graph_assets.live.overlay import GraphOverlay
@@ -148,12 +149,6 @@ def read_latencies(engine: NodeClassificationEngine, mode: ReadMode) -> list[flo
 
 
 Results = dict[tuple[str, str, str], list[float]]  # (load, mode, follower) -> latencies
-
-
-def alternate(pair: tuple[str, str], round_index: int) -> tuple[str, str]:
-    """``pair`` in order on even rounds and reversed on odd ones, so neither side always runs
-    first (the overlay grows and the machine's background load drifts during a run)."""
-    return pair if round_index % 2 == 0 else (pair[1], pair[0])
 
 
 def set_load(running: EventType, log: Path, load: str) -> None:
