@@ -17,6 +17,30 @@ ROOT = Path(__file__).resolve().parents[2]
 TASK_MODELS = "gnn=gnn.mar,link=link.mar,graphs=graphs.mar"
 
 
+def build_mar(*options: str) -> subprocess.CompletedProcess[str]:
+    """``./build_mar.sh OPTIONS`` with this interpreter and a minimal PATH, output captured;
+    the caller checks the return code (a refusal is a result too)."""
+    return subprocess.run(
+        [str(ROOT / "build_mar.sh"), *options],
+        capture_output=True,
+        text=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        timeout=600,
+        check=False,
+    )
+
+
+def built(*options: str) -> None:
+    """:func:`build_mar` that must succeed (its stderr in the failure)."""
+    result = build_mar(*options)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+def python_m(*argv: str) -> None:
+    """``python -m ARGV`` with this interpreter from the repository root; raises on failure."""
+    subprocess.run([sys.executable, "-m", *argv], check=True, cwd=ROOT, timeout=300)
+
+
 def write_small_graph(directory: Path) -> Path:
     """120 accounts with string IDs, named labels and class signal in the features."""
     rng = np.random.default_rng(1)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +29,7 @@ from graph_assets import open_store
 from graph_assets.remote.layout import ADJ, Keys
 from tests.redis_cluster import LocalCluster
 
-from .archives import ROOT, write_small_graph
+from .archives import built, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
 PREFIX, BLOCK_SIZE, TIMEOUT_MS = "served", 4, 400
@@ -73,31 +71,21 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
     try:
         store = root / "store"
         graph = write_small_graph(root / "graph")
-        run_python("-m", "graph_assets", "build", "--graph", str(graph), "--out", str(store))
+        python_m("graph_assets", "build", "--graph", str(graph), "--out", str(store))
         load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
-        run_python("-m", "graph_assets", "load-redis", *load, "--block-size", str(BLOCK_SIZE))
+        python_m("graph_assets", "load-redis", *load, "--block-size", str(BLOCK_SIZE))
         model_store = root / "model_store"
-        subprocess.run(
-            [
-                str(ROOT / "build_mar.sh"),
-                *("--store", str(store), "--graph-location", f"{cluster.url}/{PREFIX}"),
-                *("--arch", "gcn", "--epochs", "5", "--fanouts", "-1,-1", "--device", "cpu"),
-                *("--batch-size", "1", "--min-workers", "2", "--max-workers", "2"),
-                *("--remote-cache-mb", "0", "--remote-timeout-ms", str(TIMEOUT_MS)),
-                *("--export-path", str(model_store)),
-            ],
-            check=True,
-            env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-            timeout=600,
+        built(
+            *("--store", str(store), "--graph-location", f"{cluster.url}/{PREFIX}"),
+            *("--arch", "gcn", "--epochs", "5", "--fanouts", "-1,-1", "--device", "cpu"),
+            *("--batch-size", "1", "--min-workers", "2", "--max-workers", "2"),
+            *("--remote-cache-mb", "0", "--remote-timeout-ms", str(TIMEOUT_MS)),
+            *("--export-path", str(model_store)),
         )
         with serve(model_store, "gnn=gnn.mar", name="remote_failover") as server:
             yield Served(server, cluster, store)
     finally:
         cluster.stop()
-
-
-def run_python(*args: str) -> None:
-    subprocess.run([sys.executable, *args], check=True, cwd=ROOT, timeout=300)
 
 
 def predict(server: TorchServe, node: str) -> requests.Response:

@@ -6,8 +6,6 @@ build refuses a prefix holding another graph and an unreachable Redis in one lin
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,27 +26,12 @@ from graph_assets.remote.connect import connect
 from tests.redis_cluster import LocalCluster
 from tests.unit.archive_build import user_models
 
-from .archives import ROOT, write_small_graph
+from .archives import build_mar, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
 SAGE = {"in_channels": 8, "hidden_channels": 16, "num_layers": 2, "out_channels": 3}
 HETERO_CONV = {"devices": 60, "hidden": 8, "classes": 2, "edge_dim": 2}
 COMMON = ["--fanouts", "3,2", "--batch-size", "4", "--max-batch-delay", "50", "--device", "cpu"]
-
-
-def build_mar(*options: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(ROOT / "build_mar.sh"), *options],
-        capture_output=True,
-        text=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-        timeout=600,
-        check=False,
-    )
-
-
-def python_m(*argv: str) -> None:
-    subprocess.run([sys.executable, "-m", *argv], check=True, cwd=ROOT, timeout=300)
 
 
 @pytest.fixture(scope="module")

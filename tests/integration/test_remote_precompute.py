@@ -8,8 +8,6 @@ and pair scores within 1e-6, the same classes, the same top-k, the same graph ve
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from handler.live.live_graph import LiveGraph, UpdateRequest
 from tests.live_reference import live_ids, random_update
 from tests.redis_cluster import LocalCluster
 
-from .archives import ROOT, write_small_graph
+from .archives import built, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
 SECRET = "remote-precompute-secret-0123456"
@@ -53,23 +51,22 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         pytest.fail(MISSING)
     root = tmp_path_factory.mktemp("remote_precompute")
     graph, store, model_store = write_small_graph(root / "graph"), root / "store", root / "mars"
-    run_python("-m", "graph_assets", "build", "--graph", str(graph), "--out", str(store))
+    python_m("graph_assets", "build", "--graph", str(graph), "--out", str(store))
     cluster = LocalCluster(root / "cluster").start()
     reference = LiveGraph(open_store(store), root / "reference.log")
     try:
         load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
-        run_python("-m", "graph_assets", "load-redis", *load, "--block-size", "8")
+        python_m("graph_assets", "load-redis", *load, "--block-size", "8")
         models = []
         for task, options in TASKS.items():
             local = f"{task}_local"
-            build_mar("--store", str(store), "--name", local, *options, *paths(root, local))
+            built(*COMMON, "--store", str(store), "--name", local, *options, *paths(root, local))
             with zipfile.ZipFile(model_store / f"{local}.mar") as archive:
                 weights = Path(archive.extract("model.pt", root / local))
             remote = f"{task}_remote"
             where = ["--graph-location", f"{cluster.url}/{PREFIX}", "--weights", str(weights)]
-            build_mar(
-                "--store", str(store), "--name", remote, *where, *options, *paths(root, remote)
-            )
+            named = ["--store", str(store), "--name", remote]
+            built(*COMMON, *named, *where, *options, *paths(root, remote))
             with zipfile.ZipFile(model_store / f"{remote}.mar") as archive:
                 names = archive.namelist()
             assert "precomputed/meta.json" in names
@@ -85,19 +82,6 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
 
 def paths(root: Path, state: str) -> list[str]:
     return ["--update-state-dir", str(root / state), "--export-path", str(root / "mars")]
-
-
-def run_python(*args: str) -> None:
-    subprocess.run([sys.executable, *args], check=True, cwd=ROOT, timeout=300)
-
-
-def build_mar(*options: str) -> None:
-    subprocess.run(
-        [str(ROOT / "build_mar.sh"), *COMMON, *options],
-        check=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-        timeout=600,
-    )
 
 
 def post(server: TorchServe, model: str, body: dict[str, Any]) -> requests.Response:

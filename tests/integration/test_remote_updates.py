@@ -9,8 +9,6 @@ stream is drawn from a reference live graph over the local store (tests/live_ref
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import zipfile
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +29,7 @@ from tests.live_reference import live_ids, random_update
 from tests.redis_cluster import LocalCluster
 from tests.typed_live_reference import live_nodes, random_typed_update
 
-from .archives import ROOT, write_small_graph
+from .archives import built, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
 SECRET = "remote-updates-secret-0123456789"
@@ -72,18 +70,19 @@ def served(
         graph = write_small_graph(root / "graph")
     store, model_store = root / "store", root / "model_store"
     build = ["--graph", str(graph), "--out", str(store), *build_options]
-    run_python("-m", "graph_assets", "build", *build)
+    python_m("graph_assets", "build", *build)
     cluster = LocalCluster(root / "cluster").start()
     reference = LiveGraph(open_store(store), root / "reference.log")
     try:
         load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
-        run_python("-m", "graph_assets", "load-redis", *load, "--block-size", "8")
+        python_m("graph_assets", "load-redis", *load, "--block-size", "8")
         local = ["--name", "local", "--epochs", "5", *model, *paths(root, "a")]
-        build_mar("--store", str(store), *local)
+        built(*COMMON, "--store", str(store), *local)
         with zipfile.ZipFile(model_store / "local.mar") as archive:
             weights = Path(archive.extract("model.pt", root / "local"))
         remote = ["--graph-location", f"{cluster.url}/{PREFIX}", "--weights", str(weights)]
-        build_mar("--store", str(store), "--name", "remote", *remote, *model, *paths(root, "b"))
+        named = ["--store", str(store), "--name", "remote"]
+        built(*COMMON, *named, *remote, *model, *paths(root, "b"))
         env = {"GNNSERVE_UPDATE_SECRET": SECRET}
         models = "local=local.mar,remote=remote.mar"
         with serve(model_store, models, name=f"remote_updates_{name}", env=env) as server:
@@ -95,19 +94,6 @@ def served(
 
 def paths(root: Path, state: str) -> list[str]:
     return ["--update-state-dir", str(root / state), "--export-path", str(root / "model_store")]
-
-
-def run_python(*args: str) -> None:
-    subprocess.run([sys.executable, *args], check=True, cwd=ROOT, timeout=300)
-
-
-def build_mar(*options: str) -> None:
-    subprocess.run(
-        [str(ROOT / "build_mar.sh"), *COMMON, *options],
-        check=True,
-        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
-        timeout=600,
-    )
 
 
 def post(server: TorchServe, model: str, body: dict[str, Any]) -> requests.Response:
