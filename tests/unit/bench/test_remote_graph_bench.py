@@ -96,8 +96,13 @@ def test_the_table_takes_medians_of_pair_ratios_and_says_met_or_missed() -> None
         "served": served,
         "reads": reads | {"batches": 100, "kib": 1.0, "read_ms": 2.0},
         "zipf": {
-            name: {"pss_mib": pss, "pss_anon_mib": pss - 8, "reads": reads}
-            for name, pss in (("remote", 200.0), ("remote_10M", 230.0))
+            name: {"pss_mib": pss, "pss_anon_mib": pss - 8, "reads": reads, "throughput": 50.0}
+            for name, pss in (
+                ("remote", 200.0),
+                ("remote_10M", 230.0),
+                ("remote_sized", 150.0),
+                ("remote_10M_sized", 240.0),
+            )
         },
         "local_pss_mib": 210.0,
         "in_process": {
@@ -120,3 +125,4 @@ def test_the_table_takes_medians_of_pair_ratios_and_says_met_or_missed() -> None
     rows = remote_graph.table(results).splitlines()
     assert "| 1.25 | met:" in rows[2] and "| 0.50 | missed:" in rows[3]
     assert "| 1.15 | met:" in rows[4] and "| 4.00 | met:" in rows[5]
+    assert any("cache sized" in row and "| info | 1.60 |" in row for row in rows), rows
