@@ -15,6 +15,7 @@ from graph_assets.remote.location import is_remote, parse_location
 
 DEFAULT_FANOUTS = (25, 10)
 TASKS = ("node", "link", "graph")
+SAMPLING_DEVICES = ("cpu", "gpu")
 _CHECKSUM = re.compile(r"[0-9a-f]{64}")
 
 
@@ -88,6 +89,16 @@ class ServingSettings:
         explain_time_budget_ms: the time one explanation may take; its step count is cut to
             what fits, measured on the request's own ego-graph.
         explain_top_k: how many nodes, edges and features an explanation lists.
+        sampling_device: a GPU worker samples on ``cpu`` (its own thread, numpy: a hop costs
+            a few dozen small operations, each a kernel launch on a GPU) or on the ``gpu``
+            (the structure moved there; pays off only for batches of thousands of seeds).
+        gpu_feature_fraction: a GPU worker keeps the stored node features in GPU memory and
+            gathers rows there: the whole matrix when it takes at most this share of the GPU's
+            free memory at start, else a cache of that size of the rows batches read, fed from
+            pinned host memory; 0 gathers from host memory every batch.
+        cuda_graphs: a GPU worker runs the forward as CUDA graphs captured per padded size
+            bucket (handler.core.captured_forward), which removes the launch cost of its many
+            small kernels; a model that cannot be captured runs eagerly.
     """
 
     task: str = "node"
@@ -120,6 +131,9 @@ class ServingSettings:
     explain_steps: int = 32
     explain_time_budget_ms: int = 2000
     explain_top_k: int = 10
+    sampling_device: str = "cpu"
+    gpu_feature_fraction: float = 0.5
+    cuda_graphs: bool = True
 
     @classmethod
     def from_yaml_section(cls, section: dict[str, Any] | None) -> ServingSettings:
@@ -202,7 +216,18 @@ class ServingSettings:
         cache = self.remote_cache_mb
         if not isinstance(cache, (int, float)) or isinstance(cache, bool) or not 0 <= cache < 1e7:
             raise ValueError(f"remote_cache_mb must be a number of MB >= 0; got {cache!r}")
-        for name in ("verify_checksum", "share_graph", "updates_enabled"):
+        if self.sampling_device not in SAMPLING_DEVICES:
+            raise ValueError(
+                f"sampling_device must be one of {', '.join(SAMPLING_DEVICES)}; "
+                f"got {self.sampling_device!r}"
+            )
+        share = self.gpu_feature_fraction
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 <= share <= 0.9:
+            raise ValueError(
+                "gpu_feature_fraction must be a share of the GPU's free memory in [0, 0.9] "
+                f"(0 = gather features from host memory); got {share!r}"
+            )
+        for name in ("verify_checksum", "share_graph", "updates_enabled", "cuda_graphs"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false; got {getattr(self, name)!r}")
         self._check_graph_location()

@@ -6,6 +6,7 @@ explanation request sees exactly the graph version and the ego-graph a predictio
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import torch
 
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters, RemoteStore
+from handler.core.device_features import DeviceFeatures, device_features_for, gather_features
 from handler.core.graph_source import ServedGraph
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
@@ -54,6 +56,8 @@ class EgoGraphs:
     live: LiveGraph | None = None
     # A precomputed archive's stored layer rows: answers read them instead of sampling.
     precomputed: PrecomputedRows | None = None
+    # A GPU worker's stored features in GPU memory (handler.core.device_features).
+    device_features: DeviceFeatures | None = None
 
     @classmethod
     def create(
@@ -84,6 +88,9 @@ class EgoGraphs:
             settings=settings,
             live=live,
             precomputed=rows,
+            device_features=device_features_for(
+                store, device, settings.gpu_feature_fraction, lambda: _free_bytes(device)
+            ),
         )
 
     @property
@@ -150,7 +157,7 @@ class EgoGraphs:
         with torch.inference_mode():
             sub = self.sampler.sample(seeds)
         self._prefetch(sub)
-        return seeds, sub
+        return seeds, on_device(sub, self.device)
 
     def _prefetch(self, sub: SampledSubgraph) -> None:
         """On a graph in Redis, what gathering ``sub``'s inputs reads (features and degrees of
@@ -176,16 +183,21 @@ class EgoGraphs:
         """Features and full-graph in-degrees of global node indices ``rows`` in ``view``
         (default: the current graph version), on the device; a boundary row (``-1``) gets
         zeros."""
-        view, nodes = self.view() if view is None else view, rows.cpu().numpy()
+        current = self.view()
+        view, nodes = current if view is None else view, rows.cpu().numpy()
         boundary = nodes < 0
-        if boundary.any():
-            present = np.where(boundary, 0, nodes)
-            features, degrees = view.feature_rows(present), view.degree_rows(present)
-            features[boundary], degrees[boundary] = 0, 0
-        else:
-            features, degrees = view.feature_rows(nodes), view.degree_rows(nodes)
-        x, degree = torch.from_numpy(features), torch.from_numpy(degrees)
-        return x.to(self.device, non_blocking=True), degree.to(self.device, non_blocking=True)
+        any_boundary = bool(boundary.any())
+        present = np.where(boundary, 0, nodes) if any_boundary else nodes
+        degrees = view.degree_rows(present)
+        if any_boundary:
+            degrees[boundary] = 0
+        degree = torch.from_numpy(degrees).to(self.device, non_blocking=True)
+        if self.device_features is not None and view is current:
+            return gather_features(self.device_features, view, nodes, self.device), degree
+        features = view.feature_rows(present)
+        if any_boundary:
+            features[boundary] = 0
+        return torch.from_numpy(features).to(self.device, non_blocking=True), degree
 
     def edge_features(
         self, edges: torch.Tensor, view: GraphView | None = None
@@ -232,6 +244,24 @@ class OnEgoGraphs:
     def read_counters(self) -> RemoteCounters | None:
         """BatchEngine's hook: the graph's read costs (EgoGraphs.read_counters)."""
         return self.ego.read_counters()
+
+
+def _free_bytes(device: torch.device) -> int:
+    """Free memory of a CUDA ``device`` now (what the features may take a share of)."""
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def on_device(sub: SampledSubgraph, device: torch.device) -> SampledSubgraph:
+    """``sub`` with its tensors on ``device``: a GPU worker samples on the CPU
+    (``settings.sampling_device``) and computes on the GPU."""
+    if sub.node.device == device:
+        return sub
+    return dataclasses.replace(
+        sub,
+        node=sub.node.to(device, non_blocking=True),
+        edge_index=sub.edge_index.to(device, non_blocking=True),
+        edge=sub.edge.to(device, non_blocking=True),
+    )
 
 
 def missing_nodes(

@@ -615,9 +615,11 @@ def sampler_for(
     boundary: bool = False,
 ) -> NeighbourSampler:
     """The one way a serving sampler is built: the archive's fanouts, seed and limits, keyed on
-    the graph's checksum. The structure is small next to the features: on a GPU it moves there
-    so that sampling runs there; features stay memory-mapped and only sampled rows are copied.
-    A remote store is read through its view, one read of in-lists per hop."""
+    the graph's checksum. A GPU worker samples on the CPU unless ``settings.sampling_device``
+    is ``gpu``: then the structure (small next to the features) moves there. A remote store is
+    read through its view, one read of in-lists per hop."""
+    if settings.sampling_device != "gpu":
+        device = torch.device("cpu")
     view: GraphView | None = None
     if isinstance(store, GraphStore):
         indptr, indices = readonly_tensor(store.indptr), readonly_tensor(store.indices)

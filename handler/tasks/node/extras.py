@@ -30,7 +30,7 @@ from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters
 from handler.core.batch import Batch, BatchEngine, Group, StageTimes, timed
-from handler.core.ego import EgoGraphs, plain_module, seed_rows
+from handler.core.ego import EgoGraphs, on_device, plain_module, seed_rows
 from handler.core.sampler import ALL_NEIGHBOURS, NeighbourSampler, SampledSubgraph
 from handler.core.typed_ego import typed_answer
 from handler.protocol.class_answer import node_answer
@@ -151,7 +151,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
             max_edges=settings.max_subgraph_edges,
             boundary=serving_needs(self.ego.model).boundary_degrees,
         )
-        return ColdStart(view, sub)
+        return ColdStart(view, on_device(sub, self.ego.device))
 
     def run_group(self, group: Group, batch: Batch[Resolved]) -> None:
         if isinstance(group.payload, StoredRows):

@@ -1,0 +1,194 @@
+"""Stored node features in GPU memory, so that a GPU worker gathers a batch's rows with one
+index kernel instead of copying them from host memory every batch (on an H200, 256 seeds'
+21,901 rows: 3.1 ms from the memory map, 0.06 ms from GPU memory).
+
+The whole feature matrix goes to the GPU when it fits the worker's share of GPU memory
+(``settings.gpu_feature_fraction``); a larger one gets a cache of that many rows, the ones
+batches read, filled from the memory map through a pinned staging buffer and replaced by a
+clock (second-chance) hand. Only the stored graph's rows live here: rows that live updates
+changed or added are the overlay's, gathered from host memory and written over the result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from graph_assets.graph_view import GraphView
+from graph_assets.live.overlay import GraphOverlay
+from graph_assets.stored.store import GraphStore
+
+logger = logging.getLogger(__name__)
+
+_LOAD_CHUNK_ROWS = 1 << 16  # rows copied to the GPU at a time while loading the whole matrix
+
+
+class DeviceFeatures:
+    """The feature rows of a one-type stored graph on ``device``: all of them
+    (``capacity_rows >= num_nodes``) or a cache of ``capacity_rows`` of them."""
+
+    def __init__(self, store: GraphStore, device: torch.device, capacity_rows: int) -> None:
+        if capacity_rows < 1:
+            raise ValueError(f"capacity_rows must be >= 1; got {capacity_rows}")
+        self.store = store
+        self.device = device
+        self.features = store.features
+        num_nodes, width = self.features.shape
+        self.resident = capacity_rows >= num_nodes
+        rows = num_nodes if self.resident else capacity_rows
+        self.table = torch.empty((rows, width), dtype=torch.float32, device=device)
+        pin = device.type == "cuda"
+        if self.resident:
+            self._load_all(pin)
+            return
+        self.slot_of = np.full(num_nodes, -1, dtype=np.int64)  # node -> slot (-1: not held)
+        self.node_in = np.full(rows, -1, dtype=np.int64)  # slot -> node (-1: free)
+        self.referenced = np.zeros(rows, dtype=bool)
+        self.hand = 0
+        self._pin = pin
+        self.staging = torch.empty((0, width), dtype=torch.float32)
+        # The staging buffer is rewritten only once the GPU has read the last copy out of it.
+        self._copied: torch.cuda.Event | None = None
+        self.hits = self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.numel() * self.table.element_size()
+
+    def _load_all(self, pin: bool) -> None:
+        """Copies the memory-mapped matrix in chunks (never a second whole copy on the host)."""
+        chunk = torch.empty((_LOAD_CHUNK_ROWS, self.table.shape[1]), pin_memory=pin)
+        for start in range(0, self.table.shape[0], _LOAD_CHUNK_ROWS):
+            rows = self.features[start : start + _LOAD_CHUNK_ROWS]
+            staged = chunk[: len(rows)]
+            staged.numpy()[:] = rows
+            self.table[start : start + len(rows)].copy_(staged)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def rows(self, nodes: np.ndarray) -> torch.Tensor:
+        """``[len(nodes), F]`` on the device: the stored rows of ``nodes`` (each in
+        ``[0, num_nodes)``), as ``store.feature_rows`` gives them."""
+        if self.resident:
+            index = torch.from_numpy(nodes).to(self.device, non_blocking=True)
+            return self.table.index_select(0, index)
+        slots = self._slots(nodes)
+        if slots is None:  # more distinct rows than the cache holds: this batch reads the map
+            rows = torch.from_numpy(self.store.feature_rows(nodes))
+            return rows.to(self.device, non_blocking=True)
+        index = torch.from_numpy(slots).to(self.device, non_blocking=True)
+        return self.table.index_select(0, index)
+
+    def _slots(self, nodes: np.ndarray) -> np.ndarray | None:
+        """The cache slot of each of ``nodes``, loading the missing ones; None when they do
+        not fit at once."""
+        slots = self.slot_of[nodes]
+        missing = np.unique(nodes[slots < 0])
+        self.hits += int(len(nodes) - np.count_nonzero(slots < 0))
+        self.misses += int(np.count_nonzero(slots < 0))
+        held = slots[slots >= 0]
+        if len(missing) == 0:
+            self.referenced[held] = True
+            return slots
+        if len(missing) + len(np.unique(held)) > len(self.node_in):
+            return None
+        keep = np.zeros(len(self.node_in), dtype=bool)
+        keep[held] = True
+        free = self._victims(len(missing), keep)
+        evicted = self.node_in[free]
+        self.slot_of[evicted[evicted >= 0]] = -1
+        self._fill(free, missing)
+        self.node_in[free] = missing
+        self.slot_of[missing] = free
+        self.referenced[held] = True
+        self.referenced[free] = True
+        return self.slot_of[nodes]
+
+    def _victims(self, count: int, keep: np.ndarray) -> np.ndarray:
+        """``count`` slots to overwrite, never one in ``keep`` (this batch's hits): those the
+        clock hand finds unreferenced since its last pass (it clears the bits it passes; free
+        slots are unreferenced), a window of a few times ``count`` slots at a time."""
+        size = len(self.node_in)
+        chosen: list[np.ndarray] = []
+        found = 0
+        while found < count:
+            wanted = count - found
+            order = (self.hand + np.arange(min(size, max(4 * wanted, 1024)))) % size
+            usable = np.flatnonzero(~keep[order] & ~self.referenced[order])
+            last = int(usable[wanted - 1]) if len(usable) >= wanted else len(order) - 1
+            picked = order[usable[usable <= last]]
+            self.referenced[order[: last + 1]] = False
+            self.hand = int((order[last] + 1) % size)
+            keep[picked] = True  # not picked twice
+            chosen.append(picked)
+            found += len(picked)
+        return np.concatenate(chosen)
+
+    def _fill(self, slots: np.ndarray, nodes: np.ndarray) -> None:
+        """Writes the stored rows of ``nodes`` into ``slots`` through the staging buffer."""
+        if self._copied is not None:
+            self._copied.synchronize()
+        if len(self.staging) < len(nodes):  # grown to the largest load so far
+            width = self.table.shape[1]
+            self.staging = torch.empty((2 * len(nodes), width), pin_memory=self._pin)
+        staged = self.staging[: len(nodes)]
+        staged.numpy()[:] = self.store.feature_rows(nodes)
+        index = torch.from_numpy(slots).to(self.device, non_blocking=True)
+        self.table.index_copy_(0, index, staged.to(self.device, non_blocking=True))
+        if self.device.type == "cuda":
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
+
+def gather_features(
+    features: DeviceFeatures, view: GraphView, nodes: np.ndarray, device: torch.device
+) -> torch.Tensor:
+    """Feature rows of ``nodes`` in ``view`` (the stored graph, or the live overlay over it) on
+    ``device``: stored rows from ``features``; boundary rows (``-1``) zero; rows live updates
+    changed or added from the overlay, written over them."""
+    stored = (nodes >= 0) & (nodes < features.store.num_nodes)
+    x = features.rows(np.where(stored, nodes, 0))
+    patched = ~stored & (nodes >= 0)
+    if isinstance(view, GraphOverlay) and view.changed_rows:
+        patched |= np.isin(nodes, np.fromiter(view.changed_rows, dtype=np.int64))
+    if (nodes < 0).any():
+        x[torch.from_numpy(nodes < 0).to(device)] = 0
+    if patched.any():
+        at = np.flatnonzero(patched)
+        rows = torch.from_numpy(view.feature_rows(nodes[at])).to(device, non_blocking=True)
+        x[torch.from_numpy(at).to(device)] = rows
+    return x
+
+
+def feature_capacity(store: GraphStore, fraction: float, free_bytes: int) -> int:
+    """Rows of ``store``'s features that ``fraction`` of ``free_bytes`` holds, at most all."""
+    row_bytes = max(4 * store.feature_dim, 1)
+    return min(int(free_bytes * fraction) // row_bytes, store.num_nodes)
+
+
+def device_features_for(
+    store: object, device: torch.device, fraction: float, free_bytes: Callable[[], int]
+) -> DeviceFeatures | None:
+    """The features a GPU worker keeps on ``device``: None on the CPU, for a share of 0, for
+    a graph that is not a one-type stored graph (typed and remote graphs gather from host
+    memory), else all rows or as many as ``fraction`` of ``free_bytes()`` holds."""
+    if device.type == "cpu" or fraction <= 0 or not isinstance(store, GraphStore):
+        return None
+    if not store.schema.is_homogeneous:
+        return None
+    capacity = feature_capacity(store, fraction, free_bytes())
+    if capacity < 1:
+        return None
+    features = DeviceFeatures(store, device, capacity)
+    logger.info(
+        "features on %s: %s (%d of %d rows, %.0f MiB)",
+        device,
+        "all rows" if features.resident else "a cache of the rows batches read",
+        features.table.shape[0],
+        store.num_nodes,
+        features.nbytes / 2**20,
+    )
+    return features
