@@ -130,8 +130,8 @@ Serving (written to the archive's model-config YAML)
                           exactly the full-graph answer
   --fanouts-file F.json   a typed graph: fanouts per relation, {"user__pays__merchant": [10, 5]}
                           (PyG NeighborLoader's dict form); other relations take --fanouts
-  --batch-size N          TorchServe batchSize (default 8)
-  --max-batch-delay MS    TorchServe maxBatchDelay (default 5)
+  --batch-size N          TorchServe batchSize (default 8; 16 for GPU workers)
+  --max-batch-delay MS    TorchServe maxBatchDelay (default 5; 2 for GPU workers)
   --min-workers N         minWorkers and maxWorkers, given together (default: neither is
   --max-workers N         written). Written, they win over a register call's initial_workers
                           and over default_workers_per_model in config.properties (1 here);
@@ -140,6 +140,13 @@ Serving (written to the archive's model-config YAML)
                           must stay below it, or the build is refused
   --startup-timeout S     startupTimeout (default 300)
   --device auto|cpu|gpu   deviceType; auto = gpu when this machine has CUDA (default auto)
+  --sampling-device cpu|gpu
+                          GPU workers: sample on the CPU (default) or on the GPU
+  --gpu-feature-fraction F
+                          GPU workers: the stored features stay in GPU memory, all of them when
+                          they take at most F of its free memory, else a cache of that size of
+                          the rows batches read; 0 = gather from host memory (default 0.5)
+  --no-cuda-graphs        GPU workers: run the forward eagerly, not as captured CUDA graphs
   --sampling-seed N       seed of the deterministic neighbour sampler (default 0)
   --max-ids N             node IDs accepted in one request (default 1024)
   --max-subgraph-nodes N  a request whose sampled ego-graph has more nodes is refused with 413
@@ -222,9 +229,9 @@ while [ $# -gt 0 ]; do
     --fanouts|--batch-size|--max-batch-delay|--min-workers|--max-workers|--response-timeout|\
     --startup-timeout|--device|--sampling-seed|--max-ids|--max-subgraph-nodes|\
     --max-subgraph-edges|--torch-threads|--metrics-interval|--max-top-k|--max-graph-nodes|--max-graph-edges|\
-    --explain-steps|--explain-budget-ms|--fanouts-file)
+    --explain-steps|--explain-budget-ms|--fanouts-file|--sampling-device|--gpu-feature-fraction)
       need "$@"; yaml_args+=("$1=$2"); shift 2 ;;
-    --enable-updates|--no-verify-checksum) yaml_args+=("$1"); shift ;;
+    --enable-updates|--no-verify-checksum|--no-cuda-graphs) yaml_args+=("$1"); shift ;;
     --remote-cache-mb|--remote-timeout-ms) need "$@"; yaml_args+=("$1" "$2"); shift 2 ;;
     --precompute) precompute=1; shift ;;
     --update-state-dir|--update-secret-file|--update-follow-interval|--min-version-wait)

@@ -21,6 +21,7 @@ from graph_assets import StoreError, read_meta
 from graph_assets.remote import open_remote_store
 from graph_assets.remote.location import is_remote, parse_location
 from handler.settings import (
+    SAMPLING_DEVICES,
     TASKS,
     ServingSettings,
     check_explain_budget,
@@ -28,6 +29,11 @@ from handler.settings import (
     parse_fanouts,
     parse_relation_fanouts,
 )
+
+# (batchSize, maxBatchDelay ms) by deviceType: a CPU worker answers a small batch soonest; a
+# GPU worker's forward costs about the same for 1 or 256 seeds, so it takes more requests at
+# once (16: a batch of explanations, 2 s each by default, must fit responseTimeout's 60 s).
+BATCHING = {"cpu": (8, 5), "gpu": (16, 2)}
 
 
 def torchserve_section(
@@ -101,8 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help='fanouts per relation of a typed graph, JSON {"user__pays__merchant": [10, 5]}',
     )
-    parser.add_argument("--batch-size", type=int, default=8, help="TorchServe batchSize")
-    parser.add_argument("--max-batch-delay", type=int, default=5, help="maxBatchDelay in ms")
+    parser.add_argument(
+        "--batch-size", type=int, help="TorchServe batchSize (default 8; on GPU workers 16)"
+    )
+    parser.add_argument(
+        "--max-batch-delay", type=int, help="maxBatchDelay in ms (default 5; on GPU workers 2)"
+    )
     parser.add_argument(
         "--min-workers", type=int, help="minWorkers (with --max-workers); default: not written"
     )
@@ -209,9 +219,15 @@ def main(argv: list[str] | None = None) -> int:
             graph_checksum=graph_checksum,
             remote_cache_mb=args.remote_cache_mb,
             remote_timeout_ms=args.remote_timeout_ms,
+            sampling_device=args.sampling_device,
+            gpu_feature_fraction=args.gpu_feature_fraction,
+            cuda_graphs=not args.no_cuda_graphs,
         )
         settings = ServingSettings.from_yaml_section(settings.to_yaml_section())
         device = detect_device_type() if args.device == "auto" else args.device
+        batching = BATCHING[device]
+        args.batch_size = batching[0] if args.batch_size is None else args.batch_size
+        args.max_batch_delay = batching[1] if args.max_batch_delay is None else args.max_batch_delay
         config = torchserve_section(
             args.batch_size,
             args.max_batch_delay,
@@ -283,6 +299,23 @@ def _add_graph_options(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="with a redis:// --graph-location: the local store the build read, whose "
         "checksum the graph in Redis must have",
+    )
+    parser.add_argument(
+        "--sampling-device",
+        choices=SAMPLING_DEVICES,
+        default=ServingSettings.sampling_device,
+        help="GPU workers: where they sample ego-graphs",
+    )
+    parser.add_argument(
+        "--gpu-feature-fraction",
+        type=float,
+        default=ServingSettings.gpu_feature_fraction,
+        help="GPU workers: share of free GPU memory the stored features may take (0 = host)",
+    )
+    parser.add_argument(
+        "--no-cuda-graphs",
+        action="store_true",
+        help="GPU workers: run the forward eagerly instead of as captured CUDA graphs",
     )
     parser.add_argument(
         "--remote-cache-mb",

@@ -89,3 +89,20 @@ def test_the_read_your_writes_wait_reaches_the_gnn_section(tmp_path):
     code, config = written(tmp_path, "--enable-updates", "--min-version-wait", "250")
     assert code == 0 and config is not None
     assert ServingSettings.from_yaml_section(config["gnn"]).min_version_wait_ms == 250
+
+
+def test_gpu_archives_batch_more_and_take_the_gpu_settings(tmp_path, capsys):
+    code, config = written(tmp_path / "cpu", "--device", "cpu")
+    assert code == 0 and config is not None
+    assert (config["batchSize"], config["maxBatchDelay"], config["deviceType"]) == (8, 5, "cpu")
+    options = ["--device", "gpu", "--gpu-feature-fraction", "0.25", "--no-cuda-graphs"]
+    code, config = written(tmp_path / "gpu", *options)
+    assert code == 0 and config is not None
+    assert (config["batchSize"], config["maxBatchDelay"], config["deviceType"]) == (16, 2, "gpu")
+    settings = ServingSettings.from_yaml_section(config["gnn"])
+    assert (settings.sampling_device, settings.gpu_feature_fraction) == ("cpu", 0.25)
+    assert settings.cuda_graphs is False
+    code, config = written(tmp_path / "named", "--device", "gpu", "--batch-size", "4")
+    assert code == 0 and config is not None and config["batchSize"] == 4
+    assert written(tmp_path / "bad", "--gpu-feature-fraction", "2")[0] == 2
+    assert "gpu_feature_fraction must be a share" in capsys.readouterr().err
