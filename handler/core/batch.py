@@ -22,6 +22,7 @@ import torch
 
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.remote import RemoteCounters
+from handler.core.feature_keeper import KeeperLost
 from handler.protocol.error_table import (
     api_error,
     batch_error,
@@ -66,7 +67,10 @@ def raise_if_fatal(error: Exception, device: torch.device) -> None:
 
 
 def is_fatal_device_error(error: BaseException) -> bool:
-    """True for a CUDA error that leaves the device unusable (not an out-of-memory)."""
+    """True for a CUDA error that leaves the device unusable (not an out-of-memory), and for
+    the end of the process that held this GPU's shared features."""
+    if isinstance(error, KeeperLost):
+        return True
     if is_out_of_memory(error):
         return False
     accelerator = getattr(torch, "AcceleratorError", None)

@@ -20,17 +20,24 @@ import torch
 from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay
 from graph_assets.stored.store import GraphStore
+from handler.core.device_copy import copy_to_device
+from handler.core.feature_keeper import KeeperLost, SharedFeatures, attach
 
 logger = logging.getLogger(__name__)
-
-_LOAD_CHUNK_ROWS = 1 << 16  # rows copied to the GPU at a time while loading the whole matrix
 
 
 class DeviceFeatures:
     """The feature rows of a one-type stored graph on ``device``: all of them
     (``capacity_rows >= num_nodes``) or a cache of ``capacity_rows`` of them."""
 
-    def __init__(self, store: GraphStore, device: torch.device, capacity_rows: int) -> None:
+    def __init__(
+        self,
+        store: GraphStore,
+        device: torch.device,
+        capacity_rows: int,
+        shared: SharedFeatures | None = None,
+    ) -> None:
+        """``shared``: the whole matrix as the GPU's keeper holds it (feature_keeper)."""
         if capacity_rows < 1:
             raise ValueError(f"capacity_rows must be >= 1; got {capacity_rows}")
         self.store = store
@@ -38,17 +45,16 @@ class DeviceFeatures:
         self.features = store.features
         num_nodes, width = self.features.shape
         self.resident = capacity_rows >= num_nodes
-        rows = num_nodes if self.resident else capacity_rows
-        self.table = torch.empty((rows, width), dtype=torch.float32, device=device)
-        pin = device.type == "cuda"
+        self.shared = shared
         if self.resident:
-            self._load_all(pin)
+            self.table = copy_to_device(self.features, device) if shared is None else shared.table
             return
+        self.table = torch.empty((capacity_rows, width), dtype=torch.float32, device=device)
         self.slot_of = np.full(num_nodes, -1, dtype=np.int64)  # node -> slot (-1: not held)
-        self.node_in = np.full(rows, -1, dtype=np.int64)  # slot -> node (-1: free)
-        self.referenced = np.zeros(rows, dtype=bool)
+        self.node_in = np.full(capacity_rows, -1, dtype=np.int64)  # slot -> node (-1: free)
+        self.referenced = np.zeros(capacity_rows, dtype=bool)
         self.hand = 0
-        self._pin = pin
+        self._pin = device.type == "cuda"
         self.staging = torch.empty((0, width), dtype=torch.float32)
         # The staging buffer is rewritten only once the GPU has read the last copy out of it.
         self._copied: torch.cuda.Event | None = None
@@ -58,21 +64,12 @@ class DeviceFeatures:
     def nbytes(self) -> int:
         return self.table.numel() * self.table.element_size()
 
-    def _load_all(self, pin: bool) -> None:
-        """Copies the memory-mapped matrix in chunks (never a second whole copy on the host)."""
-        chunk = torch.empty((_LOAD_CHUNK_ROWS, self.table.shape[1]), pin_memory=pin)
-        for start in range(0, self.table.shape[0], _LOAD_CHUNK_ROWS):
-            rows = self.features[start : start + _LOAD_CHUNK_ROWS]
-            staged = chunk[: len(rows)]
-            staged.numpy()[:] = rows
-            self.table[start : start + len(rows)].copy_(staged)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def rows(self, nodes: np.ndarray) -> torch.Tensor:
         """``[len(nodes), F]`` on the device: the stored rows of ``nodes`` (each in
         ``[0, num_nodes)``), as ``store.feature_rows`` gives them."""
         if self.resident:
+            if self.shared is not None:
+                self.shared.check()
             index = torch.from_numpy(nodes).to(self.device, non_blocking=True)
             return self.table.index_select(0, index)
         slots = self._slots(nodes)
@@ -174,7 +171,8 @@ def device_features_for(
 ) -> DeviceFeatures | None:
     """The features a GPU worker keeps on ``device``: None on the CPU, for a share of 0, for
     a graph that is not a one-type stored graph (typed and remote graphs gather from host
-    memory), else all rows or as many as ``fraction`` of ``free_bytes()`` holds."""
+    memory); else all rows, held once per GPU by its keeper (a private copy if that fails),
+    or a cache of as many rows as ``fraction`` of ``free_bytes()`` holds."""
     if device.type == "cpu" or fraction <= 0 or not isinstance(store, GraphStore):
         return None
     if not store.schema.is_homogeneous:
@@ -182,11 +180,21 @@ def device_features_for(
     capacity = feature_capacity(store, fraction, free_bytes())
     if capacity < 1:
         return None
-    features = DeviceFeatures(store, device, capacity)
+    shared = None
+    if capacity >= store.num_nodes:
+        try:
+            shared = attach(store.path, store.checksum, device)
+        except (KeeperLost, OSError) as error:
+            logger.warning("features not shared on %s (%s); this worker copies them", device, error)
+    features = DeviceFeatures(store, device, capacity, shared)
     logger.info(
         "features on %s: %s (%d of %d rows, %.0f MiB)",
         device,
-        "all rows" if features.resident else "a cache of the rows batches read",
+        "all rows, one copy per GPU"
+        if shared is not None
+        else "all rows"
+        if features.resident
+        else "a cache of the rows batches read",
         features.table.shape[0],
         store.num_nodes,
         features.nbytes / 2**20,
