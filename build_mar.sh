@@ -133,9 +133,10 @@ Serving (written to the archive's model-config YAML)
   --batch-size N          TorchServe batchSize (default 8; 16 for GPU workers)
   --max-batch-delay MS    TorchServe maxBatchDelay (default 5; 2 for GPU workers)
   --min-workers N         minWorkers and maxWorkers, given together (default: neither is
-  --max-workers N         written). Written, they win over a register call's initial_workers
-                          and over default_workers_per_model in config.properties (1 here);
-                          unwritten, initial_workers applies, else default_workers_per_model
+  --max-workers N         written; for GPU workers, 4 per GPU of the build machine). Written,
+                          they win over a register call's initial_workers and over
+                          default_workers_per_model in config.properties (1 here); unwritten,
+                          initial_workers applies, else default_workers_per_model
   --response-timeout S    responseTimeout (default 60); --batch-size x --explain-budget-ms
                           must stay below it, or the build is refused
   --startup-timeout S     startupTimeout (default 300)

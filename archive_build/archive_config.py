@@ -34,6 +34,9 @@ from handler.settings import (
 # GPU worker's forward costs about the same for 1 or 256 seeds, so it takes more requests at
 # once (16: a batch of explanations, 2 s each by default, must fit responseTimeout's 60 s).
 BATCHING = {"cpu": (8, 5), "gpu": (16, 2)}
+# Workers per GPU: each samples on a CPU core of its own while the others' batches run on the
+# GPU, and all of them map the one copy of the features that the GPU's keeper holds.
+WORKERS_PER_GPU = 4
 
 
 def torchserve_section(
@@ -76,6 +79,18 @@ def worker_keys(min_workers: int | None, max_workers: int | None) -> dict[str, i
     if min_workers > max_workers:
         raise ValueError(f"minWorkers ({min_workers}) must not exceed maxWorkers ({max_workers})")
     return {"minWorkers": min_workers, "maxWorkers": max_workers}
+
+
+def gpu_workers(gpus: int) -> int | None:
+    """Workers of a GPU archive built on a machine with ``gpus`` GPUs: WORKERS_PER_GPU each
+    (TorchServe hands workers GPUs round-robin); None leaves the count to TorchServe."""
+    return WORKERS_PER_GPU * gpus if gpus > 0 else None
+
+
+def local_gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def detect_device_type() -> str:
@@ -228,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         batching = BATCHING[device]
         args.batch_size = batching[0] if args.batch_size is None else args.batch_size
         args.max_batch_delay = batching[1] if args.max_batch_delay is None else args.max_batch_delay
+        if device == "gpu" and args.min_workers is None and args.max_workers is None:
+            args.min_workers = args.max_workers = gpu_workers(local_gpu_count())
         config = torchserve_section(
             args.batch_size,
             args.max_batch_delay,

@@ -7,6 +7,7 @@ import json
 import pytest
 import yaml
 
+from archive_build import archive_config
 from archive_build.archive_config import main as write_archive_config
 from graph_assets import generate_synthetic
 from handler.settings import ServingSettings
@@ -106,3 +107,18 @@ def test_gpu_archives_batch_more_and_take_the_gpu_settings(tmp_path, capsys):
     assert code == 0 and config is not None and config["batchSize"] == 4
     assert written(tmp_path / "bad", "--gpu-feature-fraction", "2")[0] == 2
     assert "gpu_feature_fraction must be a share" in capsys.readouterr().err
+
+
+def test_gpu_archives_ask_for_workers_per_gpu_of_the_build_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr(archive_config, "local_gpu_count", lambda: 2)
+    code, config = written(tmp_path / "two", "--device", "gpu")
+    assert code == 0 and config is not None
+    expected = 2 * archive_config.WORKERS_PER_GPU
+    assert (config["minWorkers"], config["maxWorkers"]) == (expected, expected)
+    code, config = written(
+        tmp_path / "named", "--device", "gpu", *("--min-workers", "1"), *("--max-workers", "1")
+    )
+    assert config is not None and (config["minWorkers"], config["maxWorkers"]) == (1, 1)
+    monkeypatch.setattr(archive_config, "local_gpu_count", lambda: 0)
+    code, config = written(tmp_path / "none", "--device", "gpu")
+    assert config is not None and "minWorkers" not in config
