@@ -26,8 +26,8 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 from model.config import Arch, ModelConfig
 from model.trimmed import (
     ConvOnRows,
-    edges_per_hop,
     gnn_layer,
+    known_hop_edges,
     runs_stock_propagate,
     trimmed_forward,
 )
@@ -39,7 +39,9 @@ class NodeClassifier(torch.nn.Module):
     ``level_sizes`` (rows per hop of a sampled ego-graph whose rows are grouped by hop and
     whose edges are grouped by the hop of their destination, as the server's sampler lays them
     out) lets each layer compute only the rows a later layer reads, PyG's trim-to-layer: layer
-    ``i`` drops the last ``i`` hops. The seed rows' outputs are unchanged.
+    ``i`` drops the last ``i`` hops. The seed rows' outputs are unchanged. ``hop_edges`` (edges
+    into each hop, as the sampler knows them) spares counting them from ``edge_index``: the
+    forward then reads no tensor data on the host, so a CUDA graph can capture it.
     """
 
     def __init__(self, gnn: BasicGNN) -> None:
@@ -53,13 +55,14 @@ class NodeClassifier(torch.nn.Module):
         degree: Tensor | None = None,
         level_sizes: Sequence[int] | None = None,
         edge_attr: Tensor | None = None,
+        hop_edges: Sequence[int] | None = None,
     ) -> Tensor:
         """Logits ``[num_rows, out_dim]`` (only the first rows when ``level_sizes`` trims);
         ``degree`` and ``edge_attr`` are accepted for the served-model protocol
         (``model.served``): the presets read no edge features."""
         if level_sizes is None:
             return self.gnn(x, edge_index)
-        return trimmed_forward(self.gnn, x, edge_index, level_sizes)
+        return trimmed_forward(self.gnn, x, edge_index, level_sizes, hop_edges=hop_edges)
 
     def layer(
         self,
@@ -113,6 +116,7 @@ class GCN(NodeClassifier):
         degree: Tensor | None = None,
         level_sizes: Sequence[int] | None = None,
         edge_attr: Tensor | None = None,
+        hop_edges: Sequence[int] | None = None,
     ) -> Tensor:
         """Logits; ``degree`` = full-graph in-degree of each row of ``x``, self-loops not counted.
 
@@ -121,15 +125,15 @@ class GCN(NodeClassifier):
         layer's own.
         """
         if level_sizes is not None:
-            edge_index, edge_weight, hop_edges = _gcn_edges_by_hop(
-                edge_index, x.size(0), degree, x.dtype, level_sizes
+            edge_index, edge_weight, groups = _gcn_edges_by_hop(
+                edge_index, x.size(0), degree, x.dtype, level_sizes, hop_edges
             )
             return self.gnn(
                 x,
                 edge_index,
                 edge_weight=edge_weight,
                 num_sampled_nodes_per_hop=list(level_sizes),
-                num_sampled_edges_per_hop=hop_edges,
+                num_sampled_edges_per_hop=groups,
             )
         edge_index, edge_weight = gcn_norm_with_degree(edge_index, x.size(0), degree, x.dtype)
         return self.gnn(x, edge_index, edge_weight=edge_weight)
@@ -217,7 +221,11 @@ class _WideGIN(pyg_models.GIN):
 
 
 def gcn_norm_with_degree(
-    edge_index: Tensor, num_rows: int, degree: Tensor | None, dtype: torch.dtype
+    edge_index: Tensor,
+    num_rows: int,
+    degree: Tensor | None,
+    dtype: torch.dtype,
+    keep_loops: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """GCN's symmetric normalisation from given in-degrees, as PyG's ``GCNConv`` computes it:
     the graph's self-loops replaced by one self-loop per row (``add_remaining_self_loops``).
@@ -226,13 +234,15 @@ def gcn_norm_with_degree(
     edge_weight)``: edge ``j -> i`` weighs ``1/sqrt((deg_i+1)(deg_j+1))``, a row's self-loop
     ``1/(deg_i+1)``. ``degree``: in-degree without self-loops of each row (the store's
     ``degree_rows``); None means the in-degree within ``edge_index``, as on a whole graph.
+    ``keep_loops``: the graph's self-loops stay in place with weight 0 (the same sums, and no
+    shape that depends on the data, which a CUDA graph cannot capture).
     """
     is_loop = edge_index[0] == edge_index[1]
-    if bool(is_loop.any()):
-        edge_index = edge_index[:, ~is_loop]
+    if not keep_loops and bool(is_loop.any()):
+        edge_index, is_loop = edge_index[:, ~is_loop], is_loop[~is_loop]
     if degree is None:
         deg = torch.zeros(num_rows, dtype=dtype, device=edge_index.device)
-        deg.scatter_add_(0, edge_index[1], torch.ones_like(edge_index[1], dtype=dtype))
+        deg.scatter_add_(0, edge_index[1], (~is_loop).to(dtype))
     else:
         if degree.shape != (num_rows,):
             raise ValueError(
@@ -243,7 +253,10 @@ def gcn_norm_with_degree(
     inv_sqrt = (deg + 1.0).rsqrt()
     src, dst = edge_index
     loops = torch.arange(num_rows, device=edge_index.device, dtype=edge_index.dtype)
-    weight = torch.cat([inv_sqrt[src] * inv_sqrt[dst], inv_sqrt * inv_sqrt])
+    between = inv_sqrt[src] * inv_sqrt[dst]
+    if keep_loops:
+        between = between.masked_fill(is_loop, 0.0)
+    weight = torch.cat([between, inv_sqrt * inv_sqrt])
     return torch.cat([edge_index, torch.stack([loops, loops])], dim=1), weight
 
 
@@ -253,13 +266,15 @@ def _gcn_edges_by_hop(
     degree: Tensor | None,
     dtype: torch.dtype,
     level_sizes: Sequence[int],
+    hop_edges: Sequence[int] | None = None,
 ) -> tuple[Tensor, Tensor, list[int]]:
     """GCN's weighted edges with each row's self-loop placed in the hop group that is trimmed
     together with that row: group ``h`` = edges into hop ``h`` + self-loops of hop ``h+1``
-    rows (group 0 also holds the seeds' self-loops)."""
-    looped, weight = gcn_norm_with_degree(edge_index, num_rows, degree, dtype)
-    num_edges = looped.size(1) - num_rows  # the graph's self-loops are replaced by the rows'
-    hop_edges = edges_per_hop(looped[:, :num_edges], level_sizes)
+    rows (group 0 also holds the seeds' self-loops). The graph's self-loops stay in their hop
+    with weight 0, so every size here is known on the host given ``hop_edges``."""
+    looped, weight = gcn_norm_with_degree(edge_index, num_rows, degree, dtype, keep_loops=True)
+    num_edges = edge_index.size(1)
+    hop_edges = known_hop_edges(edge_index, level_sizes, hop_edges)
     offsets = [0, *itertools.accumulate(level_sizes)]
     edge_starts = [0, *itertools.accumulate(hop_edges)]
     order: list[Tensor] = []

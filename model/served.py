@@ -1,7 +1,9 @@
 """The served-model protocol: what the engines may ask of a node-level model, whoever wrote it.
 
-``forward(x, edge_index, degree=None, level_sizes=None, edge_attr=None) -> rows`` on a sampled
-ego-graph (or the whole graph when ``level_sizes`` is None): the presets
+``forward(x, edge_index, degree=None, level_sizes=None, edge_attr=None, hop_edges=None) -> rows``
+on a sampled ego-graph (or the whole graph when ``level_sizes`` is None), ``hop_edges`` being
+the edges into each hop as the sampler knows them (None: counted from ``edge_index``, a read of
+its data on the host that a CUDA graph cannot capture): the presets
 (``model.architectures``) implement it themselves; the user's class gets it from
 :class:`UserNodeModel`, a thin adapter that calls PyG's own signature, ``forward(x, edge_index)``
 plus ``edge_attr`` or ``edge_weight`` where the model takes them. :func:`serving_needs` says
@@ -20,7 +22,7 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-from model.trimmed import edges_per_hop, trimmed_forward, trims_by_rows
+from model.trimmed import known_hop_edges, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig
 
 # Layers that normalise a message by its source's degree (PyG's gcn_norm and the like): on an
@@ -89,19 +91,23 @@ class UserNodeModel(torch.nn.Module):
         degree: Tensor | None = None,
         level_sizes: Sequence[int] | None = None,
         edge_attr: Tensor | None = None,
+        hop_edges: Sequence[int] | None = None,
     ) -> Tensor:
         """The module's rows; ``degree`` is not the user's business (boundary degrees come in
-        the ego-graph's edges), ``level_sizes`` trims a ``BasicGNN`` layer by layer."""
+        the ego-graph's edges), ``level_sizes`` (and ``hop_edges``) trim a ``BasicGNN`` layer
+        by layer."""
         module = self.module
         if level_sizes is not None and self._by_rows:
             assert isinstance(module, BasicGNN)
             if len(level_sizes) > module.num_layers:  # every layer has a hop to read
-                return trimmed_forward(module, x, edge_index, level_sizes, edge_attr)
+                return trimmed_forward(module, x, edge_index, level_sizes, edge_attr, hop_edges)
         kwargs = edge_kwargs(self.config.edge_input, edge_attr)
         rows = x.size(0)
         if level_sizes is not None and self.config.trim:
             kwargs["num_sampled_nodes_per_hop"] = list(level_sizes)
-            kwargs["num_sampled_edges_per_hop"] = edges_per_hop(edge_index, level_sizes)
+            kwargs["num_sampled_edges_per_hop"] = known_hop_edges(
+                edge_index, level_sizes, hop_edges
+            )
             rows = level_sizes[0]  # trimmed: the seeds' rows come first, the rest may not
         out = module(x, edge_index, **kwargs)
         if not isinstance(out, Tensor) or out.dim() != 2 or out.size(0) < rows:

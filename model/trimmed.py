@@ -6,6 +6,10 @@ layer ``i`` of an ``L``-layer model only has to produce hops ``0..L-1-i``: it ru
 ``conv((x, x[:rows]), edges[:, :e])`` (the destination rows are a prefix of the source rows).
 SAGE (mean) and GIN layers are computed from their own weights without PyG's per-call
 bookkeeping, which on a few thousand rows costs about as much as the arithmetic itself.
+
+Given the edges into each hop (``hop_edges``, which the host knows from the sampler), the
+forward reads no tensor data on the host: no shape depends on a value, so a CUDA graph can
+capture it (handler.core.captured_forward).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch_geometric.nn import (
 )
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 from torch_geometric.nn.norm import BatchNorm
+from torch_geometric.utils import add_self_loops
 
 # Layers that take a (source rows, destination rows) pair, so a layer can write fewer rows
 # than it reads.
@@ -52,12 +57,14 @@ def trimmed_forward(
     edge_index: Tensor,
     level_sizes: Sequence[int],
     edge_attr: Tensor | None = None,
+    hop_edges: Sequence[int] | None = None,
 ) -> Tensor:
     """``gnn``'s output for the first rows of ``x`` (at least the seeds'); layer ``i`` reads
     hops ``0..L-i`` and writes hops ``0..L-1-i``. As ``BasicGNN.forward`` between layers: act
-    (first or after), norm, dropout."""
+    (first or after), norm, dropout. ``hop_edges``: edges into each hop (default: counted from
+    ``edge_index``, which reads it on the host)."""
     rows = list(itertools.accumulate(level_sizes))
-    edges = list(itertools.accumulate(edges_per_hop(edge_index, level_sizes)))
+    edges = list(itertools.accumulate(known_hop_edges(edge_index, level_sizes, hop_edges)))
     for i in range(gnn.num_layers):
         keep = gnn.num_layers - 1 - i  # the deepest hop whose rows this layer's output feeds
         attr = None if edge_attr is None else edge_attr[: edges[keep]]
@@ -129,9 +136,39 @@ def layer_on_rows(
         if isinstance(conv, GINConv) and conv.aggr == "add":
             total = aggregate_in_edges(x, edge_index, rows, mean=False)
             return conv.nn(total + (1 + conv.eps) * x[:rows])
+        if isinstance(conv, GATConv | GATv2Conv) and conv.add_self_loops:
+            return attention_on_rows(conv, x, rows, edge_index, edge_attr)
     if edge_attr is not None:
         return conv((x, x[:rows]), edge_index, edge_attr=edge_attr)
     return conv((x, x[:rows]), edge_index)
+
+
+def attention_on_rows(
+    conv: GATConv | GATv2Conv,
+    x: Tensor,
+    rows: int,
+    edge_index: Tensor,
+    edge_attr: Tensor | None = None,
+) -> Tensor:
+    """A GAT layer's rows with its self-loops replaced as PyG does (the graph's dropped, one
+    per row added after the other edges, their features ``fill_value``), without dropping
+    anything: a graph self-loop is sent to one extra destination row, whose output is cut
+    off. Dropping would size a tensor by its data, a host read. Each row attends over the
+    same edges in the same order as in PyG's own forward."""
+    src, dst = edge_index
+    sink = torch.full_like(dst, rows)
+    edge_index = torch.stack([src, torch.where(src == dst, sink, dst)])
+    edge_index, edge_attr = add_self_loops(
+        edge_index, edge_attr, fill_value=conv.fill_value, num_nodes=rows + 1
+    )
+    if x.size(0) == rows:  # the extra row's own self-loop needs a source row too
+        x = torch.cat([x, x.new_zeros(1, x.size(1))])
+    conv.add_self_loops = False
+    try:
+        out = conv((x, x[: rows + 1]), edge_index, edge_attr=edge_attr)
+    finally:
+        conv.add_self_loops = True
+    return out[:rows]
 
 
 def runs_stock_propagate(conv: MessagePassing) -> bool:
@@ -158,8 +195,25 @@ def aggregate_in_edges(x: Tensor, edge_index: Tensor, rows: int, mean: bool) -> 
     total = x.new_zeros(rows, x.size(1)).index_add_(0, dst, x.index_select(0, src))
     if not mean:
         return total
-    count = torch.bincount(dst, minlength=rows).clamp_(min=1).to(x.dtype)
+    # Counted by index_add, not bincount: on CUDA bincount reads the largest index on the host.
+    count = x.new_zeros(rows).index_add_(0, dst, x.new_ones(dst.size(0))).clamp_(min=1)
     return total / count.unsqueeze(1)
+
+
+def known_hop_edges(
+    edge_index: Tensor, level_sizes: Sequence[int], hop_edges: Sequence[int] | None
+) -> list[int]:
+    """``hop_edges`` when the caller knows them (checked against the edges' total), else
+    :func:`edges_per_hop`."""
+    if hop_edges is None:
+        return edges_per_hop(edge_index, level_sizes)
+    if len(hop_edges) != len(level_sizes) - 1 or sum(hop_edges) != edge_index.size(1):
+        raise ValueError(
+            f"hop_edges must give the edges into each hop but the last "
+            f"({len(level_sizes) - 1} counts summing to the {edge_index.size(1)} edges), got "
+            f"{list(hop_edges)}"
+        )
+    return list(hop_edges)
 
 
 def edges_per_hop(edge_index: Tensor, level_sizes: Sequence[int]) -> list[int]:
