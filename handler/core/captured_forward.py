@@ -1,0 +1,386 @@
+"""The node model's forward without launch overhead: one CUDA graph per bucket of padded
+ego-graphs, replayed for every batch that pads to it.
+
+On a few hundred rows a forward is many small kernels, each launched by the host (0.7 ms for
+94 rows on an H200, most of it launches). Padded ego-graphs (handler.core.padding) come in few
+shapes; for each shape (:class:`BucketKey`) the forward is captured once into a CUDA graph, at
+its first use, and a later batch of that shape is copied into the graph's input buffers and
+replayed as one launch. Graphs are kept in a bounded LRU sharing one memory pool.
+
+A forward that cannot be captured (a user's model that reads a tensor on the host, an op
+CUDA graphs do not support) is found when its capture raises: one warning, and that model
+runs eager from then on, with the same answers. On a CPU the forward always runs eager, on the
+same padded inputs.
+
+Usage::
+
+    forward = CapturedForward(model, device, enabled=True, max_graphs=64)
+    padded = pad_subgraph(sub)                    # CPU; its tensors may be moved to device
+    x, degree = ego.gather(padded.sub.node)       # padding rows: node -1, zeros
+    edge_attr = ego.edge_features(padded.sub.edge)
+    rows = forward(padded, x, degree, edge_attr)  # [num_seeds, C], the seeds' rows
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from handler.core.padding import PaddedSubgraph
+
+logger = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+DEFAULT_MAX_GRAPHS = 64
+
+Replay = Callable[[], Tensor]
+"""Runs the captured forward again on its input buffers; returns its output buffer."""
+
+Capture = Callable[[Callable[[], Tensor]], Replay]
+"""Captures ``forward`` (a call of the model on the input buffers) and returns its replay;
+raises when the forward cannot be captured."""
+
+# Ops that make the host wait for a device's data: they read a value, or size their output
+# by the data.
+_READS = {
+    aten._local_scalar_dense,
+    aten.item,  # as inference mode dispatches it, undecomposed
+    aten.is_nonzero,
+    aten.equal,
+    aten.allclose,
+    aten.nonzero,
+    aten.masked_select,
+    aten.bincount,
+    aten._unique,
+    aten._unique2,
+    aten.unique_dim,
+    aten.unique_consecutive,
+}
+_INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+_COPIES = {aten._to_copy, aten.copy_, aten.to}
+
+
+class HostRead(RuntimeError):
+    """An op of the forward reads tensor data on the host (a sync): no CUDA graph can
+    capture it."""
+
+
+class HostReads(TorchDispatchMode):
+    """Raises :class:`HostRead` at the first op that reads data of a ``device_type`` tensor on
+    the host: a scalar read (``item``, ``int``, ``bool``, ``==`` of tensors), an output sized
+    by the data (``nonzero``, boolean-mask indexing, ``bincount``, ``unique``,
+    ``repeat_interleave`` without ``output_size``) or a copy between host and device.
+
+    Run before a capture, it names the op instead of a failed capture; with ``"cpu"`` it
+    checks on a CPU that a forward would be capturable on a GPU."""
+
+    def __init__(self, device_type: str) -> None:
+        super().__init__()
+        self.device_type = device_type
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if self._reads(func, args, kwargs):
+            raise HostRead(f"{func} reads tensor data on the host")
+        return func(*args, **kwargs)
+
+    def _reads(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, Tensor)]
+        indices = [
+            index
+            for a in args
+            if isinstance(a, list | tuple)
+            for index in a
+            if isinstance(index, Tensor)
+        ]
+        on_device = any(t.device.type == self.device_type for t in tensors + indices)
+        packet = func.overloadpacket
+        if packet in _COPIES:
+            devices = {t.device for t in tensors}
+            target = kwargs.get("device")
+            if target is not None:
+                devices.add(torch.device(target))
+            return len({d.type for d in devices}) > 1 and on_device
+        if not on_device:
+            return False
+        if packet in _READS:
+            return True
+        if packet is aten.repeat_interleave:
+            return isinstance(args[0], Tensor) and kwargs.get("output_size") is None
+        if packet in _INDEXING:
+            return any(index.dtype in (torch.bool, torch.uint8) for index in indices)
+        return False
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    """The shape of a forward: every input's size, so one captured graph replays for all
+    batches of the key (``num_seeds`` is not part of it: the seeds' rows are read out).
+
+    Attributes:
+        level_sizes: padded rows per level.
+        hop_edges: padded edges into each hop.
+        feature_width: node feature columns; ``edge_width``: edge feature columns, ``-1``
+            without edge features.
+        degree: whether degrees are given; ``boundary``: the last level is the boundary's.
+        dtypes: of the features, edge features and degrees.
+    """
+
+    level_sizes: tuple[int, ...]
+    hop_edges: tuple[int, ...]
+    feature_width: int
+    edge_width: int
+    degree: bool
+    boundary: bool
+    dtypes: tuple[str, ...]
+
+    @classmethod
+    def of(
+        cls,
+        padded: PaddedSubgraph,
+        x: Tensor,
+        degree: Tensor | None,
+        edge_attr: Tensor | None,
+    ) -> BucketKey:
+        """The key of one padded batch (ValueError when the inputs do not fit it)."""
+        sub = padded.sub
+        edge_width = -1 if edge_attr is None else _width(edge_attr)
+        if x.size(0) != sub.num_nodes or (degree is not None and degree.size(0) != x.size(0)):
+            raise ValueError(
+                f"x and degree need one row per row of the padded ego-graph ({sub.num_nodes}), "
+                f"got {x.size(0)} and {None if degree is None else degree.size(0)}"
+            )
+        if edge_attr is not None and edge_attr.size(0) != sub.num_edges:
+            raise ValueError(
+                f"edge_attr needs one row per edge of the padded ego-graph ({sub.num_edges}), "
+                f"got {edge_attr.size(0)}"
+            )
+        return cls(
+            level_sizes=sub.level_sizes,
+            hop_edges=padded.hop_edges,
+            feature_width=_width(x),
+            edge_width=edge_width,
+            degree=degree is not None,
+            boundary=sub.boundary,
+            dtypes=tuple(str(t.dtype) for t in (x, edge_attr, degree) if t is not None),
+        )
+
+
+def _width(t: Tensor) -> int:
+    return int(t.size(1)) if t.dim() > 1 else 1
+
+
+@dataclass
+class _Inputs:
+    """The input buffers a captured graph reads: each batch is copied into them."""
+
+    x: Tensor
+    edge_index: Tensor
+    degree: Tensor | None
+    edge_attr: Tensor | None
+
+    @classmethod
+    def like(
+        cls,
+        device: torch.device,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None,
+        edge_attr: Tensor | None,
+    ) -> _Inputs:
+        def empty(t: Tensor | None) -> Tensor | None:
+            return None if t is None else torch.empty_like(t, device=device)
+
+        made = (empty(x), empty(edge_index), empty(degree), empty(edge_attr))
+        assert made[0] is not None and made[1] is not None
+        return cls(made[0], made[1], made[2], made[3])
+
+    def fill(
+        self, x: Tensor, edge_index: Tensor, degree: Tensor | None, edge_attr: Tensor | None
+    ) -> None:
+        for buffer, value in (
+            (self.x, x),
+            (self.edge_index, edge_index),
+            (self.degree, degree),
+            (self.edge_attr, edge_attr),
+        ):
+            if buffer is not None and value is not None:
+                buffer.copy_(value, non_blocking=True)
+
+
+@dataclass
+class _Graph:
+    inputs: _Inputs
+    replay: Replay
+
+
+def cuda_graph_capture(device: torch.device) -> Capture:
+    """Captures on ``device`` into one memory pool shared by every graph it makes (they run
+    one at a time, on one stream). As torch's docs ask: warm-up on a side stream (the first
+    run under :class:`HostReads`, so a forward that syncs fails before any capture), then the
+    capture, whose errors concern this thread only."""
+    pool = torch.cuda.graph_pool_handle()
+
+    def capture(forward: Callable[[], Tensor]) -> Replay:
+        with torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                with HostReads(device.type):
+                    forward()
+                forward()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+                out = forward()
+
+        def replay() -> Tensor:
+            graph.replay()
+            return out
+
+        return replay
+
+    return capture
+
+
+class CapturedForward:
+    """``model``'s forward on padded ego-graphs, captured per :class:`BucketKey` on a CUDA
+    ``device`` (eager on a CPU, when ``enabled`` is False, or after a capture failed).
+
+    ``max_graphs`` (default 64) bounds the graphs kept: the least recently used one is
+    dropped, its memory going back to the shared pool. ``capture`` replaces the CUDA capture
+    (tests inject one on a CPU)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        device: torch.device,
+        enabled: bool = True,
+        max_graphs: int = DEFAULT_MAX_GRAPHS,
+        capture: Capture | None = None,
+    ) -> None:
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs must be at least 1, got {max_graphs}")
+        self.model = model
+        self.device = device
+        self.max_graphs = max_graphs
+        if capture is None and device.type == "cuda":
+            capture = cuda_graph_capture(device)
+        self._capture = capture if enabled else None
+        self._graphs: OrderedDict[BucketKey, _Graph] = OrderedDict()
+        # Why the forward runs eager (None while it is captured).
+        self.eager_reason: str | None = None
+        if self._capture is None:
+            self.eager_reason = "disabled" if not enabled else f"no CUDA graphs on {device}"
+
+    @property
+    def keys(self) -> list[BucketKey]:
+        """The buckets with a captured graph, least recently used first."""
+        return list(self._graphs)
+
+    def __call__(
+        self,
+        padded: PaddedSubgraph,
+        x: Tensor,
+        degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
+        """The seeds' rows ``[num_seeds, C]`` (a tensor of their own, on the device) of the
+        model on ``padded`` (CPU or device tensors), ``x``, ``degree`` and ``edge_attr``
+        gathered for its rows and edges."""
+        key = BucketKey.of(padded, x, degree, edge_attr)
+        seeds = padded.sub.num_seeds
+        with torch.inference_mode():
+            if self._capture is None:
+                return self._eager(padded, x, degree, edge_attr)[:seeds]
+            graph = self._graphs.get(key)
+            if graph is not None:
+                self._graphs.move_to_end(key)
+            else:
+                try:
+                    graph = self._new_graph(key, padded, x, degree, edge_attr)
+                except Exception as error:
+                    # The eager forward raises the model's own error for an input it refuses.
+                    rows = self._eager(padded, x, degree, edge_attr)[:seeds]
+                    self._give_up(error)
+                    return rows
+            graph.inputs.fill(x, padded.sub.edge_index, degree, edge_attr)
+            # A copy: the next replay writes over the output buffer.
+            return graph.replay()[:seeds].clone()
+
+    def _eager(
+        self,
+        padded: PaddedSubgraph,
+        x: Tensor,
+        degree: Tensor | None,
+        edge_attr: Tensor | None,
+    ) -> Tensor:
+        edge_index = padded.sub.edge_index.to(x.device, non_blocking=True)
+        return self._forward(padded, x, edge_index, degree, edge_attr)
+
+    def _forward(
+        self,
+        padded: PaddedSubgraph,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None,
+        edge_attr: Tensor | None,
+    ) -> Tensor:
+        out: Tensor = self.model(
+            x,
+            edge_index,
+            degree=degree,
+            level_sizes=padded.sub.level_sizes,
+            edge_attr=edge_attr,
+            hop_edges=padded.hop_edges,
+        )
+        return out
+
+    def _new_graph(
+        self,
+        key: BucketKey,
+        padded: PaddedSubgraph,
+        x: Tensor,
+        degree: Tensor | None,
+        edge_attr: Tensor | None,
+    ) -> _Graph:
+        """The graph of ``key``, captured on input buffers shaped like this batch's; the least
+        recently used graph is dropped beyond ``max_graphs``."""
+        assert self._capture is not None
+        inputs = _Inputs.like(self.device, x, padded.sub.edge_index, degree, edge_attr)
+        inputs.fill(x, padded.sub.edge_index, degree, edge_attr)
+
+        def forward() -> Tensor:
+            return self._forward(
+                padded, inputs.x, inputs.edge_index, inputs.degree, inputs.edge_attr
+            )
+
+        graph = _Graph(inputs, self._capture(forward))
+        self._graphs[key] = graph
+        if len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        return graph
+
+    def _give_up(self, error: Exception) -> None:
+        """Eager from now on, said once."""
+        self._capture = None
+        self._graphs.clear()
+        self.eager_reason = f"capture failed: {type(error).__name__}: {error}"
+        logger.warning(
+            "%s runs eager from now on: its forward could not be captured into a CUDA graph (%s)",
+            type(self.model).__name__,
+            self.eager_reason,
+        )
