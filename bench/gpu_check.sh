@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# GPU check: the exactness tests and the in-process stage benchmark on CUDA, printed as a table.
+# GPU check: the CUDA tests, the in-process stage benchmark and the served benchmark on a GPU,
+# each printed as a table.
 #
-#   bench/gpu_check.sh            # on a machine with an NVIDIA GPU; under 5 minutes
+#   bench/gpu_check.sh            # on a machine with an NVIDIA GPU; about 10 minutes
+#   SERVED=0 bench/gpu_check.sh   # without the served benchmark (no Java, or less time)
 #
 # Python: .venv if its torch sees CUDA; otherwise a venv (.venv-gpu) made with
 # --system-site-packages over a python3 whose torch sees CUDA (e.g. a CUDA image's), so the
 # CUDA build of torch (and torch-geometric, if there) is reused, never replaced. What else the
 # project needs is installed into that venv from pyproject.toml's pins: from PyPI, or offline
-# from a folder of wheels given as WHEELS=DIR. The benchmark runs in two modes, with the graph
-# structure on the GPU in both: features in GPU memory, and features in pinned host memory;
-# the served setting (features memory-mapped on the host) and the CPU are printed beside them.
+# from a folder of wheels given as WHEELS=DIR. The stage benchmark times a GPU worker set up
+# three ways (bench/experiments/microbench.py --placement) beside one CPU core; the served
+# benchmark (bench/experiments/gpu_served.py, TorchServe, so Java 17 too) loads GPU archives
+# and a CPU archive with one worker per core in turn.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,7 +24,7 @@ has_cuda() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available()
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gnnserve-gpu.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
-step "1/4 finding a Python whose torch sees CUDA"
+step "1/5 finding a Python whose torch sees CUDA"
 if [ -x .venv/bin/python ] && has_cuda .venv/bin/python; then
   PY=.venv/bin/python
 else
@@ -39,7 +42,7 @@ else
 fi
 "$PY" -c 'import torch; print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))'
 
-step "2/4 installing what the project needs besides torch (pins from pyproject.toml)"
+step "2/5 installing what the project needs besides torch (pins from pyproject.toml)"
 missing="$("$PY" - <<'EOF'
 import importlib.util
 import re
@@ -72,18 +75,19 @@ if [ -n "$missing" ]; then
 fi
 "$PY" -m pip install --quiet --no-deps --no-build-isolation -e . 2>/dev/null || true
 
-step "3/4 exactness on CUDA (served vs full-graph forward, GPU vs CPU sampler and engine)"
+step "3/5 exactness on CUDA (served vs full-graph forward, GPU vs CPU sampler and engine)"
 "$PY" -m pytest -q -p no:cacheprovider -rs \
   tests/unit/handler/test_engine.py tests/unit/handler/test_sampler.py \
-  tests/unit/handler/test_tasks_cuda.py \
-  -k "cuda or full_graph or floyd" 2>&1 | tee "$WORK/pytest.log" && tests_rc=0 || tests_rc=$?
+  tests/unit/handler/test_tasks_cuda.py tests/unit/handler/test_device_features.py \
+  tests/unit/handler/test_feature_keeper.py tests/unit/handler/test_captured_forward.py \
+  -k "cuda or gpu or full_graph or floyd" 2>&1 | tee "$WORK/pytest.log" && tests_rc=0 || tests_rc=$?
 if grep -q "SKIPPED.*CUDA" "$WORK/pytest.log"; then
   die "CUDA tests were skipped: torch does not see the GPU from pytest"
 fi
 # The benchmark runs even when a test failed: its table helps to tell why; the exit status
 # is the tests'.
 
-step "4/4 in-process stage benchmark, 10M-edge graph, SAGE [10,10]"
+step "4/5 in-process stage benchmark, 10M-edge graph, SAGE [10,10]"
 "$PY" - "$WORK" <<'EOF'
 import sys
 from pathlib import Path
@@ -93,18 +97,29 @@ from bench.harness.artifacts import Artifacts
 
 artifacts = Artifacts(Path(sys.argv[1]))
 store, model = artifacts.store("10M"), artifacts.model_dir()
-modes = [("cpu", "host", 1), ("cuda", "host", 4), ("cuda", "pinned", 4), ("cuda", "gpu", 4)]
+modes = [("cpu", "served", 1), ("cuda", "gpu-sampling", 4), ("cuda", "eager", 1),
+         ("cuda", "served", 1)]
 rows = []
-for device, features, threads in modes:
+for device, placement, threads in modes:
     rows += benchmark(store, model, "10M", (10, 10), threads, batch_sizes=(1, 8, 32, 64, 256),
-                      batches=100, device=device, features=features)
+                      batches=100, device=device, placement=placement)
 print()
-print("| device | features | batch | sample ms | gather ms | forward ms | s+g+f ms | s+g+f p90 "
+print("| device | placement | batch | sample ms | gather ms | forward ms | s+g+f ms | s+g+f p90 "
       "| whole batch ms | sampled nodes |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r.device} | {r.features} | {r.batch_size} | {r.sample:.3f} | {r.gather:.3f} | "
+    print(f"| {r.device} | {r.placement} | {r.batch_size} | {r.sample:.3f} | {r.gather:.3f} | "
           f"{r.forward:.3f} | {r.sample_gather_forward:.3f} | {r.sample_gather_forward_p90:.3f} "
           f"| {r.total:.3f} | {r.sampled_nodes:.0f} |")
 EOF
+
+if [ "${SERVED:-1}" = "0" ]; then
+  echo "==> 5/5 served benchmark skipped (SERVED=0)"
+elif ! command -v java >/dev/null; then
+  echo "==> 5/5 served benchmark skipped: TorchServe needs Java 17 (java is not on PATH)"
+else
+  step "5/5 served benchmark, 10M-edge graph: GPU archives against a CPU archive, one worker per core"
+  PYTHON="$ROOT/$PY" "$PY" -m bench.experiments.gpu_served --graph 10M --work "$WORK" \
+    --connections 16,64,256 --seconds 6 --out "$WORK/gpu-served.json" || tests_rc=1
+fi
 exit "$tests_rc"

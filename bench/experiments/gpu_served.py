@@ -184,7 +184,7 @@ def table(results: dict[str, Any], p99_ms: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--graph", default="10M", choices=sorted(GRAPHS), help="synthetic graph")
-    parser.add_argument("--gpu-workers", default="1,2", help="workers per GPU, comma list")
+    parser.add_argument("--gpu-workers", default="1,4", help="workers per GPU, comma list")
     parser.add_argument("--connections", default="16,64,128,256", help="closed-loop levels")
     parser.add_argument("--clients", type=int, default=4, help="load-generator processes")
     parser.add_argument("--seconds", type=float, default=8.0, help="seconds per level")

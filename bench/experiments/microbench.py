@@ -7,9 +7,10 @@ a worker that has served for a while; timings are medians over the timed batches
 
     python -m bench.experiments.microbench --store STORE --model DIR --fanouts 10,10 --threads 1
 
-On a GPU (``--device cuda``) the structure is on the GPU, as in a GPU worker, and
-``--features`` says where the features are: ``host`` (the memory map, as served), ``pinned``
-(a copy in page-locked host memory) or ``gpu`` (a copy in GPU memory).
+On a GPU (``--device cuda``), ``--placement`` says how the worker is set up: ``served`` (the
+GPU archive's defaults: sampling on the CPU, features in GPU memory, the forward as CUDA
+graphs), ``eager`` (the same with the forward run eagerly) or ``gpu-sampling`` (sampling on
+the GPU and features gathered from host memory, each stage on the GPU as it was before).
 """
 
 from __future__ import annotations
@@ -23,15 +24,12 @@ import numpy as np
 import torch
 
 from graph_assets import GraphStore, open_store
-from graph_assets.graph_view import GraphView
-from handler.core.arrays import readonly_tensor
-from handler.core.graph_source import mapped_graph
 from handler.settings import ServingSettings, parse_fanouts
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model
 
 STAGES = ("parse", "sample", "gather", "forward", "format")
-FEATURE_PLACES = ("host", "pinned", "gpu")
+PLACEMENTS = ("served", "eager", "gpu-sampling")
 BATCH_SIZES = (1, 8, 16, 32, 64)
 _PAGE = 4096
 
@@ -44,7 +42,7 @@ class StageRow:
     fanouts: tuple[int, ...]
     threads: int
     device: str
-    features: str
+    placement: str
     batch_size: int
     batches: int
     parse: float
@@ -66,30 +64,13 @@ def touch_features(store: GraphStore) -> None:
     float(flat[::step].sum())
 
 
-def place_features(engine: NodeClassificationEngine, place: str) -> None:
-    """Gathers the engine's features (and degrees) from pinned host or GPU memory instead of
-    the memory map (``host``, what serving does): what keeping them there would gain."""
-    if place == "host":
-        return
-    if engine.device.type != "cuda":
-        raise ValueError(f"--features {place} needs --device cuda; got {engine.device}")
-    if place not in FEATURE_PLACES:
-        raise ValueError(f"features must be one of {FEATURE_PLACES}; got {place!r}")
-    store = mapped_graph(engine.store, "--features " + place)
-    features, degrees = readonly_tensor(store.features), readonly_tensor(store.in_degree)
-    if place == "pinned":
-        features = features.clone().pin_memory()
-    else:
-        features, degrees = features.to(engine.device), degrees.to(engine.device)
-
-    def gather(
-        rows: torch.Tensor, view: GraphView | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # the stored graph's rows: no view but the store
-        x = torch.index_select(features, 0, rows.to(features.device))
-        degree = torch.index_select(degrees, 0, rows.to(degrees.device))
-        return x.to(engine.device, non_blocking=True), degree.to(engine.device, non_blocking=True)
-
-    engine.ego.gather = gather  # type: ignore[method-assign]
+def placement_settings(placement: str) -> dict[str, object]:
+    """The ``gnn:`` settings a GPU worker set up as ``placement`` runs with."""
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}; got {placement!r}")
+    if placement == "gpu-sampling":
+        return {"sampling_device": "gpu", "gpu_feature_fraction": 0.0, "cuda_graphs": False}
+    return {"cuda_graphs": placement == "served"}
 
 
 def _sync(engine: NodeClassificationEngine) -> None:
@@ -104,7 +85,7 @@ def run_engine(
     batch_sizes: tuple[int, ...],
     batches: int,
     warmup: int,
-    features: str = "host",
+    placement: str = "served",
     seed: int = 0,
 ) -> list[StageRow]:
     """Times ``batches`` random batches per batch size after ``warmup`` untimed ones."""
@@ -136,7 +117,7 @@ def run_engine(
                 fanouts=tuple(engine.settings.fanouts),
                 threads=threads,
                 device=engine.device.type,
-                features=features,
+                placement=placement,
                 batch_size=batch_size,
                 batches=batches,
                 parse=med["parse"],
@@ -164,28 +145,31 @@ def benchmark(
     batches: int = 100,
     warmup: int = 10,
     device: str = "cpu",
-    features: str = "host",
+    placement: str = "served",
 ) -> list[StageRow]:
-    """Builds an engine on ``store_path`` and times it (``threads`` intra-op threads)."""
+    """Builds an engine on ``store_path`` and times it (``threads`` intra-op threads); on a
+    GPU, set up as ``placement`` says."""
     store = open_store(store_path, verify_checksum=False)
     touch_features(store)
     model, _ = load_model(model_dir)
-    settings = ServingSettings(fanouts=fanouts, torch_threads=threads)
+    gpu = placement_settings(placement) if device != "cpu" else {}
+    settings = ServingSettings.from_yaml_section(
+        {"fanouts": list(fanouts), "torch_threads": threads, **gpu}
+    )
     engine = NodeClassificationEngine.create(store, model, settings, torch.device(device), "1.0")
-    place_features(engine, features)
-    return run_engine(engine, graph, threads, batch_sizes, batches, warmup, features)
+    return run_engine(engine, graph, threads, batch_sizes, batches, warmup, placement)
 
 
 def format_rows(rows: list[StageRow]) -> str:
     header = (
-        "graph fanouts threads device/features batch | parse sample gather forward format | "
+        "graph fanouts threads device/placement batch | parse sample gather forward format | "
         "s+g+f (p90) | total | nodes edges"
     )
     lines = [header]
     for r in rows:
         fanouts = ",".join(str(f) for f in r.fanouts)
         lines.append(
-            f"{r.graph} [{fanouts}] {r.threads} {r.device}/{r.features} {r.batch_size:>3} | "
+            f"{r.graph} [{fanouts}] {r.threads} {r.device}/{r.placement} {r.batch_size:>3} | "
             f"{r.parse:.3f} {r.sample:.3f} "
             f"{r.gather:.3f} {r.forward:.3f} {r.format:.3f} | {r.sample_gather_forward:.3f} "
             f"({r.sample_gather_forward_p90:.3f}) | {r.total:.3f} | {r.sampled_nodes:.0f} "
@@ -203,7 +187,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=100, help="timed batches per size")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument(
-        "--features", choices=FEATURE_PLACES, default="host", help="where features live"
+        "--placement", choices=PLACEMENTS, default="served", help="a GPU worker's set-up"
     )
     parser.add_argument("--batch-sizes", default="1,8,16,32,64", help="comma list")
     args = parser.parse_args()
@@ -216,7 +200,7 @@ def main() -> None:
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",")),
         batches=args.batches,
         device=args.device,
-        features=args.features,
+        placement=args.placement,
     )
     print(format_rows(rows))
 

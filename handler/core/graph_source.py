@@ -125,15 +125,3 @@ def remote_location(
         raise RemoteGraphError(
             f"{GRAPH_URL_VARIABLE}: {str(error).replace(override, hidden)}"
         ) from None
-
-
-def mapped_graph(graph: ServedGraph, what: str) -> GraphStore:
-    """``graph`` when it is mapped here; StoreError (one line) naming ``what`` needs it when it
-    is read from Redis (``what`` reads whole-graph arrays: the CSC, every node's rows)."""
-    if isinstance(graph, GraphStore):
-        return graph
-    raise StoreError(
-        f"{what} needs the graph mapped on this machine; this archive reads it from Redis "
-        f"({graph.shown} prefix {graph.keys.prefix}): rebuild it with --graph-location DIR, or "
-        "without that feature"
-    )
