@@ -20,6 +20,7 @@ from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters, RemoteStore
 from handler.core.device_features import DeviceFeatures, device_features_for, gather_features
 from handler.core.graph_source import ServedGraph
+from handler.core.padding import PaddedSubgraph, pad_subgraph
 from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.live.live_graph import LiveGraph
@@ -153,11 +154,22 @@ class EgoGraphs:
         """``(seeds, ego-graph)``: the unique ``nodes`` in ascending order are its seed rows.
         Under inference mode: no autograd bookkeeping on the sampler's many small tensor ops (an
         explanation clones the structure it differentiates through)."""
+        seeds, sub = self._sampled(nodes)
+        return seeds, on_device(sub, self.device)
+
+    def sample_padded(self, nodes: np.ndarray) -> tuple[torch.Tensor, PaddedSubgraph]:
+        """As :meth:`sample`, with the ego-graph padded to bucket sizes on the host
+        (handler.core.padding) for a forward captured per bucket, which copies it into its
+        own device buffers."""
+        seeds, sub = self._sampled(nodes)
+        return seeds, pad_subgraph(sub)
+
+    def _sampled(self, nodes: np.ndarray) -> tuple[torch.Tensor, SampledSubgraph]:
         seeds = torch.from_numpy(np.unique(nodes))
         with torch.inference_mode():
             sub = self.sampler.sample(seeds)
         self._prefetch(sub)
-        return seeds, on_device(sub, self.device)
+        return seeds, sub
 
     def _prefetch(self, sub: SampledSubgraph) -> None:
         """On a graph in Redis, what gathering ``sub``'s inputs reads (features and degrees of

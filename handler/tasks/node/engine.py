@@ -20,8 +20,10 @@ from handler.core.batch import (
     parsed_or_error,
     timed,
 )
+from handler.core.captured_forward import CapturedForward
 from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
 from handler.core.graph_source import ServedGraph
+from handler.core.padding import PaddedSubgraph
 from handler.core.sampler import NeighbourSampler, SampledSubgraph
 from handler.core.typed_ego import typed_answer
 from handler.live.live_graph import LiveGraph
@@ -65,6 +67,11 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         self.model_name = model_name
         self.model_version = model_version
         self.output = serving_needs(ego.model).output
+        # A GPU worker's forward, captured per padded bucket (typed models run eager).
+        self.captured: CapturedForward | None = None
+        homogeneous_model = not isinstance(plain_module(ego.model), HeteroNodeModel)
+        if self.device.type == "cuda" and ego.settings.cuda_graphs and homogeneous_model:
+            self.captured = CapturedForward(ego.model, self.device)
         # Each type has its own IDs: on a graph of several, answers say which (set once).
         typed = not ego.store.schema.is_homogeneous
         self._answer_type = {"node_type": ego.served_node_type} if typed else {}
@@ -147,12 +154,15 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
 
     def make_group(
         self, positions: list[int], outcomes: list[ResolvedRequest | ApiError]
-    ) -> tuple[torch.Tensor, SampledSubgraph | None]:
-        """``(seeds, ego-graph)`` of the union of the requests' nodes; a precomputed archive
-        samples nothing (``None``): its answers are stored rows."""
+    ) -> tuple[torch.Tensor, SampledSubgraph | PaddedSubgraph | None]:
+        """``(seeds, ego-graph)`` of the union of the requests' nodes, padded to a bucket for
+        a captured forward; a precomputed archive samples nothing (``None``): its answers are
+        stored rows."""
         nodes = np.concatenate([_valid(outcomes[i]).nodes for i in positions])
         if self.ego.precomputed is not None:
             return torch.from_numpy(np.unique(nodes)), None
+        if self.captured is not None:
+            return self.ego.sample_padded(nodes)
         return self.ego.sample(nodes)
 
     def run_group(self, group: Group, batch: Batch[ResolvedRequest]) -> None:
@@ -160,6 +170,8 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         seeds, sub = group.payload
         if sub is None:
             probabilities = self._stored_probabilities(seeds, batch)
+        elif isinstance(sub, PaddedSubgraph):
+            probabilities = self._captured_probabilities(sub, batch)
         else:
             probabilities = self._sampled_probabilities(sub, batch)
         times.seed_nodes += int(seeds.numel())
@@ -183,6 +195,26 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         stop()
         stop = timed(batch.times, "forward")
         probabilities = answer_rows(logits, self.output)
+        stop()
+        return probabilities
+
+    def _captured_probabilities(
+        self, padded: PaddedSubgraph, batch: Batch[ResolvedRequest]
+    ) -> torch.Tensor:
+        """The forward on a padded ego-graph, replayed from its bucket's CUDA graph."""
+        assert self.captured is not None
+        times, sub = batch.times, padded.sub
+        times.sampled_nodes += sub.num_nodes
+        times.sampled_edges += sub.num_edges
+        stop = timed(times, "gather")
+        with torch.inference_mode():
+            x, degree = self.ego.gather(sub.node)
+            edge_attr = self.ego.edge_features(sub.edge)
+        stop()
+        stop = timed(times, "forward")
+        with torch.inference_mode():
+            rows = self.captured(padded, x, degree, edge_attr)
+            probabilities = answer_rows(rows, self.output).cpu()
         stop()
         return probabilities
 
