@@ -5,7 +5,9 @@ The sampler runs ~150 small array operations per batch. On a CPU, a torch operat
 on a GPU only torch will do. The sampler is written once against this interface, with
 operators (``+ ^ >> & %``, comparisons, indexing) that both libraries share, and gets the
 implementation that suits its device. Both wrap int64 arithmetic the same way, so the samples
-are identical (tests/unit/handler/test_sampler.py checks it).
+are identical (tests/unit/handler/test_sampler.py checks it). On the CPU even ~1 us an
+operation was most of a small batch's sampling, so numpy arrays take the hops' hot steps as
+compiled kernels (``fused``, handler.core.sampler_kernels), drawing what these operations draw.
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ Array = Any  # np.ndarray or torch.Tensor, whichever the ops work on
 
 
 class ArrayOps(Protocol):
-    """What differs between numpy and torch; everything else is spelled the same."""
+    """What differs between numpy and torch; everything else is spelled the same.
+
+    ``fused``: the sampler runs its per-hop steps as compiled kernels
+    (handler.core.sampler_kernels) instead of these operations; numpy arrays only.
+    """
+
+    fused: bool
 
     def arange(self, start: int, stop: int | None = None) -> Array: ...
     def int64(self, values: Array) -> Array: ...
@@ -41,7 +49,12 @@ class ArrayOps(Protocol):
 
 
 class NumpyOps:
-    """CPU arrays; tensors in and out share memory with them."""
+    """CPU arrays; tensors in and out share memory with them. With ``fused`` (the default) the
+    sampler's hops are compiled kernels; without, the vectorised steps they are tested against.
+    """
+
+    def __init__(self, fused: bool = True) -> None:
+        self.fused = fused
 
     def arange(self, start: int, stop: int | None = None) -> np.ndarray:
         if stop is None:
@@ -94,6 +107,8 @@ class NumpyOps:
 
 class TorchOps:
     """Tensors on one device (the GPU in a GPU worker)."""
+
+    fused = False
 
     def __init__(self, device: torch.device) -> None:
         self.device = device

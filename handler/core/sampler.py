@@ -1,4 +1,5 @@
-"""Deterministic k-hop in-neighbour sampler on a CSC graph, vectorized (numpy on CPU, torch on GPU).
+"""Deterministic k-hop in-neighbour sampler on a CSC graph: compiled hops on the CPU
+(handler.core.sampler_kernels), vectorised torch on a GPU, the same draws bit for bit.
 
 pyg-lib and torch-sparse are not installable everywhere we run, so PyG's ``NeighborLoader`` is
 not available; this sampler is ours. Its one design rule: the in-neighbours chosen for a
@@ -20,6 +21,7 @@ from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay
 from graph_assets.remote import RemoteStore
 from graph_assets.stored.store import GraphStore
+from handler.core import sampler_kernels
 from handler.core.arrays import Array, ArrayOps, ops_for, readonly_tensor
 from handler.settings import ServingSettings, parse_fanouts
 
@@ -170,6 +172,12 @@ def _mix(x: Array) -> Array:
     return x ^ _shift_right(x, 31)
 
 
+def _relation_salt(relation: int) -> int:
+    """What a relation adds to a node's key: relation 0 adds 0, so a graph's only relation
+    draws what a graph of one relation did."""
+    return _as_int64(relation * _GOLDEN)
+
+
 def _ragged_arange(ops: ArrayOps, counts: Array) -> Array:
     """``cat([arange(c) for c in counts])`` without a Python loop."""
     total = int(counts.sum())
@@ -222,7 +230,8 @@ class NeighbourSampler:
         relations: a graph with several relations: each hop samples each relation's segment of
             an in-list with the relation's own fanout (``fanouts`` then only counts the hops).
         ops: the array library to sample with; by default numpy for CPU tensors (views of the
-            same memory) and torch on their device otherwise (handler.core.arrays says why).
+            same memory), with compiled hops, and torch on their device otherwise
+            (handler.core.arrays says why). The hops are compiled here, not on a request.
         view: a graph that is not mapped here (a remote store): each hop reads its frontier's
             in-lists, every relation at once, in one ``view.in_lists`` call and samples them
             with the same draws, so the ego-graph is the stored arrays' (``indptr`` and
@@ -262,6 +271,8 @@ class NeighbourSampler:
             int(_mix(_mix(self.ops.of_ints([seed & _LOW_63])) ^ (graph_key & _LOW_63))[0])
         )
         self._salts: dict[tuple[int, int], Array] = {}
+        if self.ops.fused:
+            sampler_kernels.warm(self._indptr.dtype, self._indices.dtype)
 
     @property
     def num_hops(self) -> int:
@@ -307,11 +318,9 @@ class NeighbourSampler:
                 rows, neighbours, edges, _ = self._sample_typed_hop(
                     frontier, hop, None, total_nodes, total_edges
                 )
-            next_level, inverse = ops.unique_inverse(neighbours)
             next_offset = offset + len(frontier)
-            src_parts.append(
-                self_loops_in_place(frontier, rows, neighbours, offset, next_offset + inverse, ops)
-            )
+            next_level, sources = self._relabel(frontier, rows, neighbours, offset, next_offset)
+            src_parts.append(sources)
             dst_parts.append(offset + rows)
             edge_parts.append(edges)
             total_nodes += len(next_level)
@@ -349,6 +358,19 @@ class NeighbourSampler:
             level_sizes=tuple(len(level) for level in levels),
             boundary=self.boundary,
         )
+
+    def _relabel(
+        self, frontier: Array, rows: Array, neighbours: Array, offset: int, next_offset: int
+    ) -> tuple[Array, Array]:
+        """(next level: the hop's sources, unique and ascending; each edge's local source row,
+        ``self_loops_in_place``)."""
+        if self.ops.fused:
+            return sampler_kernels.relabel(neighbours, frontier, rows, offset, next_offset)
+        next_level, inverse = self.ops.unique_inverse(neighbours)
+        sources = self_loops_in_place(
+            frontier, rows, neighbours, offset, next_offset + inverse, self.ops
+        )
+        return next_level, sources
 
     def _lists_source(self) -> GraphView:
         """Where lists that are not read from the mapped arrays come from: the overlay when it
@@ -434,6 +456,12 @@ class NeighbourSampler:
         the random draws depend on ``nodes`` (global IDs), not on where their lists live.
         Returns (row, source, position of the edge in ``indices``)."""
         ops = self.ops
+        if ops.fused:
+            drawn = sampler_kernels.draw_csc(
+                indptr, indices, position, nodes, fanout, _relation_salt(0), self._base_key,
+                self._salts_of(hop, fanout), self.max_edges - edges_so_far,
+            )  # fmt: skip
+            return self._within_limits(drawn, nodes_so_far, edges_so_far)
         starts = ops.int64(indptr[position])
         counts = ops.int64(indptr[position + 1]) - starts
         return self._sample_segments(
@@ -538,6 +566,12 @@ class NeighbourSampler:
         ``nodes``; the draws depend on (node, hop, relation). Returns (row, source, position
         of the edge in ``indices``)."""
         ops = self.ops
+        if ops.fused:
+            drawn = sampler_kernels.draw_segments(
+                indices, starts, counts, nodes, fanout, _relation_salt(relation), self._base_key,
+                self._salts_of(hop, fanout), self.max_edges - edges_so_far,
+            )  # fmt: skip
+            return self._within_limits(drawn, nodes_so_far, edges_so_far)
         take = counts if fanout == ALL_NEIGHBOURS else ops.clamp_max(counts, fanout)
         new_edges = int(take.sum())
         # Each new edge brings at most one new row: check before gathering anything.
@@ -545,6 +579,15 @@ class NeighbourSampler:
         rows = ops.repeat(ops.arange(len(nodes)), take, new_edges)
         chosen = starts[rows] + self._choose(nodes, hop, counts, take, rows, relation)
         return rows, ops.int64(indices[chosen]), chosen
+
+    def _within_limits(
+        self, drawn: tuple[Array, Array, Array, int], nodes_so_far: int, edges_so_far: int
+    ) -> tuple[Array, Array, Array]:
+        """A kernel's (row, source, position), or SubgraphTooLarge for its total as the
+        vectorised steps raise it (past ``max_edges`` the kernel gathered nothing)."""
+        rows, sources, chosen, total = drawn
+        self._check_limits(nodes_so_far, edges_so_far + total)
+        return rows, sources, chosen
 
     def _choose(
         self, frontier: Array, hop: int, counts: Array, take: Array, rows: Array, relation: int
@@ -576,14 +619,8 @@ class NeighbourSampler:
         the time for 320 nodes, a quarter for 3,200); the result is the ``[n, fanout]`` view.
         """
         ops = self.ops
-        key = _mix((nodes ^ self._base_key) + _as_int64(relation * _GOLDEN))
-        salts = self._salts.get((hop, fanout))
-        if salts is None:
-            salts = ops.of_ints(
-                [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)]
-            )
-            self._salts[(hop, fanout)] = salts
-        draws = _mix(salts[:, None] + key)
+        key = _mix((nodes ^ self._base_key) + _relation_salt(relation))
+        draws = _mix(self._salts_of(hop, fanout)[:, None] + key)
         # Step s draws uniformly from [0, limit_s], limit_s = count - fanout + s.
         limits = ops.arange(-fanout, 0)[:, None] + counts
         chosen = (draws & _LOW_63) % (limits + 1)
@@ -593,6 +630,16 @@ class NeighbourSampler:
             seen = (chosen[:step] == candidate).any(0)
             chosen[step] = ops.where(seen, limits[step], candidate)
         return chosen.T
+
+    def _salts_of(self, hop: int, fanout: int) -> Array:
+        """What each of a hop's ``fanout`` Floyd steps adds to a node's key (none for -1)."""
+        salts = self._salts.get((hop, fanout))
+        if salts is None:
+            salts = self.ops.of_ints(
+                [_as_int64((hop * 4096 + step + 1) * _GOLDEN) for step in range(fanout)]
+            )
+            self._salts[(hop, fanout)] = salts
+        return salts
 
 
 def self_loops_in_place(
