@@ -31,9 +31,10 @@ from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
-from model import build_model
+from model import ModelConfig, build_model
 from model.export import load_model
 from model.link_assets import open_link_assets, write_link_assets
+from model.typed_graph import hetero_section
 from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
 from tests.live_reference import live_ids, random_update
 from tests.redis_cluster import LocalCluster
@@ -312,6 +313,49 @@ def test_link_scores_and_top_k_are_the_stores(
         {"pairs": [[ids[i], ids[-1 - i]] for i in range(8)]},
         {"src": ids[0], "top_k": 5},
         {"src": ids[3], "top_k": 5, "exclude_neighbors": False},
+    ]
+    local, far = (
+        [(r.status, r.body) for r in e.handle([{"body": b} for b in bodies])] for e in served
+    )
+    assert [s for s, _ in far] == [s for s, _ in local] == [200, 200, 200]
+    for (_, mine), (_, theirs) in zip(local, far, strict=True):
+        rows = mine.get("recommendations", mine.get("predictions"))
+        far_rows = theirs.get("recommendations", theirs.get("predictions"))
+        assert [r.get("dst") for r in far_rows] == [r.get("dst") for r in rows]
+        gap = np.abs(np.array([r["score"] for r in far_rows]) - [r["score"] for r in rows]).max()
+        assert gap <= 1e-6
+
+
+@pytest.mark.parametrize("arch", ["sage", "rgcn"])
+def test_typed_link_scores_and_top_k_are_the_stores(
+    remote: Remote, stores, tmp_path: Path, arch: str
+) -> None:
+    store = stores["typed"]
+    torch.manual_seed(0)
+    config = ModelConfig(
+        task="link",
+        arch=arch,
+        decoder="dot",
+        in_dim=store.feature_dim,
+        out_dim=8,
+        hidden_dim=16,
+        hetero=hetero_section(store.schema, "user__pays__merchant"),
+    )
+    model = build_model(config).eval()
+    write_link_assets(model, store, tmp_path / "link")
+    settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [3, 3]})
+    served = []
+    for graph in (store, remote("cluster", "typed")):
+        ego = EgoGraphs.create(graph, model, settings, torch.device("cpu"))
+        served.append(LinkEngine(ego, open_link_assets(tmp_path / "link", graph), "1.0"))
+    users = store.schema.node_type("user")
+    merchants = store.schema.node_type("merchant")
+    user_ids = store.external_ids(np.arange(users.offset, users.offset + 8))
+    merchant_ids = store.external_ids(np.arange(merchants.offset, merchants.offset + 8))
+    bodies = [
+        {"pairs": [list(pair) for pair in zip(user_ids, merchant_ids, strict=True)]},
+        {"src": user_ids[0], "top_k": 5},
+        {"src": user_ids[3], "top_k": 5, "exclude_neighbors": False},
     ]
     local, far = (
         [(r.status, r.body) for r in e.handle([{"body": b} for b in bodies])] for e in served
