@@ -281,6 +281,9 @@ class CapturedForward:
             capture = cuda_graph_capture(device)
         self._capture = capture if enabled else None
         self._graphs: OrderedDict[BucketKey, _Graph] = OrderedDict()
+        # Graphs captured so far, dropped ones included: more than the buckets a workload
+        # has means max_graphs is too small for it (each capture costs milliseconds).
+        self.captures = 0
         # Why the forward runs eager (None while it is captured).
         self.eager_reason: str | None = None
         if self._capture is None:
@@ -369,6 +372,7 @@ class CapturedForward:
             )
 
         graph = _Graph(inputs, self._capture(forward))
+        self.captures += 1
         self._graphs[key] = graph
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -72,53 +73,53 @@ def pad_subgraph(
     """``sub`` with each level and each hop's edges padded to :func:`bucket` sizes (defaults:
     growth 1.25 from 8, at most a quarter more rows than needed plus one). ValueError when
     ``sub``'s edges are not grouped by the hop of their destination."""
-    levels = np.asarray(sub.level_sizes, dtype=np.int64)
-    padded = np.array([bucket(int(n), growth, smallest) for n in levels], dtype=np.int64)
-    starts, new_starts = _starts(levels), _starts(padded)
+    levels = list(sub.level_sizes)
+    padded_levels = [bucket(n, growth, smallest) for n in levels]
+    starts, new_starts = _starts(levels), _starts(padded_levels)
     edge_index = sub.edge_index.cpu().numpy()
-    hop_edges = _hop_edges(edge_index[1], starts, len(levels))
+    hop_edges = _hop_edges(edge_index[1], starts)
+    padded_edges = [bucket(n, growth, smallest) for n in hop_edges]
+    edge_starts, new_edge_starts = _starts(hop_edges), _starts(padded_edges)
+    node, edge = sub.node.cpu().numpy(), sub.edge.cpu().numpy()
+    new_node = np.full(new_starts[-1], PADDING_NODE, dtype=node.dtype)
+    for level, size in enumerate(levels):
+        new_node[new_starts[level] : new_starts[level] + size] = node[
+            starts[level] : starts[level + 1]
+        ]
     # Row r of level l moves by the padding of the levels before l.
-    moved = edge_index + np.repeat(new_starts[:-1] - starts[:-1], levels)[edge_index]
-    filler = int(sub.edge[0]) if sub.num_edges else 0
-    nodes, sources, destinations, edges, padded_edges = [], [], [], [], []
-    node = sub.node.cpu().numpy()
-    edge = sub.edge.cpu().numpy()
-    for level in range(len(levels)):
-        nodes += [node[starts[level] : starts[level + 1]]]
-        nodes += [np.full(padded[level] - levels[level], PADDING_NODE, dtype=node.dtype)]
-    first_edge = _starts(np.array(hop_edges, dtype=np.int64))
+    shifts = np.subtract(new_starts[:-1], starts[:-1])
+    moved = edge_index + np.repeat(shifts, levels)[edge_index]
+    new_edge_index = np.empty((2, new_edge_starts[-1]), dtype=edge_index.dtype)
+    new_edge = np.full(new_edge_starts[-1], edge[0] if edge.size else 0, dtype=edge.dtype)
     for hop, count in enumerate(hop_edges):
-        real = slice(first_edge[hop], first_edge[hop + 1])
-        extra = bucket(count, growth, smallest) - count
-        loop = np.full(extra, new_starts[hop] + levels[hop], dtype=edge_index.dtype)
-        sources += [moved[0, real], loop]
-        destinations += [moved[1, real], loop]
-        edges += [edge[real], np.full(extra, filler, dtype=edge.dtype)]
-        padded_edges.append(count + extra)
-    padded_sub = SampledSubgraph(
-        node=torch.from_numpy(np.concatenate(nodes)),
-        edge_index=torch.from_numpy(
-            np.stack([np.concatenate(sources), np.concatenate(destinations)])
-        ),
-        edge=torch.from_numpy(np.concatenate(edges)),
+        old, new = edge_starts[hop], new_edge_starts[hop]
+        new_edge_index[:, new : new + count] = moved[:, old : old + count]
+        new_edge_index[:, new + count : new_edge_starts[hop + 1]] = new_starts[hop] + levels[hop]
+        new_edge[new : new + count] = edge[old : old + count]
+    padded = SampledSubgraph(
+        node=torch.from_numpy(new_node),
+        edge_index=torch.from_numpy(new_edge_index),
+        edge=torch.from_numpy(new_edge),
         num_seeds=sub.num_seeds,
-        level_sizes=tuple(int(n) for n in padded),
+        level_sizes=tuple(padded_levels),
         boundary=sub.boundary,
     )
-    return PaddedSubgraph(padded_sub, tuple(padded_edges))
+    return PaddedSubgraph(padded, tuple(padded_edges))
 
 
-def _starts(sizes: np.ndarray) -> np.ndarray:
+def _starts(sizes: list[int]) -> list[int]:
     """Where each group starts, and the end of the last."""
-    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    return [0, *itertools.accumulate(sizes)]
 
 
-def _hop_edges(destinations: np.ndarray, starts: np.ndarray, num_levels: int) -> list[int]:
+def _hop_edges(destinations: np.ndarray, starts: list[int]) -> list[int]:
     """Edges into each level but the last, checked to come grouped in hop order."""
     hop = np.searchsorted(starts[1:], destinations, side="right")
-    if hop.size and (np.any(np.diff(hop) < 0) or hop[-1] >= num_levels - 1):
+    levels = len(starts) - 1
+    if hop.size and (np.any(hop[1:] < hop[:-1]) or hop[-1] >= levels - 1):
         raise ValueError(
             "pad_subgraph needs the sampler's layout: edges grouped by the hop of their "
             "destination, none into the last level"
         )
-    return np.bincount(hop, minlength=num_levels - 1)[: num_levels - 1].tolist()
+    bounds = np.searchsorted(hop, np.arange(levels), side="left").tolist()
+    return [b - a for a, b in itertools.pairwise(bounds)]

@@ -232,7 +232,7 @@ def test_the_least_recently_used_graph_is_dropped(int_store):
     forward(*batches[2])
     assert forward.keys == [keys[0], keys[2]] and capture.captures == 3
     forward(*batches[1])
-    assert forward.keys == [keys[2], keys[1]] and capture.captures == 4
+    assert forward.keys == [keys[2], keys[1]] and capture.captures == forward.captures == 4
     with pytest.raises(ValueError, match="max_graphs must be at least 1"):
         CapturedForward(ego.model, CPU, max_graphs=0)
 
