@@ -272,7 +272,8 @@ class NeighbourSampler:
         )
         self._salts: dict[tuple[int, int], Array] = {}
         if self.ops.fused:
-            sampler_kernels.warm(self._indptr.dtype, self._indices.dtype)
+            lists = overlay is not None or view is not None
+            sampler_kernels.warm(self._indptr.dtype, self._indices.dtype, lists)
 
     @property
     def num_hops(self) -> int:

@@ -76,7 +76,7 @@ def _draw(
         return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), total
     rows = np.empty(total, dtype=np.int64)
     chosen = np.empty(total, dtype=np.int64)
-    picked = np.empty(max(fanout, 0), dtype=np.int64)
+    picked = np.empty(fanout if fanout > 0 else 0, dtype=np.int64)
     edge = 0
     for i in range(n):
         count, kept, start = counts[i], take[i], starts[i]
@@ -97,7 +97,8 @@ def _draw(
         else:
             for step in range(kept):
                 chosen[edge + step] = start + step
-        rows[edge : edge + kept] = i
+        for step in range(kept):
+            rows[edge + step] = i
         edge += kept
     # A loop of independent loads of their own: the CPU overlaps their cache misses.
     sources = np.empty(total, dtype=np.int64)
@@ -134,11 +135,15 @@ def _sorted_order(values: np.ndarray) -> np.ndarray:
     Twice as fast as numpy's vectorised argsort for a hop's 300 to 20,000 sources, and several
     times numba's own sort."""
     n = len(values)
-    order = np.arange(n)
+    order = np.empty(n, dtype=np.int64)
+    for k in range(n):
+        order[k] = k
     if n < 2:
         return order
-    low = values.min()
-    span, bits = values.max() - low, 0
+    low = high = values[0]
+    for k in range(n):
+        low, high = min(low, values[k]), max(high, values[k])
+    span, bits = high - low, 0
     while span >> bits:
         bits += 1
     width = 4
@@ -149,11 +154,10 @@ def _sorted_order(values: np.ndarray) -> np.ndarray:
         return order
     width = (bits + passes - 1) // passes
     mask = (1 << width) - 1
-    count = np.empty((1 << width) + 1, dtype=np.int64)
     spare = np.empty(n, dtype=np.int64)
     for done in range(passes):
         shift = done * width
-        count[:] = 0
+        count = np.zeros((1 << width) + 1, dtype=np.int64)
         for k in range(n):
             count[((values[k] - low) >> shift & mask) + 1] += 1
         for bucket in range(1 << width):
@@ -183,7 +187,7 @@ def _relabel(
             size += 1
         row = rows[edge]
         sources[edge] = offset + row if value == frontier[row] else next_offset + size - 1
-    return level[:size].copy(), sources
+    return level[:size], sources
 
 
 def _int64(values: np.ndarray) -> np.ndarray:
@@ -255,13 +259,15 @@ def relabel(
 
 
 @functools.cache
-def warm(indptr_dtype: np.dtype, indices_dtype: np.dtype) -> None:
-    """Compiles (or loads from the disk cache) the kernels for a mapped graph's CSC dtypes and
-    for the int64 lists of live updates and remote reads, once per process, so that no request
-    pays it."""
+def warm(indptr_dtype: np.dtype, indices_dtype: np.dtype, lists: bool) -> None:
+    """Compiles (or loads from the disk cache) the kernels for a mapped graph's CSC dtypes and,
+    with ``lists``, for the int64 in-lists that live updates and a remote graph are read as,
+    once per process, so that no request pays it (about 1.5 s of CPU without the cache)."""
     one, salts = np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64)
-    for pointers, sources in {(indptr_dtype, indices_dtype), (np.dtype(np.int64),) * 2}:
+    pairs = {(indptr_dtype, indices_dtype)} | ({(np.dtype(np.int64),) * 2} if lists else set())
+    for pointers, sources in pairs:
         indptr, indices = np.zeros(2, dtype=pointers), np.zeros(0, dtype=sources)
         draw_csc(indptr, indices, one * 0, one, 1, 0, 0, salts, 0)
+        # Compiled inside draw_csc, but loaded from the disk cache on its own.
         draw_segments(indices, one * 0, one * 0, one, 1, 0, 0, salts, 0)
     relabel(one, one, one * 0, 0, 1)

@@ -3,15 +3,17 @@ draw, bit for bit, in every case the sampler supports: all neighbours (-1), list
 than the fanout, self-loops and parallel edges, int32 and int64 structure, a boundary, typed
 relations, live updates, a graph read through its view, and the limits. They are compiled when
 a sampler is built, never on a request, and work where numba has nowhere to cache them and in a
-process forked after compiling them."""
+worker forked from the pre-fork zygote, which started numba."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -32,6 +34,18 @@ from tests.typed_graphs import fraud_store
 from tests.typed_live_reference import random_typed_update
 
 KERNELS = (sampler_kernels._draw, sampler_kernels._csc_draw, sampler_kernels._relabel)
+
+
+@contextlib.contextmanager
+def compiling_refused() -> Iterator[None]:
+    """Any call of a kernel that would need compiling (or loading from the cache) raises."""
+    for kernel in KERNELS:
+        kernel.disable_compile()
+    try:
+        yield
+    finally:
+        for kernel in KERNELS:
+            kernel.disable_compile(False)
 
 
 def multigraph_csc(
@@ -77,8 +91,10 @@ def assert_identical(fused: SampledSubgraph, vectorised: SampledSubgraph) -> Non
 
 
 def assert_same_draws(sampler: NeighbourSampler, seeds: torch.Tensor) -> SampledSubgraph:
+    """The fused sample equals the vectorised one, and needed no compiling on the request."""
     assert sampler.ops.fused
-    fused = sampler.sample(seeds)
+    with compiling_refused():
+        fused = sampler.sample(seeds)
     assert_identical(fused, reference(sampler).sample(seeds))
     return fused
 
@@ -222,18 +238,6 @@ def test_sorted_order_sorts(values):
     assert array[order].tolist() == sorted(values)
 
 
-@contextlib.contextmanager
-def compiling_refused() -> Iterator[None]:
-    """Any call of a kernel that would need compiling (or loading from the cache) raises."""
-    for kernel in KERNELS:
-        kernel.disable_compile()
-    try:
-        yield
-    finally:
-        for kernel in KERNELS:
-            kernel.disable_compile(False)
-
-
 def test_building_a_sampler_compiles_its_kernels():
     """int64 pointers and int32 sources (a store of 2^31 edges or more): a pair no other test
     samples, so nothing compiled them before this sampler was built."""
@@ -256,21 +260,29 @@ def test_no_cache_location_compiles_in_memory(monkeypatch):
     assert type(kernel._cache).__name__ == "NullCache"
 
 
-def test_kernels_compiled_before_a_fork_run_in_the_child():
-    """What the pre-forked workers rely on: compiled in the parent, run in the forked child."""
-    indptr, indices = multigraph_csc(40, 300, seed=6)
-    sampler = NeighbourSampler(indptr, indices, [3, 3], 0, 1, 10**9, 10**9)
-    seeds = torch.tensor([1, 2, 3])
-    read, write = os.pipe()
-    child = os.fork()
-    if child == 0:  # pragma: no cover - runs in the child
-        try:
-            with os.fdopen(write, "wb") as out:
-                pickle.dump(sampler.sample(seeds).edge_index.numpy(), out)
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as received:
-        in_child = pickle.load(received)
-    os.waitpid(child, 0)
-    assert np.array_equal(in_child, sampler.sample(seeds).edge_index.numpy())
+FORKED_AFTER_NUMBA = """
+import os, sys
+import numpy as np
+import gnnserve_prefork.numba_ready  # what the pre-fork zygote imports before forking
+child = os.fork()
+if child == 0:
+    from handler.core import sampler_kernels
+    sampler_kernels.warm(np.dtype(np.int64), np.dtype(np.int32), False)
+    drawn = sampler_kernels.draw_csc(
+        np.array([0, 3]), np.array([5, 6, 7], dtype=np.int32), np.array([0]), np.array([0]),
+        -1, 0, 0, np.zeros(0, dtype=np.int64), 10,
+    )
+    os._exit(0 if drawn[1].tolist() == [5, 6, 7] else 3)
+_, status = os.waitpid(child, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_kernels_run_in_a_worker_forked_after_numba_started():
+    """A pre-forked worker: forked from a zygote that imported numba and compiled once, it
+    compiles (or loads) and runs the kernels itself."""
+    root = Path(__file__).resolve().parents[3]
+    path = os.pathsep.join([str(root), str(root / "prefork")])
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run([sys.executable, "-c", FORKED_AFTER_NUMBA], env=env, timeout=120)
+    assert done.returncode == 0
