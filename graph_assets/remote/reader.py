@@ -22,6 +22,7 @@ from redis.cluster import RedisCluster
 
 from graph_assets.graph_view import InLists
 from graph_assets.live.redis_log import shown_url
+from graph_assets.remote.allocator import FreedBuffers
 from graph_assets.remote.cache import BlockCache, Segments
 from graph_assets.remote.connect import Client, connect, execute, guarded
 from graph_assets.remote.errors import RemoteGraphError
@@ -183,6 +184,7 @@ class RemoteStore:
         self.ids = ids if ids is not None else IdCache(0)
         self.shown = shown
         self._counters = RemoteCounters()
+        self.freed = FreedBuffers()  # the reads' raw values, handed back once decoded
 
     @property
     def meta(self) -> StoreMeta:
@@ -568,6 +570,8 @@ class RemoteStore:
                     old.compacted().taking(n, held) for old, n in zip(parts, new, strict=True)
                 )
             result[field] = new
+        del values  # decoded: the raw values are freed here
+        self.freed.release()
         return result
 
     def _decoded(
@@ -668,7 +672,9 @@ class RemoteStore:
         finally:
             self._counters.round_trips += 1
             self._counters.read_seconds += time.perf_counter() - started
-        self._counters.bytes_read += sum(_reply_bytes(reply) for reply in replies)
+        received = sum(_reply_bytes(reply) for reply in replies)
+        self._counters.bytes_read += received
+        self.freed.received(received)
         return replies
 
 

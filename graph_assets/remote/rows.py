@@ -159,6 +159,8 @@ class RemoteRows:
         values = self.store.block_values([(int(b), field) for b in absent.tolist()])
         new = self._decoded(field, absent, values)
         self.cache.put(field, absent, new)
+        del values  # decoded: the raw values are freed here
+        self.store.freed.release()
         if held.any():
             return tuple(old.compacted().taking(n, held) for old, n in zip(parts, new, strict=True))
         return new
