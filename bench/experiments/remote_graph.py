@@ -30,12 +30,15 @@ this order:
 - cache: the same load, IDs drawn by Zipf(1.1) rank from a random permutation of the nodes, on
   each remote archive for ``--zipf-seconds``; the hit ratio and throughput of the second half;
 - memory: the PSS (``/proc/<pid>/smaps_rollup``, the pid from the describe API) of each remote
-  worker once it has served that Zipf load;
+  worker before its first request (its graph opened, nothing cached) and once it has served
+  that Zipf load;
 - Redis: the load rate (rows/s: nodes, edges and IDs written), ``used_memory`` summed over the
   primaries per graph, and ``MEMORY USAGE`` of a sample of blocks' in-lists and feature rows:
   bytes per edge and per feature byte (one copy; the replicas hold a second).
 
-Results go to ``--out`` (JSON) and a markdown table on stdout.
+``--memory-only`` loads the graphs, starts the same server with the same archives, and measures
+only the Zipf load and the memory (about 3 minutes instead of 7-10). Results go to ``--out``
+(JSON) and a markdown table on stdout.
 """
 
 from __future__ import annotations
@@ -147,13 +150,15 @@ def primaries_memory(redis: LocalCluster) -> int:
     return total
 
 
-def load(redis: LocalCluster, store: GraphStore, prefix: str) -> dict[str, Any]:
+def load(
+    redis: LocalCluster, store: GraphStore, prefix: str, block_size: int = DEFAULT_BLOCK_SIZE
+) -> dict[str, Any]:
     """Loads ``store`` under ``prefix``, timed, with what it adds to the primaries' memory."""
     before = primaries_memory(redis)
     client = connect(redis.url, 60_000)
     try:
-        report = load_store(store, client, prefix, shown_url=redis.url)
-        sizes = sampled_sizes(client, store, prefix)
+        report = load_store(store, client, prefix, shown_url=redis.url, block_size=block_size)
+        sizes = sampled_sizes(client, store, prefix, block_size)
     finally:
         client.close()
     if not report.complete:
@@ -172,10 +177,10 @@ def load(redis: LocalCluster, store: GraphStore, prefix: str) -> dict[str, Any]:
     }
 
 
-def sampled_sizes(client: Any, store: GraphStore, prefix: str) -> dict[str, float]:
+def sampled_sizes(client: Any, store: GraphStore, prefix: str, block_size: int) -> dict[str, float]:
     """``MEMORY USAGE`` of ``SAMPLED_BLOCKS`` random blocks' in-lists and feature rows: Redis
     bytes per edge (an in-list holds its block's pointers and sources) and per feature byte."""
-    layout = RemoteLayout.of_store(store, DEFAULT_BLOCK_SIZE)
+    layout = RemoteLayout.of_store(store, block_size)
     keys = layout.keys(prefix)
     rng = np.random.default_rng(5)
     blocks = rng.choice(layout.num_blocks, min(SAMPLED_BLOCKS, layout.num_blocks), replace=False)
@@ -309,11 +314,18 @@ def pairs(
     return levels, batch_reads(model_log(server), "remote", since)
 
 
+def idle_memory(server: TorchServe, models: list[str]) -> dict[str, float]:
+    """Each model's worker PSS (MiB) before it served anything: its graph opened, nothing
+    cached."""
+    return {model: round(memory_of(model_worker_pids(server, model)).pss, 1) for model in models}
+
+
 def zipf_and_memory(
-    server: TorchServe, models: dict[str, int], seconds: float
+    server: TorchServe, models: dict[str, int], seconds: float, idle: dict[str, float]
 ) -> dict[str, dict[str, Any]]:
     """Each remote archive under Zipf(1.1) requests at 32 connections for ``seconds``: the
-    cache hit ratio of the second half, then the worker's PSS."""
+    cache hit ratio of the second half, then the worker's PSS (and ``idle``, its PSS before
+    its first request)."""
     auth = server.auth("inference")
     figures = {}
     for model, nodes in models.items():
@@ -328,6 +340,7 @@ def zipf_and_memory(
             "throughput": result.throughput,
             "errors": result.errors,
             "reads": batch_reads(model_log(server), model, since),
+            "pss_idle_mib": idle[model],
             "pss_mib": round(memory.pss, 1),
             "pss_anon_mib": round(memory.pss_anon, 1),
             "pss_file_mib": round(memory.pss_file, 1),
@@ -351,8 +364,10 @@ def _verdict(value: float, op: str, bound: float) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """The issue's six figures as a markdown table."""
+    """The issue's six figures as a markdown table (the memory and cache ones alone after
+    ``--memory-only``)."""
     rows = ["| figure | target | measured | detail |", "|---|---|---|---|"]
+    served = "served" in results
 
     def medians(concurrency: int, key: str) -> str:
         levels = [p for p in results["served"] if p["concurrency"] == concurrency]
@@ -360,21 +375,21 @@ def table(results: dict[str, Any]) -> str:
         local = statistics.median(p["local"][key] for p in levels)
         return f"{remote:,.2f} vs {local:,.2f}"
 
-    p50, p50_pairs = ratio(results, 1, "p50_ms")
-    rows.append(
-        f"| p50 at 1 conn, 1M edges, [10,10], remote / local | <= {LATENCY_TARGET} | {p50:.2f} | "
-        f"{_verdict(p50, '<=', LATENCY_TARGET)}: {medians(1, 'p50_ms')} ms (medians); pairs "
-        + ", ".join(f"{r:.2f}" for r in p50_pairs)
-        + " |"
-    )
-    tput, tput_pairs = ratio(results, CONNECTIONS, "throughput")
-    rows.append(
-        f"| throughput at {CONNECTIONS} conns, remote / local | >= {THROUGHPUT_TARGET} "
-        f"| {tput:.2f} | {_verdict(tput, '>=', THROUGHPUT_TARGET)}: "
-        f"{medians(CONNECTIONS, 'throughput')} req/s (medians); pairs "
-        + ", ".join(f"{r:.2f}" for r in tput_pairs)
-        + " |"
-    )
+    if served:
+        p50, p50_pairs = ratio(results, 1, "p50_ms")
+        rows.append(
+            f"| p50 at 1 conn, 1M edges, [10,10], remote / local | <= {LATENCY_TARGET} "
+            f"| {p50:.2f} | {_verdict(p50, '<=', LATENCY_TARGET)}: {medians(1, 'p50_ms')} ms "
+            "(medians); pairs " + ", ".join(f"{r:.2f}" for r in p50_pairs) + " |"
+        )
+        tput, tput_pairs = ratio(results, CONNECTIONS, "throughput")
+        rows.append(
+            f"| throughput at {CONNECTIONS} conns, remote / local | >= {THROUGHPUT_TARGET} "
+            f"| {tput:.2f} | {_verdict(tput, '>=', THROUGHPUT_TARGET)}: "
+            f"{medians(CONNECTIONS, 'throughput')} req/s (medians); pairs "
+            + ", ".join(f"{r:.2f}" for r in tput_pairs)
+            + " |"
+        )
     zipf = results["zipf"]
     small, large = zipf["remote"], zipf["remote_10M"]
     memory = large["pss_mib"] / small["pss_mib"]
@@ -382,21 +397,25 @@ def table(results: dict[str, Any]) -> str:
         f"| worker PSS serving 10M edges / 1M edges, remote | <= {MEMORY_TARGET} | {memory:.2f} "
         f"| {_verdict(memory, '<=', MEMORY_TARGET)}: {large['pss_mib']:,.0f} vs "
         f"{small['pss_mib']:,.0f} MiB (anonymous {large['pss_anon_mib']:,.0f} vs "
-        f"{small['pss_anon_mib']:,.0f}) after the same Zipf load |"
+        f"{small['pss_anon_mib']:,.0f}) after the same Zipf load; before the first request "
+        f"{large['pss_idle_mib']:,.0f} vs {small['pss_idle_mib']:,.0f} |"
     )
-    reads = results["reads"]
-    rows.append(
-        f"| Redis round trips per batch | <= hops + 2 = {HOPS + 2} | {reads['round_trips']:.2f} "
-        f"| {_verdict(reads['round_trips_max_interval'], '<=', HOPS + 2)}: mean over "
-        f"{reads['batches']:,} batches of the remote pairs, largest interval "
-        f"{reads['round_trips_max_interval']:.2f}; {reads['kib']:.1f} KiB and "
-        f"{reads['read_ms']:.2f} ms of reads a batch |"
-    )
+    if served:
+        reads = results["reads"]
+        rows.append(
+            f"| Redis round trips per batch | <= hops + 2 = {HOPS + 2} "
+            f"| {reads['round_trips']:.2f} "
+            f"| {_verdict(reads['round_trips_max_interval'], '<=', HOPS + 2)}: mean over "
+            f"{reads['batches']:,} batches of the remote pairs, largest interval "
+            f"{reads['round_trips_max_interval']:.2f}; {reads['kib']:.1f} KiB and "
+            f"{reads['read_ms']:.2f} ms of reads a batch |"
+        )
     rows.append(
         f"| cache hit ratio, Zipf(1.1), default cache ({DEFAULT_CACHE_MB} MB) | report "
         f"| {large['reads']['hit_ratio']:.3f} | 10M edges (512 MB of features); 1M edges "
         f"{small['reads']['hit_ratio']:.3f}; {large['reads']['round_trips']:.2f} vs "
-        f"{small['reads']['round_trips']:.2f} round trips a batch |"
+        f"{small['reads']['round_trips']:.2f} round trips, {large['reads']['kib'] / 1024:,.1f} "
+        f"vs {small['reads']['kib'] / 1024:,.1f} MiB read a batch |"
     )
     sized_small, sized_large = zipf["remote_sized"], zipf["remote_10M_sized"]
     sized = sized_large["pss_mib"] / sized_small["pss_mib"]
@@ -408,19 +427,20 @@ def table(results: dict[str, Any]) -> str:
         f"{sized_large['throughput']:,.0f} vs {sized_small['throughput']:,.0f} req/s (at "
         f"{DEFAULT_CACHE_MB} MB: {large['throughput']:,.0f} vs {small['throughput']:,.0f}) |"
     )
-    local_pss = results["local_pss_mib"]
-    rows.append(
-        f"| (worker PSS, local 1M store) | info | {local_pss:,.0f} MiB | the store's pages "
-        "shared through the page cache count in part |"
-    )
-    stages = results["in_process"]
-    r, lo = stages["remote"], stages["local"]
-    rows.append(
-        f"| in process, batch of {BATCH} requests, warm cache, remote / local | info "
-        f"| {r['total'] / lo['total']:.2f} | {r['total']:.2f} vs {lo['total']:.2f} ms; "
-        + "; ".join(f"{stage} {r[stage]:.2f} vs {lo[stage]:.2f}" for stage in STAGES)
-        + " ms |"
-    )
+    if served:
+        local_pss = results["local_pss_mib"]
+        rows.append(
+            f"| (worker PSS, local 1M store) | info | {local_pss:,.0f} MiB | the store's pages "
+            "shared through the page cache count in part |"
+        )
+        stages = results["in_process"]
+        r, lo = stages["remote"], stages["local"]
+        rows.append(
+            f"| in process, batch of {BATCH} requests, warm cache, remote / local | info "
+            f"| {r['total'] / lo['total']:.2f} | {r['total']:.2f} vs {lo['total']:.2f} ms; "
+            + "; ".join(f"{stage} {r[stage]:.2f} vs {lo[stage]:.2f}" for stage in STAGES)
+            + " ms |"
+        )
     loads = results["load"]
     big, one = loads["10M"], loads["1M"]
     rows.append(
@@ -449,6 +469,17 @@ def main() -> None:
         "--zipf-seconds", type=float, default=20.0, help="Zipf load per remote archive"
     )
     parser.add_argument("--rounds", type=int, default=3, help="in-process rounds per view")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="nodes per block of both loads (load-redis --block-size)",
+    )
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the loads, the Zipf load and the memory (no in-process and paired runs)",
+    )
     parser.add_argument("--out", type=Path, help="JSON results file")
     args = parser.parse_args()
     started, steal, measured_on = time.perf_counter(), host_steal(), machine()
@@ -468,6 +499,8 @@ def main() -> None:
             "cluster": "3 primaries + 3 replicas, loopback",
             "remote_cache_mb": DEFAULT_CACHE_MB,
             "sized_cache_mb": SIZED_CACHE_MB,
+            "block_size": args.block_size,
+            "memory_only": args.memory_only,
             "pairs": args.pairs,
             "seconds": args.seconds,
             "zipf_seconds": args.zipf_seconds,
@@ -476,7 +509,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="remote-graph-") as tmp, cluster(Path(tmp)) as redis:
         results["load"] = {}
         for graph, prefix in PREFIXES.items():
-            results["load"][graph] = load(redis, stores[graph], prefix)
+            results["load"][graph] = load(redis, stores[graph], prefix, args.block_size)
             print(f"== load {graph}: {results['load'][graph]}", flush=True)
         folders = {
             "local": local,
@@ -491,31 +524,32 @@ def main() -> None:
         }
         models = [f"{name}={folder.name}" for name, folder in folders.items()]
         payload = uniform_bodies(GRAPHS["1M"].nodes, 20_000)
-        remote = open_remote_store(
-            redis.url, "g1m", stores["1M"].checksum, cache_mb=DEFAULT_CACHE_MB, timeout_ms=5000
-        )
-        views: dict[str, GraphStore | RemoteStore] = {"local": stores["1M"], "remote": remote}
-        results["in_process"] = in_process(local, views, payload, args.rounds)
-        remote.close()
-        print(f"== in process: {results['in_process']}", flush=True)
-        home = artifacts.work / "run" / "remote_graph"
-        print(
-            f"== served, {CONNECTIONS} connections then 1, batch {BATCH} / {DELAY} ms", flush=True
-        )
-        with servers.torchserve(home, artifacts.archives, models) as server:
-            results["served"], results["reads"] = pairs(server, payload, args.pairs, args.seconds)
-            print(f"== Redis reads of the remote pairs: {results['reads']}", flush=True)
-            results["local_pss_mib"] = round(memory_of(model_worker_pids(server, "local")).pss, 1)
-            results["zipf"] = zipf_and_memory(
-                server,
-                {
-                    "remote": stores["1M"].num_nodes,
-                    "remote_10M": stores["10M"].num_nodes,
-                    "remote_sized": stores["1M"].num_nodes,
-                    "remote_10M_sized": stores["10M"].num_nodes,
-                },
-                args.zipf_seconds,
+        if not args.memory_only:
+            remote = open_remote_store(
+                redis.url, "g1m", stores["1M"].checksum, cache_mb=DEFAULT_CACHE_MB, timeout_ms=5000
             )
+            views: dict[str, GraphStore | RemoteStore] = {"local": stores["1M"], "remote": remote}
+            results["in_process"] = in_process(local, views, payload, args.rounds)
+            remote.close()
+            print(f"== in process: {results['in_process']}", flush=True)
+        home = artifacts.work / "run" / "remote_graph"
+        zipf = {
+            "remote": stores["1M"].num_nodes,
+            "remote_10M": stores["10M"].num_nodes,
+            "remote_sized": stores["1M"].num_nodes,
+            "remote_10M_sized": stores["10M"].num_nodes,
+        }
+        with servers.torchserve(home, artifacts.archives, models) as server:
+            idle = idle_memory(server, list(zipf))
+            if not args.memory_only:
+                print(f"== served, {CONNECTIONS} connections then 1, batch {BATCH} / {DELAY} ms")
+                results["served"], results["reads"] = pairs(
+                    server, payload, args.pairs, args.seconds
+                )
+                print(f"== Redis reads of the remote pairs: {results['reads']}", flush=True)
+                local_pss = memory_of(model_worker_pids(server, "local")).pss
+                results["local_pss_mib"] = round(local_pss, 1)
+            results["zipf"] = zipf_and_memory(server, zipf, args.zipf_seconds, idle)
     results["steal_percent"] = steal_percent(steal)
     results["run_s"] = round(time.perf_counter() - started, 1)
     print(table(results), flush=True)

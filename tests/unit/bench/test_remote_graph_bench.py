@@ -96,7 +96,13 @@ def test_the_table_takes_medians_of_pair_ratios_and_says_met_or_missed() -> None
         "served": served,
         "reads": reads | {"batches": 100, "kib": 1.0, "read_ms": 2.0},
         "zipf": {
-            name: {"pss_mib": pss, "pss_anon_mib": pss - 8, "reads": reads, "throughput": 50.0}
+            name: {
+                "pss_mib": pss,
+                "pss_anon_mib": pss - 8,
+                "pss_idle_mib": 140.0,
+                "reads": reads | {"kib": 1024.0},
+                "throughput": 50.0,
+            }
             for name, pss in (
                 ("remote", 200.0),
                 ("remote_10M", 230.0),
@@ -126,3 +132,9 @@ def test_the_table_takes_medians_of_pair_ratios_and_says_met_or_missed() -> None
     assert "| 1.25 | met:" in rows[2] and "| 0.50 | missed:" in rows[3]
     assert "| 1.15 | met:" in rows[4] and "| 4.00 | met:" in rows[5]
     assert any("cache sized" in row and "| info | 1.60 |" in row for row in rows), rows
+    assert "before the first request 140 vs 140" in rows[4]
+
+    memory_only = {key: results[key] for key in ("zipf", "load")}
+    rows = remote_graph.table(memory_only).splitlines()
+    assert "| 1.15 | met:" in rows[2] and "cache hit ratio" in rows[3], rows
+    assert len(rows) == 6  # memory, hit ratio, sized memory, load: no served figures
