@@ -10,8 +10,10 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +35,9 @@ from tests.live_reference import live_ids, random_update
 from tests.typed_graphs import fraud_store
 from tests.typed_live_reference import random_typed_update
 
-KERNELS = (sampler_kernels._draw, sampler_kernels._csc_draw, sampler_kernels._relabel)
+JIT = sampler_kernels._jit()
+SOURCE = Path(sampler_kernels.__file__).with_name("sampler_jit.py")
+KERNELS = (JIT.draw, JIT.csc_draw, JIT.relabel)
 
 
 @contextlib.contextmanager
@@ -233,7 +237,7 @@ def test_typed_live_updates_match(typed_store, tmp_path):
 )
 def test_sorted_order_sorts(values):
     array = np.array(values, dtype=np.int64)
-    order = sampler_kernels._sorted_order(array)
+    order = JIT.sorted_order(array)
     assert sorted(order.tolist()) == list(range(len(values)))
     assert array[order].tolist() == sorted(values)
 
@@ -248,6 +252,27 @@ def test_building_a_sampler_compiles_its_kernels():
         assert sampler.sample(torch.tensor([0, 4])).num_edges > 0
 
 
+def test_kernels_load_from_a_private_copy_that_outlives_the_archive():
+    """Numba's cache is keyed on the kernels' path: a copy named by their source's hash, in a
+    directory private to this user, is the same path at every start of every archive."""
+    copy = Path(JIT.__file__)
+    assert copy.read_bytes() == SOURCE.read_bytes()
+    cache = copy.parent.parent
+    assert cache == Path(tempfile.gettempdir()) / sampler_kernels.CACHE
+    assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+
+
+def test_an_unsafe_cache_directory_loads_the_kernels_in_place(tmp_path, monkeypatch, caplog):
+    shared = tmp_path / "shared"
+    (shared / sampler_kernels.CACHE).mkdir(parents=True, mode=0o777)
+    (shared / sampler_kernels.CACHE).chmod(0o777)  # another user could plant cached code
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    monkeypatch.setitem(sys.modules, JIT.__name__, JIT)  # restored after this load's
+    jit = sampler_kernels._jit.__wrapped__()
+    assert Path(jit.__file__) == SOURCE
+    assert "not cached" in caplog.text
+
+
 def test_no_cache_location_compiles_in_memory(monkeypatch):
     """Read-only code and no writable cache directory: the kernels still compile."""
     monkeypatch.setattr(numba.config, "CACHE_LOCATOR_CLASSES", "IPythonCacheLocator")
@@ -255,7 +280,7 @@ def test_no_cache_location_compiles_in_memory(monkeypatch):
     def double(x: int) -> int:
         return 2 * x
 
-    kernel = sampler_kernels._compiled(double)
+    kernel = JIT.compiled(double)
     assert kernel(21) == 42
     assert type(kernel._cache).__name__ == "NullCache"
 
