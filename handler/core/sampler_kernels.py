@@ -16,7 +16,8 @@ on the source file's path, and TorchServe unpacks an archive into a new temporar
 every start, so the loops are loaded from a copy at
 ``<temp dir>/gnnserve-numba-cache/<hash of their source>/``, private to this user (the cache is
 pickled code): every worker and every start of every archive with the same loops shares one
-compilation, and a worker loads them in about 0.05 s.
+compilation, and a worker loads them in about 0.05 s (0.3 s unless the pre-fork zygote started
+numba before forking it: prefork/gnnserve_prefork/numba_ready.py).
 """
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ def _jit() -> ModuleType:
             partial.write_bytes(source)
             partial.replace(copy)  # whole or not at all, for a worker starting beside this one
     except (OSError, UnsafeDirectory) as problem:
-        logger.warning("sampler kernels compiled per process, not cached: %s", problem)
+        logger.warning(
+            "sampler kernels loaded in place, their compilation cached at best for as long as "
+            "this unpacked archive lives: %s",
+            problem,
+        )
         copy = _SOURCE
     name = f"gnnserve_sampler_jit_{digest}"
     spec = importlib.util.spec_from_file_location(name, copy)
