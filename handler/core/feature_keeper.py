@@ -4,13 +4,15 @@ TorchServe's workers are separate processes, so features each worker copied to i
 take that memory once per worker. Instead the first worker on a GPU starts a keeper: a process
 of its own session (a worker's crash or restart does not end it) that copies the features to
 the GPU once and hands every worker on that GPU a CUDA IPC handle of them over a Unix socket
-(torch's own tensor reduction, as ``torch.multiprocessing`` sends tensors). Each worker keeps
+(handler.core.ipc_handle: plain JSON, never a pickle). Each worker keeps
 its connection open: the keeper counts them and exits once the last one has been gone for
 ``idle_s`` seconds. A worker whose keeper is gone can no longer trust the memory it maps, so it
 ends (``KeeperLost``) and TorchServe starts a fresh one, which starts a fresh keeper.
 
 The socket is in Linux's abstract namespace, named from TorchServe's temp dir (one per
 server), the graph's checksum and the device, so two servers or two graphs never share one.
+An abstract name has no file permissions, so each end checks the other's user (SO_PEERCRED):
+a name taken first by another user's process is refused, never trusted.
 On a CPU "device" (tests) tensors are shared through shared-memory files instead.
 
 ``python -m handler.core.feature_keeper --store DIR --checksum C --device cuda:0 --name N``
@@ -24,7 +26,6 @@ import fcntl
 import hashlib
 import logging
 import os
-import pickle
 import selectors
 import socket
 import struct
@@ -33,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import torch
@@ -41,10 +41,13 @@ import torch.multiprocessing
 
 from graph_assets.stored.store import open_store
 from handler.core.device_copy import copy_to_device
+from handler.core.ipc_handle import BadHandle, describe, open_shared
 
 logger = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!Q")
+_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
+_MAX_MESSAGE = 1 << 16
 START_TIMEOUT_S = 120.0  # copying tens of GB of features to a GPU takes a while
 IDLE_S = 30.0
 
@@ -124,8 +127,9 @@ def attach(
                 process = _start(store_dir, checksum, device, name, idle_s)
                 connection = _wait_for(name, process, timeout_s)
     try:
-        table = _receive(connection)
-    except (OSError, EOFError, pickle.UnpicklingError) as error:
+        _check_same_user(connection)
+        table = open_shared(_receive(connection))
+    except (OSError, EOFError, BadHandle, PermissionError) as error:
         connection.close()
         raise KeeperLost(f"the features' keeper {name} did not hand them over: {error}") from None
     return SharedFeatures(table, connection)
@@ -173,13 +177,21 @@ def _wait_for(name: str, process: subprocess.Popen, timeout_s: float) -> socket.
     raise KeeperLost(f"the features' keeper did not listen within {timeout_s:.0f} s")
 
 
-def _receive(connection: socket.socket) -> torch.Tensor:
+def _check_same_user(connection: socket.socket) -> None:
+    """PermissionError unless the process at the other end runs as this process's user."""
+    _, uid, _ = _CREDENTIALS.unpack(
+        connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    )
+    if uid != os.getuid():
+        raise PermissionError(f"the socket's other end runs as uid {uid}, not {os.getuid()}")
+
+
+def _receive(connection: socket.socket) -> bytes:
     header = _read_exactly(connection, _LENGTH.size)
     (length,) = _LENGTH.unpack(header)
-    table = pickle.loads(_read_exactly(connection, length))
-    if not isinstance(table, torch.Tensor):
-        raise pickle.UnpicklingError(f"expected a tensor, got {type(table).__name__}")
-    return table
+    if length > _MAX_MESSAGE:
+        raise EOFError(f"a {length}-byte description is not one the keeper sends")
+    return _read_exactly(connection, length)
 
 
 def _read_exactly(connection: socket.socket, size: int) -> bytes:
@@ -196,7 +208,7 @@ def _read_exactly(connection: socket.socket, size: int) -> bytes:
 def serve(table: torch.Tensor, name: str, idle_s: float = IDLE_S) -> None:
     """Hands ``table`` to every worker that connects, until none has been connected for
     ``idle_s`` seconds."""
-    payload = bytes(ForkingPickler.dumps(table))
+    payload = describe(table)
     message = _LENGTH.pack(len(payload)) + payload
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(_address(name))
@@ -209,6 +221,12 @@ def serve(table: torch.Tensor, name: str, idle_s: float = IDLE_S) -> None:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
                 worker, _ = listener.accept()
+                try:
+                    _check_same_user(worker)
+                except PermissionError as refused:
+                    logger.warning("refused a connection: %s", refused)
+                    worker.close()
+                    continue
                 worker.sendall(message)
                 selector.register(worker, selectors.EVENT_READ)
                 clients += 1

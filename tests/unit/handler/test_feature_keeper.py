@@ -4,6 +4,8 @@ shared through shared-memory files instead of CUDA IPC handles)."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 
 import numpy as np
@@ -13,6 +15,7 @@ import torch
 
 from handler.core.batch import is_fatal_device_error
 from handler.core.feature_keeper import KeeperLost, attach, keeper_name
+from handler.core.ipc_handle import BadHandle, describe, open_shared
 
 CPU = torch.device("cpu")
 
@@ -98,3 +101,32 @@ def test_workers_on_a_gpu_map_the_keepers_one_copy(int_store, tmp_path):
             shared.close()
         for process in keepers(name):
             process.kill()
+
+
+def test_a_shared_matrix_is_described_in_json_and_opened_as_it_was():
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    table = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    message = describe(table)
+    assert json.loads(message)["kind"] == "cpu"
+    assert torch.equal(open_shared(message), table)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        b"not json",
+        b"[]",
+        b'{"kind": "cpu"}',
+        b'{"kind": "pickle", "size": [1, 1], "stride": [1, 1], "offset": 0}',
+        b'{"kind": "cpu", "size": [1], "stride": [1], "offset": 0}',
+    ],
+)
+def test_anything_else_is_refused_as_a_bad_handle(message):
+    with pytest.raises(BadHandle):
+        open_shared(message)
+
+
+def test_a_keeper_of_another_user_is_refused(int_store, started, monkeypatch, tmp_path):
+    monkeypatch.setattr(os, "getuid", lambda: 4242)
+    with pytest.raises(KeeperLost, match="uid"):
+        attach(int_store.path, int_store.checksum, CPU, str(tmp_path), idle_s=0.5)
