@@ -151,12 +151,15 @@ def gather_features(
     patched = ~stored & (nodes >= 0)
     if isinstance(view, GraphOverlay) and view.changed_rows:
         patched |= np.isin(nodes, np.fromiter(view.changed_rows, dtype=np.int64))
-    if (nodes < 0).any():
-        x[torch.from_numpy(nodes < 0).to(device)] = 0
+    # Positions found on the host, so that nothing here waits for the GPU (a boolean mask
+    # would: its count is read back).
+    boundary = np.flatnonzero(nodes < 0)
+    if len(boundary):
+        x.index_fill_(0, torch.from_numpy(boundary).to(device, non_blocking=True), 0.0)
     if patched.any():
         at = np.flatnonzero(patched)
         rows = torch.from_numpy(view.feature_rows(nodes[at])).to(device, non_blocking=True)
-        x[torch.from_numpy(at).to(device)] = rows
+        x.index_copy_(0, torch.from_numpy(at).to(device, non_blocking=True), rows)
     return x
 
 
