@@ -13,11 +13,12 @@ Numba compiles a kernel for each combination of argument types on first use (und
 each, 1.5 s of CPU for a sampler's set): :func:`warm` does it when a sampler is built, not on a
 request, and numba keeps the machine code on disk for the next process. Its disk cache is keyed
 on the source file's path, and TorchServe unpacks an archive into a new temporary directory at
-every start, so the loops are loaded from a copy at
-``<temp dir>/gnnserve-numba-cache/<hash of their source>/``, private to this user (the cache is
-pickled code): every worker and every start of every archive with the same loops shares one
-compilation, and a worker loads them in about 0.05 s (0.3 s unless the pre-fork zygote started
-numba before forking it: prefork/gnnserve_prefork/numba_ready.py).
+every start (and each server has a temp dir of its own), so the loops are loaded from a copy at
+``~/.cache/gnnserve-numba-cache/<hash of their source>/`` (``$XDG_CACHE_HOME``; the temp dir
+when that cannot be had), private to this user (the cache is pickled code): every worker and
+every start of every server and archive with the same loops shares one compilation, and a
+worker loads them in about 0.05 s (0.3 s unless the pre-fork zygote started numba before
+forking it: prefork/gnnserve_prefork/numba_ready.py).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _jit() -> ModuleType:
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256(source).hexdigest()[:16]
     try:
-        home = ensure_private_dir(Path(tempfile.gettempdir()) / CACHE) / digest
+        home = _cache_root() / digest
         home.mkdir(mode=0o700, exist_ok=True)
         copy = home / _SOURCE.name
         if not copy.is_file() or copy.read_bytes() != source:
@@ -73,6 +74,18 @@ def _jit() -> ModuleType:
     sys.modules[name] = module  # numba's cache finds the kernels' globals through it
     spec.loader.exec_module(module)
     return module
+
+
+def _cache_root() -> Path:
+    """The user's cache (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``gnnserve-numba-cache``),
+    private to the user: one compilation for every server this user starts on this machine,
+    whatever its temp dir; the temp dir's when the user's cache cannot be had."""
+    user_cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    try:
+        return ensure_private_dir(Path(user_cache) / CACHE)
+    except (OSError, RuntimeError, UnsafeDirectory) as problem:
+        logger.info("sampler kernels cached in the temp dir: %s", problem)
+        return ensure_private_dir(Path(tempfile.gettempdir()) / CACHE)
 
 
 def _int64(values: np.ndarray) -> np.ndarray:

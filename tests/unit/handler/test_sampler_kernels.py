@@ -258,8 +258,20 @@ def test_kernels_load_from_a_private_copy_that_outlives_the_archive():
     copy = Path(JIT.__file__)
     assert copy.read_bytes() == SOURCE.read_bytes()
     cache = copy.parent.parent
-    assert cache == Path(tempfile.gettempdir()) / sampler_kernels.CACHE
+    assert cache == sampler_kernels._cache_root()
+    assert cache.name == sampler_kernels.CACHE
     assert stat.S_IMODE(cache.stat().st_mode) == 0o700
+
+
+def test_the_cache_is_the_users_and_the_temp_dirs_when_that_is_unsafe(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user"))
+    assert sampler_kernels._cache_root() == tmp_path / "user" / sampler_kernels.CACHE
+    shared = tmp_path / "shared"
+    (shared / sampler_kernels.CACHE).mkdir(parents=True, mode=0o777)
+    (shared / sampler_kernels.CACHE).chmod(0o777)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temp"))
+    assert sampler_kernels._cache_root() == tmp_path / "temp" / sampler_kernels.CACHE
 
 
 def test_an_unsafe_cache_directory_loads_the_kernels_in_place(tmp_path, monkeypatch, caplog):
@@ -267,6 +279,7 @@ def test_an_unsafe_cache_directory_loads_the_kernels_in_place(tmp_path, monkeypa
     (shared / sampler_kernels.CACHE).mkdir(parents=True, mode=0o777)
     (shared / sampler_kernels.CACHE).chmod(0o777)  # another user could plant cached code
     monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(shared))
     monkeypatch.setitem(sys.modules, JIT.__name__, JIT)  # restored after this load's
     jit = sampler_kernels._jit.__wrapped__()
     assert Path(jit.__file__) == SOURCE
