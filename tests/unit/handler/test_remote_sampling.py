@@ -294,6 +294,33 @@ def test_a_worker_refuses_an_unreachable_redis_in_one_line(stores) -> None:
     assert "\n" not in str(refused.value) and f"127.0.0.1:{port}" in str(refused.value)
 
 
+def check_same_link_answers(
+    model: torch.nn.Module,
+    settings: ServingSettings,
+    store: GraphStore,
+    far: RemoteStore,
+    bodies: list[dict],
+    tmp_path: Path,
+) -> None:
+    """Link archives of ``model`` on ``store`` and on the same graph in Redis answer
+    ``bodies`` alike: the same statuses (all 200), destinations and scores (<= 1e-6)."""
+    write_link_assets(model, store, tmp_path / "link")
+    served = []
+    for graph in (store, far):
+        ego = EgoGraphs.create(graph, model, settings, torch.device("cpu"))
+        served.append(LinkEngine(ego, open_link_assets(tmp_path / "link", graph), "1.0"))
+    local, remote_answers = (
+        [(r.status, r.body) for r in e.handle([{"body": b} for b in bodies])] for e in served
+    )
+    assert [s for s, _ in remote_answers] == [s for s, _ in local] == [200, 200, 200]
+    for (_, mine), (_, theirs) in zip(local, remote_answers, strict=True):
+        rows = mine.get("recommendations", mine.get("predictions"))
+        far_rows = theirs.get("recommendations", theirs.get("predictions"))
+        assert [r.get("dst") for r in far_rows] == [r.get("dst") for r in rows]
+        gap = np.abs(np.array([r["score"] for r in far_rows]) - [r["score"] for r in rows]).max()
+        assert gap <= 1e-6
+
+
 @pytest.mark.parametrize("fanouts", [[2, 2], [-1, -1]])
 def test_link_scores_and_top_k_are_the_stores(
     remote: Remote, stores, tmp_path: Path, fanouts: list[int]
@@ -302,28 +329,14 @@ def test_link_scores_and_top_k_are_the_stores(
     torch.manual_seed(0)
     config = {"task": "link", "arch": "sage", "in_dim": FEATURES, "out_dim": 8, "hidden_dim": 16}
     model = build_model(config).eval()
-    write_link_assets(model, store, tmp_path / "link")
     settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": fanouts})
-    served = []
-    for graph in (store, remote("cluster", "one_type")):
-        ego = EgoGraphs.create(graph, model, settings, torch.device("cpu"))
-        served.append(LinkEngine(ego, open_link_assets(tmp_path / "link", graph), "1.0"))
     ids = store.external_ids(np.arange(store.num_nodes))
     bodies = [
         {"pairs": [[ids[i], ids[-1 - i]] for i in range(8)]},
         {"src": ids[0], "top_k": 5},
         {"src": ids[3], "top_k": 5, "exclude_neighbors": False},
     ]
-    local, far = (
-        [(r.status, r.body) for r in e.handle([{"body": b} for b in bodies])] for e in served
-    )
-    assert [s for s, _ in far] == [s for s, _ in local] == [200, 200, 200]
-    for (_, mine), (_, theirs) in zip(local, far, strict=True):
-        rows = mine.get("recommendations", mine.get("predictions"))
-        far_rows = theirs.get("recommendations", theirs.get("predictions"))
-        assert [r.get("dst") for r in far_rows] == [r.get("dst") for r in rows]
-        gap = np.abs(np.array([r["score"] for r in far_rows]) - [r["score"] for r in rows]).max()
-        assert gap <= 1e-6
+    check_same_link_answers(model, settings, store, remote("cluster", "one_type"), bodies, tmp_path)
 
 
 @pytest.mark.parametrize("arch", ["sage", "rgcn"])
@@ -342,12 +355,7 @@ def test_typed_link_scores_and_top_k_are_the_stores(
         hetero=hetero_section(store.schema, "user__pays__merchant"),
     )
     model = build_model(config).eval()
-    write_link_assets(model, store, tmp_path / "link")
     settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [3, 3]})
-    served = []
-    for graph in (store, remote("cluster", "typed")):
-        ego = EgoGraphs.create(graph, model, settings, torch.device("cpu"))
-        served.append(LinkEngine(ego, open_link_assets(tmp_path / "link", graph), "1.0"))
     users = store.schema.node_type("user")
     merchants = store.schema.node_type("merchant")
     user_ids = store.external_ids(np.arange(users.offset, users.offset + 8))
@@ -357,16 +365,7 @@ def test_typed_link_scores_and_top_k_are_the_stores(
         {"src": user_ids[0], "top_k": 5},
         {"src": user_ids[3], "top_k": 5, "exclude_neighbors": False},
     ]
-    local, far = (
-        [(r.status, r.body) for r in e.handle([{"body": b} for b in bodies])] for e in served
-    )
-    assert [s for s, _ in far] == [s for s, _ in local] == [200, 200, 200]
-    for (_, mine), (_, theirs) in zip(local, far, strict=True):
-        rows = mine.get("recommendations", mine.get("predictions"))
-        far_rows = theirs.get("recommendations", theirs.get("predictions"))
-        assert [r.get("dst") for r in far_rows] == [r.get("dst") for r in rows]
-        gap = np.abs(np.array([r["score"] for r in far_rows]) - [r["score"] for r in rows]).max()
-        assert gap <= 1e-6
+    check_same_link_answers(model, settings, store, remote("cluster", "typed"), bodies, tmp_path)
 
 
 @pytest.mark.parametrize("fanouts", [[2, 3], [-1, -1]])
