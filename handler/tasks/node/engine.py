@@ -170,8 +170,6 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         seeds, sub = group.payload
         if sub is None:
             probabilities = self._stored_probabilities(seeds, batch)
-        elif isinstance(sub, PaddedSubgraph):
-            probabilities = self._captured_probabilities(sub, batch)
         else:
             probabilities = self._sampled_probabilities(sub, batch)
         times.seed_nodes += int(seeds.numel())
@@ -198,30 +196,12 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         stop()
         return probabilities
 
-    def _captured_probabilities(
-        self, padded: PaddedSubgraph, batch: Batch[ResolvedRequest]
-    ) -> torch.Tensor:
-        """The forward on a padded ego-graph, replayed from its bucket's CUDA graph."""
-        assert self.captured is not None
-        times, sub = batch.times, padded.sub
-        times.sampled_nodes += sub.num_nodes
-        times.sampled_edges += sub.num_edges
-        stop = timed(times, "gather")
-        with torch.inference_mode():
-            x, degree = self.ego.gather(sub.node)
-            edge_attr = self.ego.edge_features(sub.edge)
-        stop()
-        stop = timed(times, "forward")
-        with torch.inference_mode():
-            rows = self.captured(padded, x, degree, edge_attr)
-            probabilities = answer_rows(rows, self.output).cpu()
-        stop()
-        return probabilities
-
     def _sampled_probabilities(
-        self, sub: SampledSubgraph, batch: Batch[ResolvedRequest]
+        self, sampled: SampledSubgraph | PaddedSubgraph, batch: Batch[ResolvedRequest]
     ) -> torch.Tensor:
-        """One forward pass over the seeds' ego-graph."""
+        """One forward pass over the seeds' ego-graph; a padded one is replayed from its
+        bucket's CUDA graph."""
+        sub = sampled.sub if isinstance(sampled, PaddedSubgraph) else sampled
         times = batch.times
         times.sampled_nodes += sub.num_nodes
         times.sampled_edges += sub.num_edges
@@ -241,10 +221,14 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         stop()
         stop = timed(times, "forward")
         with torch.inference_mode():
-            edges = {} if edge_attr is None else {"edge_attr": edge_attr}
-            rows = self.model(
-                x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes, **edges
-            )[: sub.num_seeds]
+            if isinstance(sampled, PaddedSubgraph):
+                assert self.captured is not None
+                rows = self.captured(sampled, x, degree, edge_attr)
+            else:
+                edges = {} if edge_attr is None else {"edge_attr": edge_attr}
+                rows = self.model(
+                    x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes, **edges
+                )[: sub.num_seeds]
             probabilities = answer_rows(rows, self.output).cpu()
         stop()
         return probabilities
