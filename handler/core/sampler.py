@@ -86,6 +86,13 @@ class RelationSegments:
             (a remote store), whose segments each hop finds from its in-lists' relations.
         src_type: per relation, the index of its source node type.
         fanouts: per relation, neighbours kept per hop (``-1``: all).
+        whole: per relation, its segments are whole in-lists (its destination type has no
+            other relation into it), so a hop reads them from the CSC pointers at the nodes'
+            global indices in the same pass as it draws.
+        one_type: the graph has one node type, so every frontier row is a destination of
+            every relation (no row needs its type looked up).
+
+    A graph of one type and one relation is the one-relation case (:meth:`one_relation`).
     """
 
     dst_range: tuple[tuple[int, int], ...]
@@ -94,6 +101,13 @@ class RelationSegments:
     ends: tuple[Array, ...]
     src_type: tuple[int, ...]
     fanouts: tuple[tuple[int, ...], ...]
+    whole: tuple[bool, ...]
+    one_type: bool
+
+    @classmethod
+    def one_relation(cls, fanouts: Sequence[int]) -> RelationSegments:
+        """The segments of a graph of one node type and one relation: whole in-lists."""
+        return cls(((0, _LOW_63),), (0,), (), (), (0,), (tuple(fanouts),), (True,), True)
 
     @classmethod
     def of(
@@ -108,7 +122,7 @@ class RelationSegments:
                 f"relation_fanouts names {', '.join(unknown)}, which this graph does not have; "
                 f"its edge types are {', '.join(schema.edge_type_names)}"
             )
-        dst_range, dst_type, src_type, fanouts = [], [], [], []
+        dst_range, dst_type, src_type, fanouts, whole = [], [], [], [], []
         for relation in schema.relations:
             dst = schema.type_index(relation.edge_type.dst)
             node_type = schema.node_types[dst]
@@ -116,6 +130,7 @@ class RelationSegments:
             dst_type.append(dst)
             src_type.append(schema.type_index(relation.edge_type.src))
             fanouts.append(settings.fanouts_of(relation.name))
+            whole.append(len(schema.relations_into(node_type.name)) == 1)
         starts, ends = _segment_bounds(store, ops) if isinstance(store, GraphStore) else ((), ())
         return cls(
             tuple(dst_range),
@@ -124,6 +139,8 @@ class RelationSegments:
             ends,
             tuple(src_type),
             tuple(fanouts),
+            tuple(whole),
+            len(schema.node_types) == 1,
         )
 
 
@@ -186,6 +203,30 @@ def _ragged_arange(ops: ArrayOps, counts: Array) -> Array:
 
 
 @dataclass(frozen=True)
+class _HopPart:
+    """A hop's sampled in-edges of one relation: frontier row, source node and edge ID of each."""
+
+    rows: Array
+    sources: Array
+    edges: Array
+    relation: int
+
+
+def _joined(parts: list[_HopPart], ops: ArrayOps) -> tuple[Array, Array, Array]:
+    """(rows, sources, edge IDs) of a hop's parts, in order (no copy for one part)."""
+    if len(parts) == 1:
+        return parts[0].rows, parts[0].sources, parts[0].edges
+    if not parts:
+        empty = ops.arange(0)
+        return empty, empty, empty
+    return (
+        ops.cat([part.rows for part in parts]),
+        ops.cat([part.sources for part in parts]),
+        ops.cat([part.edges for part in parts]),
+    )
+
+
+@dataclass(frozen=True)
 class _RelationLists:
     """In-lists of some nodes read through a graph view (the overlay's, or a remote store's),
     grouped by relation as stored ones are, with where each relation's segment of each list
@@ -229,6 +270,8 @@ class NeighbourSampler:
             source type (``boundary_node``).
         relations: a graph with several relations: each hop samples each relation's segment of
             an in-list with the relation's own fanout (``fanouts`` then only counts the hops).
+            Without it the graph is the one-relation case (``RelationSegments.one_relation``
+            of ``fanouts``): one hop routine samples every graph, with the same draws.
         ops: the array library to sample with; by default numpy for CPU tensors (views of the
             same memory), with compiled hops, and torch on their device otherwise
             (handler.core.arrays says why). The hops are compiled here, not on a request.
@@ -256,12 +299,13 @@ class NeighbourSampler:
     ) -> None:
         self.view = view
         self.relations = relations
+        self.fanouts = parse_fanouts(list(fanouts))
+        self._segments = relations or RelationSegments.one_relation(self.fanouts)
         self.ops = ops or ops_for(indptr.device)
         self.device = indptr.device
         self.indptr, self.indices = indptr, indices
         # The same memory as the ops' arrays (numpy views on the CPU).
         self._indptr, self._indices = self.ops.from_torch(indptr), self.ops.from_torch(indices)
-        self.fanouts = parse_fanouts(list(fanouts))
         self.max_nodes = max_nodes
         self.max_edges = max_edges
         self.overlay = overlay
@@ -309,16 +353,11 @@ class NeighbourSampler:
         offset = 0
         total_nodes = len(levels[0])
         total_edges = 0
-        for hop, fanout in enumerate(self.fanouts):
+        for hop in range(self.num_hops):
             frontier = levels[-1]
-            if self.relations is None:
-                rows, neighbours, edges = self._sample_hop(
-                    frontier, hop, fanout, total_nodes, total_edges
-                )
-            else:
-                rows, neighbours, edges, _ = self._sample_typed_hop(
-                    frontier, hop, None, total_nodes, total_edges
-                )
+            rows, neighbours, edges = _joined(
+                self._sample_hop(frontier, hop, None, total_nodes, total_edges), ops
+            )
             next_offset = offset + len(frontier)
             next_level, sources = self._relabel(frontier, rows, neighbours, offset, next_offset)
             src_parts.append(sources)
@@ -332,19 +371,22 @@ class NeighbourSampler:
         if self.boundary:
             frontier = levels[-1]
             dummy = offset + len(frontier)
-            if self.relations is None:
-                rows, neighbours, edges = self._sample_hop(
-                    frontier, len(self.fanouts), ALL_NEIGHBOURS, total_nodes, total_edges
-                )
-                sources, boundary_rows = ops.int64(rows) * 0 + dummy, ops.of_ints([-1])
-            else:
-                rows, neighbours, edges, relation = self._sample_typed_hop(
-                    frontier, len(self.fanouts), ALL_NEIGHBOURS, total_nodes, total_edges
-                )
-                types = ops.from_numpy(np.array(self.relations.src_type, dtype=np.int64))
-                source_type = types[relation]
-                present, inverse = ops.unique_inverse(source_type)
-                sources, boundary_rows = dummy + inverse, -1 - present
+            parts = self._sample_hop(
+                frontier, self.num_hops, ALL_NEIGHBOURS, total_nodes, total_edges
+            )
+            # One zero-feature row per source type the boundary's edges come from (a graph of
+            # one type has its one row, edges or not), in type order.
+            src_type = self._segments.src_type
+            present = sorted({src_type[part.relation] for part in parts})
+            if not present and self._segments.one_type:
+                present = [0]
+            row_of = {node_type: dummy + rank for rank, node_type in enumerate(present)}
+            sources = ops.cat(
+                [ops.int64(part.rows) * 0 + row_of[src_type[part.relation]] for part in parts]
+                or [ops.arange(0)]
+            )
+            rows, neighbours, edges = _joined(parts, ops)
+            boundary_rows = ops.of_ints([-1 - node_type for node_type in present])
             src_parts.append(self_loops_in_place(frontier, rows, neighbours, offset, sources, ops))
             dst_parts.append(offset + rows)
             edge_parts.append(edges)
@@ -386,109 +428,26 @@ class NeighbourSampler:
             raise SubgraphTooLarge(nodes, edges, self.max_nodes, self.max_edges)
 
     def _sample_hop(
-        self, frontier: Array, hop: int, fanout: int, nodes_so_far: int, edges_so_far: int
-    ) -> tuple[Array, Array, Array]:
-        """Returns (frontier row of each sampled edge, its source node, its edge ID).
-
-        Nodes whose in-edges changed since the base graph was built read them from the overlay;
-        the others from the base CSC arrays.
-        """
-        ops, overlay = self.ops, self.overlay
-        dirty_mask = None
-        if self.view is not None:  # every list from one read of the view
-            dirty_mask = np.ones(len(frontier), dtype=bool)
-        elif overlay is not None and not overlay.is_empty:
-            dirty_mask = overlay.dirty_mask(ops.to_numpy(frontier))
-        # No changed node in this frontier (the common case on a big graph): the base arrays
-        # alone, in one pass, draw exactly what the split below would.
-        if dirty_mask is None or not dirty_mask.any():
-            return self._sample_csc(
-                self._indptr,
-                self._indices,
-                frontier,
-                frontier,
-                hop,
-                fanout,
-                nodes_so_far,
-                edges_so_far,
-            )
-        dirty = ops.from_numpy(dirty_mask)
-        clean_rows = ops.flatnonzero(~dirty)
-        dirty_rows = ops.flatnonzero(dirty)
-        rows, neighbours, edges = self._sample_csc(
-            self._indptr,
-            self._indices,
-            frontier[clean_rows],
-            frontier[clean_rows],
-            hop,
-            fanout,
-            nodes_so_far,
-            edges_so_far,
-        )
-        changed = self._lists_source().in_lists(ops.to_numpy(frontier[dirty_rows]))
-        more_rows, more_neighbours, more_positions = self._sample_csc(
-            ops.from_numpy(changed.indptr),
-            ops.from_numpy(changed.indices),
-            ops.arange(len(dirty_rows)),
-            frontier[dirty_rows],
-            hop,
-            fanout,
-            nodes_so_far,
-            edges_so_far + len(neighbours),
-        )
-        return (
-            ops.cat([clean_rows[rows], dirty_rows[more_rows]]),
-            ops.cat([neighbours, more_neighbours]),
-            ops.cat([edges, ops.from_numpy(changed.edge_ids)[more_positions]]),
-        )
-
-    def _sample_csc(
-        self,
-        indptr: Array,
-        indices: Array,
-        position: Array,
-        nodes: Array,
-        hop: int,
-        fanout: int,
-        nodes_so_far: int,
-        edges_so_far: int,
-    ) -> tuple[Array, Array, Array]:
-        """Samples the in-edges of ``nodes``, found at ``position`` in (``indptr``, ``indices``);
-        the random draws depend on ``nodes`` (global IDs), not on where their lists live.
-        Returns (row, source, position of the edge in ``indices``)."""
-        ops = self.ops
-        if ops.fused:
-            drawn = sampler_kernels.draw_csc(
-                indptr, indices, position, nodes, fanout, _relation_salt(0), self._base_key,
-                self._salts_of(hop, fanout), self.max_edges - edges_so_far,
-            )  # fmt: skip
-            return self._within_limits(drawn, nodes_so_far, edges_so_far)
-        starts = ops.int64(indptr[position])
-        counts = ops.int64(indptr[position + 1]) - starts
-        return self._sample_segments(
-            indices, starts, counts, nodes, hop, fanout, 0, nodes_so_far, edges_so_far
-        )
-
-    def _sample_typed_hop(
         self,
         frontier: Array,
         hop: int,
         fanout: int | None,
         nodes_so_far: int,
         edges_so_far: int,
-    ) -> tuple[Array, Array, Array, Array]:
-        """One hop on a graph with several relations: each relation's segment of the in-list of
-        each frontier node of its destination type, with the relation's fanout (``fanout``
-        overrides it). Nodes whose in-edges changed (or were added) read their segments from
-        the overlay's in-lists, which keep the same grouping; on a graph read through its view
-        every node does, from one read. Returns (row, source, edge ID, relation) per sampled
-        edge."""
-        ops, segments, overlay = self.ops, self.relations, self.overlay
-        assert segments is not None
+    ) -> list[_HopPart]:
+        """One hop: each relation's segment of the in-list of each frontier node of its
+        destination type, with the relation's fanout (``fanout`` overrides it). Nodes whose
+        in-edges changed (or were added) read their segments from the overlay's in-lists,
+        which keep the same grouping; on a graph read through its view every node does, from
+        one read. Returns the sampled edges relation by relation, each one's unchanged rows
+        first."""
+        ops, segments, overlay = self.ops, self._segments, self.overlay
         live = overlay is not None and not overlay.is_empty
         nodes_np = ops.to_numpy(frontier)
         dirty = overlay.dirty_mask(nodes_np) if live and overlay else None
-        types = overlay.types_of(nodes_np) if live and overlay else None
+        types = None
+        if live and overlay and not segments.one_type:
+            types = overlay.types_of(nodes_np)
         if self.view is not None:
             dirty = np.ones(len(nodes_np), dtype=bool)
         changed = None
@@ -497,31 +456,39 @@ class NeighbourSampler:
                 self._lists_source(), nodes_np[dirty], len(segments.dst_range)
             )
             changed_row = np.cumsum(dirty) - 1  # a dirty frontier row's place in ``changed``
-        parts: list[tuple[Array, Array, Array, Array]] = []
+        else:
+            dirty = None  # no changed node in this frontier: the base arrays alone
+        parts: list[_HopPart] = []
         for relation, (start, stop) in enumerate(segments.dst_range):
             count = segments.fanouts[relation][hop] if fanout is None else fanout
-            if types is None:
+            if segments.one_type:
+                mine = None
+            elif types is None:
                 mine = (frontier >= start) & (frontier < stop)
             else:
                 mine = ops.from_numpy(types == segments.dst_type[relation])
-            if dirty is not None:
-                clean = ops.flatnonzero(mine & ~ops.from_numpy(dirty))
-            else:
-                clean = ops.flatnonzero(mine)
-            if len(clean):
-                nodes = frontier[clean]
-                starts = ops.int64(segments.starts[relation][nodes - start])
-                counts = ops.int64(segments.ends[relation][nodes - start]) - starts
-                rows, neighbours, chosen = self._sample_segments(
-                    self._indices, starts, counts, nodes, hop, count, relation,
-                    nodes_so_far, edges_so_far,
-                )  # fmt: skip
+            clean = self._clean_rows(frontier, mine, dirty)
+            if clean is None or len(clean):
+                nodes = frontier if clean is None else frontier[clean]
+                if segments.whole[relation]:
+                    rows, neighbours, chosen = self._sample_csc(
+                        self._indptr, self._indices, nodes, nodes, hop, count, relation,
+                        nodes_so_far, edges_so_far,
+                    )  # fmt: skip
+                else:
+                    starts = ops.int64(segments.starts[relation][nodes - start])
+                    counts = ops.int64(segments.ends[relation][nodes - start]) - starts
+                    rows, neighbours, chosen = self._sample_segments(
+                        self._indices, starts, counts, nodes, hop, count, relation,
+                        nodes_so_far, edges_so_far,
+                    )  # fmt: skip
                 edges_so_far += len(neighbours)
-                parts.append((clean[rows], neighbours, chosen, ops.int64(rows) * 0 + relation))
+                found = rows if clean is None else clean[rows]
+                parts.append(_HopPart(found, neighbours, chosen, relation))
             if changed is None:
                 continue
             assert dirty is not None
-            position = np.flatnonzero(ops.to_numpy(mine) & dirty)
+            position = np.flatnonzero(dirty if mine is None else ops.to_numpy(mine) & dirty)
             if not len(position):
                 continue
             lists = changed_row[position]
@@ -533,22 +500,45 @@ class NeighbourSampler:
             )  # fmt: skip
             edges_so_far += len(neighbours)
             edge_ids = ops.from_numpy(changed.edge_ids)[chosen]
-            parts.append(
-                (
-                    ops.from_numpy(position)[rows],
-                    neighbours,
-                    edge_ids,
-                    ops.int64(rows) * 0 + relation,
-                )
-            )
-        if not parts:
-            empty = ops.arange(0)
-            return empty, empty, empty, empty
-        return (
-            ops.cat([p[0] for p in parts]),
-            ops.cat([p[1] for p in parts]),
-            ops.cat([p[2] for p in parts]),
-            ops.cat([p[3] for p in parts]),
+            parts.append(_HopPart(ops.from_numpy(position)[rows], neighbours, edge_ids, relation))
+        return parts
+
+    def _clean_rows(
+        self, frontier: Array, mine: Array | None, dirty: np.ndarray | None
+    ) -> Array | None:
+        """Rows of a relation's destinations whose in-lists are the stored ones (``None``:
+        every row of the frontier, the common case, with no index built)."""
+        if dirty is None:
+            return None if mine is None else self.ops.flatnonzero(mine)
+        unchanged = ~self.ops.from_numpy(dirty)
+        return self.ops.flatnonzero(unchanged if mine is None else mine & unchanged)
+
+    def _sample_csc(
+        self,
+        indptr: Array,
+        indices: Array,
+        position: Array,
+        nodes: Array,
+        hop: int,
+        fanout: int,
+        relation: int,
+        nodes_so_far: int,
+        edges_so_far: int,
+    ) -> tuple[Array, Array, Array]:
+        """Samples the in-edges of ``nodes``, found at ``position`` in (``indptr``, ``indices``);
+        the random draws depend on ``nodes`` (global IDs), not on where their lists live.
+        Returns (row, source, position of the edge in ``indices``)."""
+        ops = self.ops
+        if ops.fused:
+            drawn = sampler_kernels.draw_csc(
+                indptr, indices, position, nodes, fanout, _relation_salt(relation),
+                self._base_key, self._salts_of(hop, fanout), self.max_edges - edges_so_far,
+            )  # fmt: skip
+            return self._within_limits(drawn, nodes_so_far, edges_so_far)
+        starts = ops.int64(indptr[position])
+        counts = ops.int64(indptr[position + 1]) - starts
+        return self._sample_segments(
+            indices, starts, counts, nodes, hop, fanout, relation, nodes_so_far, edges_so_far
         )
 
     def _sample_segments(
