@@ -62,16 +62,39 @@ class SocketReader:
 
         A batch still incomplete after a few receives is large (bodies of megabytes): decoding
         it again from its start on every receive would copy its early fields over and over, so
-        TorchServe's own decoder reads the rest field by field, through this buffer."""
+        the rest is read field by field, through this buffer."""
         for _ in range(DECODE_ATTEMPTS):
             try:
                 batch, self.position = decode_inference_batch(self.buffer, self.position)
                 return batch
             except Incomplete as short:
                 self._hold(short.needed - self.position)
-        if _FIELD_BY_FIELD is None:  # never installed then (buffer_frontend_reads)
-            raise RuntimeError("TorchServe's batch decoder is missing")
-        return list(_FIELD_BY_FIELD(self.conn))
+        return self._read_field_by_field()
+
+    def _read_field_by_field(self) -> list[dict[str, Any]]:
+        """The batch from ``position`` on, one field per read as TorchServe's decoder reads
+        it, but through this buffer, so the bytes already received are not skipped whether
+        or not ``buffer_frontend_reads`` installed this reader in TorchServe."""
+        requests = []
+        while (length := self._int()) != _END:
+            request_id = self.read(length)
+            headers = self._records(2)  # name, value
+            inputs = self._records(3)  # name, content type, value
+            requests.append(_request(request_id, headers, inputs))
+        decode = _decodes_inputs()
+        return [_decoded(request, decode) for request in requests]
+
+    def _int(self) -> int:
+        return int(_INT.unpack(self.read(_INT.size))[0])
+
+    def _records(self, width: int) -> list[list[bytearray]]:
+        """Records of ``width`` length-prefixed fields up to the -1 that ends them."""
+        records = []
+        while (length := self._int()) != _END:
+            record = [self.read(length)]
+            record += [self.read(self._int()) for _ in range(width - 1)]
+            records.append(record)
+        return records
 
     def _hold(self, wanted: int) -> None:
         """Receives until ``wanted`` unconsumed bytes are buffered (a chunk at a time, or more
@@ -92,7 +115,7 @@ def decode_inference_batch(data: bytearray, offset: int) -> tuple[list[dict[str,
     Incomplete when ``data`` ends first. Per request: its ID, its headers (name, value) and its
     inputs (name, content type, value), each list ended by -1; a value is decoded by its
     content type as TorchServe does (``TS_DECODE_INPUT_REQUEST=false`` keeps the bytes)."""
-    decode = os.environ.get("TS_DECODE_INPUT_REQUEST") in (None, "true")
+    decode = _decodes_inputs()
     batch: list[dict[str, Any]] = []
     while True:
         length = _length(data, offset)
@@ -101,13 +124,24 @@ def decode_inference_batch(data: bytearray, offset: int) -> tuple[list[dict[str,
         request_id, offset = _field(data, offset + 4, length)
         headers, offset = _records(data, offset, 2)  # name, value
         inputs, offset = _records(data, offset, 3)  # name, content type, value
-        batch.append(
-            {
-                "requestId": request_id,
-                "headers": [{"name": name, "value": value} for name, value in headers],
-                "parameters": inputs,
-            }
-        )
+        batch.append(_request(request_id, headers, inputs))
+
+
+def _decodes_inputs() -> bool:
+    """Whether input values are decoded (TorchServe's ``TS_DECODE_INPUT_REQUEST``, on unless
+    set to anything but ``true``)."""
+    return os.environ.get("TS_DECODE_INPUT_REQUEST") in (None, "true")
+
+
+def _request(
+    request_id: bytearray, headers: list[list[bytearray]], inputs: list[list[bytearray]]
+) -> dict[str, Any]:
+    """One request as TorchServe's decoder returns it, its inputs not decoded yet."""
+    return {
+        "requestId": request_id,
+        "headers": [{"name": name, "value": value} for name, value in headers],
+        "parameters": inputs,
+    }
 
 
 def _records(data: bytearray, offset: int, width: int) -> tuple[list[list[bytearray]], int]:
@@ -154,24 +188,23 @@ def _decoded(request: dict[str, Any], decode: bool) -> dict[str, Any]:
 
 
 def _input(name: str, content_type: str, value: bytearray, decode: bool) -> dict[str, Any]:
-    """One model input: a JSON value or text decoded, the bytes kept when decoding fails."""
+    """One model input: a JSON value or text decoded, the bytes kept when decoding fails, as
+    TorchServe keeps them: the handler answers that request alone, and the batch is not lost.
+    A body too large for the worker's memory to parse (MemoryError) is kept as bytes too."""
     decoded: Any = value
     if decode and content_type == "application/json":
         try:
             decoded = json.loads(value.decode("utf-8"))
-        except (ValueError, RecursionError):  # RecursionError: nested too deeply to parse
-            logging.warning("an application/json input is not JSON: forwarding its bytes")
+        except (ValueError, RecursionError, MemoryError):  # RecursionError: nested too deeply
+            logging.warning("an application/json input could not be decoded: forwarding its bytes")
     elif decode and content_type.startswith("text"):
         try:
             decoded = value.decode("utf-8")
-        except UnicodeDecodeError:
-            logging.warning("a text input is not UTF-8: forwarding its bytes")
+        except (UnicodeDecodeError, MemoryError):
+            logging.warning("a text input could not be decoded as UTF-8: forwarding its bytes")
     return {"name": name, "contentType": content_type, "value": decoded}
 
 
-# TorchServe's batch decoder; it reads through ``_retrieve_buffer``, which
-# ``buffer_frontend_reads`` points at this buffer along with installing the one-pass decoder.
-_FIELD_BY_FIELD = getattr(otf_message_handler, "_retrieve_inference_msg", None)
 _readers: weakref.WeakKeyDictionary[socket.socket, SocketReader] = weakref.WeakKeyDictionary()
 _last_reader: SocketReader | None = None  # a worker reads one socket: skip the dictionary
 

@@ -2,11 +2,13 @@
 
 ``prepare`` parses every request on its own and groups the valid ones (a node batch: ONE
 ego-graph for the union of its seeds); ``run`` computes each group once; ``respond`` makes
-exactly one response per request, checked. The fault rules live here and only here: a group
-over the subgraph limits, or whose preparation or computation fails unexpectedly, is split into
-single requests, so only the request that causes a failure gets its error; a CUDA error that
-leaves the device unusable ends the worker instead (:class:`DeviceFailure`), so TorchServe
-restarts it. A task supplies parsing, grouping, the computation and the response body.
+exactly one response per request, checked, each answer free of NaN and infinity (a model's
+non-finite output is that request's 500, ``handler.protocol.answer_check``). The fault rules
+live here and only here: a group over the subgraph limits, or whose preparation or computation
+fails unexpectedly, is split into single requests, so only the request that causes a failure
+gets its error; a CUDA error that leaves the device unusable ends the worker instead
+(:class:`DeviceFailure`), so TorchServe restarts it. A task supplies parsing, grouping, the
+computation and the response body.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.remote import RemoteCounters
 from handler.core.feature_keeper import KeeperLost
+from handler.protocol.answer_check import non_finite_error
 from handler.protocol.error_table import (
     api_error,
     batch_error,
@@ -283,7 +286,12 @@ class BatchEngine(ABC, Generic[R]):
             error = InternalError("no answer was computed for this request")
             logger.error("request %d: %s", position, error.message)
             return Response(status=error.status, body=error.body())
-        return Response(status=200, body=self.body(outcome, batch.results[position]))
+        body = self.body(outcome, batch.results[position])
+        broken = non_finite_error(body)
+        if broken is not None:
+            logger.error("request %d: %s", position, broken.message)
+            return Response(status=broken.status, body=broken.body())
+        return Response(status=200, body=body)
 
 
 def parsed_or_error(parse: Callable[[Any], T], item: Any) -> T | ApiError:

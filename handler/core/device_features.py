@@ -186,7 +186,7 @@ def device_features_for(
     shared = None
     if capacity >= store.num_nodes:
         try:
-            shared = attach(store.path, store.checksum, device)
+            shared = attach(store, device)
         except (KeeperLost, OSError) as error:
             logger.warning("features not shared on %s (%s); this worker copies them", device, error)
     features = DeviceFeatures(store, device, capacity, shared)

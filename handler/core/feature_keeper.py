@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing
 
-from graph_assets.stored.store import open_store
+from graph_assets.stored.store import GraphStore, open_store
 from handler.core.device_copy import copy_to_device
 from handler.core.ipc_handle import BadHandle, describe, open_shared
 
@@ -49,6 +49,9 @@ _LENGTH = struct.Struct("!Q")
 _CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
 _MAX_MESSAGE = 1 << 16
 START_TIMEOUT_S = 120.0  # copying tens of GB of features to a GPU takes a while
+# A keeper listens only once its features are on the device and answers as it accepts: one
+# that has not answered in this time is stopped (SIGSTOP) or stuck.
+ANSWER_TIMEOUT_S = 10.0
 IDLE_S = 30.0
 
 
@@ -106,17 +109,18 @@ class SharedFeatures:
 
 
 def attach(
-    store_dir: Path,
-    checksum: str,
+    store: GraphStore,
     device: torch.device,
     temp_dir: str | None = None,
     timeout_s: float = START_TIMEOUT_S,
     idle_s: float = IDLE_S,
+    answer_timeout_s: float = ANSWER_TIMEOUT_S,
 ) -> SharedFeatures:
-    """The features of the store at ``store_dir`` (checksum ``checksum``) on ``device``, from
-    its keeper, started here when none runs (one start at a time, under a lock file)."""
+    """``store``'s features on ``device``, from their keeper, started here when none runs (one
+    start at a time, under a lock file). KeeperLost when the keeper does not hand over, within
+    ``answer_timeout_s``, a matrix of the store's shape, strides and dtype."""
     _share_on(device)
-    name = keeper_name(checksum, device, temp_dir)
+    name = keeper_name(store.checksum, device, temp_dir)
     connection = _connect(name)
     if connection is None:
         lock_dir = Path(temp_dir if temp_dir is not None else tempfile.gettempdir())
@@ -124,15 +128,37 @@ def attach(
             fcntl.flock(lock, fcntl.LOCK_EX)
             connection = _connect(name)
             if connection is None:
-                process = _start(store_dir, checksum, device, name, idle_s)
+                process = _start(store.path, store.checksum, device, name, idle_s)
                 connection = _wait_for(name, process, timeout_s)
     try:
         _check_same_user(connection)
-        table = open_shared(_receive(connection))
-    except (OSError, EOFError, BadHandle, PermissionError) as error:
+        table = open_shared(_receive(connection, time.monotonic() + answer_timeout_s))
+        _check_matches(table, store)
+    except TimeoutError:
+        connection.close()
+        raise KeeperLost(
+            f"the features' keeper {name} did not hand them over within "
+            f"{answer_timeout_s:g} s (its process is stopped or stuck)"
+        ) from None
+    except (OSError, EOFError, BadHandle) as error:
         connection.close()
         raise KeeperLost(f"the features' keeper {name} did not hand them over: {error}") from None
+    connection.settimeout(None)  # SharedFeatures waits on it for as long as the keeper lives
     return SharedFeatures(table, connection)
+
+
+def _check_matches(table: torch.Tensor, store: GraphStore) -> None:
+    """BadHandle unless ``table`` is laid out as the store's features are copied to a device:
+    float32, their shape, row-major (a zero stride would read one row for all)."""
+    shape = tuple(store.features.shape)
+    stride = torch.empty(shape, device="meta").stride()
+    got = (table.dtype, tuple(table.shape), table.stride())
+    if got != (torch.float32, shape, stride):
+        raise BadHandle(
+            f"the keeper's matrix is {table.dtype} {tuple(table.shape)} with strides "
+            f"{table.stride()}; the store's features are torch.float32 {shape} with strides "
+            f"{stride}"
+        )
 
 
 def _connect(name: str) -> socket.socket | None:
@@ -186,17 +212,22 @@ def _check_same_user(connection: socket.socket) -> None:
         raise PermissionError(f"the socket's other end runs as uid {uid}, not {os.getuid()}")
 
 
-def _receive(connection: socket.socket) -> bytes:
-    header = _read_exactly(connection, _LENGTH.size)
+def _receive(connection: socket.socket, deadline: float) -> bytes:
+    """The keeper's one message, by ``deadline`` (``time.monotonic``) or TimeoutError."""
+    header = _read_exactly(connection, _LENGTH.size, deadline)
     (length,) = _LENGTH.unpack(header)
     if length > _MAX_MESSAGE:
         raise EOFError(f"a {length}-byte description is not one the keeper sends")
-    return _read_exactly(connection, length)
+    return _read_exactly(connection, length, deadline)
 
 
-def _read_exactly(connection: socket.socket, size: int) -> bytes:
+def _read_exactly(connection: socket.socket, size: int, deadline: float) -> bytes:
     chunks, left = [], size
     while left:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError("timed out")
+        connection.settimeout(left_s)
         chunk = connection.recv(left)
         if not chunk:
             raise EOFError("the connection closed")
@@ -220,16 +251,7 @@ def serve(table: torch.Tensor, name: str, idle_s: float = IDLE_S) -> None:
     while clients or time.monotonic() - idle_since < idle_s:
         for key, _ in selector.select(timeout=1.0):
             if key.fileobj is listener:
-                worker, _ = listener.accept()
-                try:
-                    _check_same_user(worker)
-                except PermissionError as refused:
-                    logger.warning("refused a connection: %s", refused)
-                    worker.close()
-                    continue
-                worker.sendall(message)
-                selector.register(worker, selectors.EVENT_READ)
-                clients += 1
+                clients += _hand_over(listener, message, selector)
                 continue
             gone = key.fileobj
             assert isinstance(gone, socket.socket)
@@ -242,6 +264,26 @@ def serve(table: torch.Tensor, name: str, idle_s: float = IDLE_S) -> None:
             if not clients:
                 idle_since = time.monotonic()
     listener.close()
+
+
+def _hand_over(listener: socket.socket, message: bytes, selector: selectors.BaseSelector) -> int:
+    """Accepts one worker and sends it ``message``: 1 when it is counted, 0 when it was
+    refused or was gone before the message reached it. A peer that connects and closes at
+    once must not end the keeper: every worker attached to it would end too."""
+    worker, _ = listener.accept()
+    try:
+        _check_same_user(worker)
+        worker.sendall(message)
+    except PermissionError as refused:
+        logger.warning("refused a connection: %s", refused)
+        worker.close()
+        return 0
+    except OSError as gone:
+        logger.warning("a connection closed before it got the features (%s); serving on", gone)
+        worker.close()
+        return 0
+    selector.register(worker, selectors.EVENT_READ)
+    return 1
 
 
 def load_table(store_dir: Path, checksum: str, device: torch.device) -> torch.Tensor:

@@ -60,46 +60,66 @@ def describe(table: torch.Tensor) -> bytes:
 
 
 def open_shared(message: bytes) -> torch.Tensor:
-    """The matrix :func:`describe` described (BadHandle for anything else)."""
+    """The matrix :func:`describe` described; BadHandle for anything else, whatever is wrong
+    with it (torch's rebuild functions raise RuntimeError or AssertionError for a handle they
+    cannot open: a stale name, a CUDA handle on a torch without CUDA)."""
     try:
-        layout = json.loads(message)
-        size, stride, offset = _ints(layout["size"]), _ints(layout["stride"]), int(layout["offset"])
-        kind = layout["kind"]
-        if kind == "cuda":
-            return reductions.rebuild_cuda_tensor(
-                torch.Tensor,
-                torch.Size(size),
-                tuple(stride),
-                offset,
-                torch.storage.TypedStorage,
-                torch.float32,
-                int(layout["device"]),
-                bytes.fromhex(layout["handle"]),
-                int(layout["size_bytes"]),
-                int(layout["offset_bytes"]),
-                False,
-                bytes.fromhex(layout["counter"]),
-                int(layout["counter_offset"]),
-                bytes.fromhex(layout["event"]) if layout["event"] else None,
-                bool(layout["sync"]),
-            )
-        if kind == "cpu":
-            storage = reductions.rebuild_storage_filename(
-                torch.UntypedStorage,
-                str(layout["manager"]).encode(),
-                str(layout["name"]).encode(),
-                int(layout["size_bytes"]),
-            )
-            typed = torch.storage.TypedStorage(
-                wrap_storage=storage, dtype=torch.float32, _internal=True
-            )
-            return torch._utils._rebuild_tensor(typed, offset, tuple(size), tuple(stride))
-    except (KeyError, TypeError, ValueError) as error:
+        return _open(message)
+    except (KeyError, TypeError, ValueError, OverflowError, RecursionError) as error:
         raise BadHandle(f"not a shared matrix's description: {error}") from None
-    raise BadHandle(f"unknown kind {kind!r}")
+    except (RuntimeError, AssertionError) as error:
+        raise BadHandle(f"a shared matrix's description that cannot be opened: {error}") from None
+
+
+def _open(message: bytes) -> torch.Tensor:
+    layout = json.loads(message)  # RecursionError: nested too deeply
+    size, stride = _ints(layout["size"]), _ints(layout["stride"])
+    (offset,) = _counts([layout["offset"]])
+    kind = layout["kind"]
+    if kind == "cuda":
+        device, size_bytes, offset_bytes, counter_offset = _counts(
+            [layout[key] for key in ("device", "size_bytes", "offset_bytes", "counter_offset")]
+        )
+        return reductions.rebuild_cuda_tensor(
+            torch.Tensor,
+            torch.Size(size),
+            tuple(stride),
+            offset,
+            torch.storage.TypedStorage,
+            torch.float32,
+            device,
+            bytes.fromhex(layout["handle"]),
+            size_bytes,
+            offset_bytes,
+            False,
+            bytes.fromhex(layout["counter"]),
+            counter_offset,
+            bytes.fromhex(layout["event"]) if layout["event"] else None,
+            bool(layout["sync"]),
+        )
+    if kind == "cpu":
+        storage = reductions.rebuild_storage_filename(
+            torch.UntypedStorage,
+            str(layout["manager"]).encode(),
+            str(layout["name"]).encode(),
+            *_counts([layout["size_bytes"]]),
+        )
+        typed = torch.storage.TypedStorage(
+            wrap_storage=storage, dtype=torch.float32, _internal=True
+        )
+        return torch._utils._rebuild_tensor(typed, offset, tuple(size), tuple(stride))
+    raise ValueError(f"unknown kind {kind!r}")
 
 
 def _ints(values: object) -> list[int]:
     if not isinstance(values, list) or len(values) != 2:
         raise ValueError(f"expected two integers, got {values!r}")
-    return [int(v) for v in values]
+    return _counts(values)
+
+
+def _counts(values: list[object]) -> list[int]:
+    """``values`` as they are when each is an integer >= 0 (no string, float or bool)."""
+    counts = [v for v in values if type(v) is int and v >= 0]
+    if len(counts) != len(values):
+        raise ValueError(f"expected integers >= 0, got {values!r}")
+    return counts

@@ -13,7 +13,7 @@ import reprlib
 from dataclasses import dataclass
 from typing import Any
 
-from handler.protocol.errors import ApiError, BadRequest
+from handler.protocol.errors import ApiError, BadRequest, TooLarge
 
 NodeId = int | str  # a node ID exactly as the client sent it
 
@@ -66,7 +66,18 @@ def _reject_constant(name: str) -> None:
 
 
 def decode_body(raw: Any) -> Any:
-    """The JSON value of a body: TorchServe hands over a decoded object, bytes or text."""
+    """The JSON value of a body: TorchServe hands over a decoded object, bytes or text. A body
+    whose parse runs out of the worker's memory is that request's 413; the batch goes on."""
+    try:
+        return _decoded_json(raw)
+    except MemoryError:
+        raise TooLarge(
+            "the body is too large to parse in this worker's memory; send fewer IDs, pairs or "
+            "a smaller graph per request"
+        ) from None
+
+
+def _decoded_json(raw: Any) -> Any:
     if isinstance(raw, (bytes, bytearray)):
         try:
             raw = raw.decode("utf-8")

@@ -73,6 +73,13 @@ class InternalError(ApiError):
     status = 500
 
 
+class NonFiniteOutput(ApiError):
+    """500: the model answered NaN or infinity for this request: the model or the features it
+    read are broken, not the request (``handler.protocol.answer_check``)."""
+
+    status = 500
+
+
 class Unavailable(ApiError):
     """503, with Retry-After: this worker cannot answer now but may soon. It could not apply a
     record of the update log, or the graph store (Redis) did not answer in time."""

@@ -3,6 +3,7 @@ TorchServe's own reader decodes."""
 
 from __future__ import annotations
 
+import json
 import socket
 import struct
 import threading
@@ -12,8 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ts.protocol import otf_message_handler
+from ts.service import Service
 
 from handler import worker_socket
+from handler.protocol import body as body_module
+
+from .conftest import started
 
 ORIGINAL_READER = otf_message_handler._retrieve_buffer
 ORIGINAL_BATCH = otf_message_handler._retrieve_inference_msg
@@ -147,25 +152,88 @@ def test_empty_and_negative_lengths_read_nothing_like_torchserve() -> None:
     client.close()
 
 
-def test_a_batch_that_arrives_in_many_pieces_is_finished_by_torchserves_decoder(
-    monkeypatch,
-) -> None:
+def count_field_by_field_reads(monkeypatch) -> list[worker_socket.SocketReader]:
+    """The readers whose batch was finished field by field, one entry per batch."""
     calls = []
+    read = worker_socket.SocketReader._read_field_by_field
 
-    def field_by_field(conn):
-        calls.append(conn)
-        return ORIGINAL_BATCH(conn)
+    def counted(reader):
+        calls.append(reader)
+        return read(reader)
 
-    monkeypatch.setattr(worker_socket, "_FIELD_BY_FIELD", field_by_field)
-    body = b'{"x": "' + b"7" * 200_000 + b'"}'
-    big = inference_frame(
-        [(b"r%d" % i, [(b"h", b"v")], body, "application/json") for i in range(4)]
-    )
+    monkeypatch.setattr(worker_socket.SocketReader, "_read_field_by_field", counted)
+    return calls
+
+
+LARGE_BODY = b'{"x": "' + b"7" * 200_000 + b'"}'
+LARGE_BATCH = inference_frame(
+    [(b"r%d" % i, [(b"h", b"v")], LARGE_BODY, "application/json") for i in range(4)]
+)
+
+
+def test_a_batch_that_arrives_in_many_pieces_is_finished_field_by_field(monkeypatch) -> None:
+    calls = count_field_by_field_reads(monkeypatch)
     small = inference_frame([(b"s1", [(b"h", b"v")], b'{"node_id": 3}', "application/json")])
-    frames = big + small + big
-    chunks = [50_000] * (2 * len(big) // 50_000 + 2)
+    frames = LARGE_BATCH + small + LARGE_BATCH
+    chunks = [50_000] * (2 * len(LARGE_BATCH) // 50_000 + 2)
     assert decode_all(frames, 3, chunks) == decode_all(frames, 3, chunks, TORCHSERVE)
     assert len(calls) == 2  # the two large batches, each after DECODE_ATTEMPTS decodes
+
+
+def test_the_field_by_field_finish_works_without_our_reader_installed(monkeypatch) -> None:
+    calls = count_field_by_field_reads(monkeypatch)
+    chunks = [50_000] * (len(LARGE_BATCH) // 50_000 + 1)
+    torchserve_reader = (ORIGINAL_READER, worker_socket.buffered_inference_msg)
+    expected = decode_all(LARGE_BATCH, 1, chunks, TORCHSERVE)
+    assert decode_all(LARGE_BATCH, 1, chunks, torchserve_reader) == expected
+    assert len(calls) == 1
+    assert [r["parameters"][0]["value"] for r in expected[0][1]] == [{"x": "7" * 200_000}] * 4
+
+
+class MemoryShortJson:
+    """``json`` whose ``loads`` runs out of memory on any text that holds ``marker``."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def loads(self, text, **kwargs):
+        if self.marker in text:
+            raise MemoryError
+        return json.loads(text, **kwargs)
+
+
+def test_a_body_whose_decoding_runs_out_of_memory_is_413_and_its_batch_is_answered(
+    model_dir, monkeypatch
+) -> None:
+    short = MemoryShortJson("huge")
+    for module in (worker_socket, otf_message_handler, body_module):  # memory stays short
+        monkeypatch.setattr(module, "json", short)
+    huge = b'{"node_ids": [1, 2], "huge": 1}'
+    frame = inference_frame(
+        [
+            (b"r1", [], b'{"node_id": 0}', "application/json"),
+            (b"r2", [], huge, "application/json"),
+            (b"r3", [], b'{"node_id": 3}', "application/json"),
+        ]
+    )
+    ((cmd, batch),) = decode_all(frame, 1, [], OURS)
+    assert [(cmd, batch)] == decode_all(frame, 1, [], TORCHSERVE)  # the bytes passed on
+    assert [r["parameters"][0]["value"] for r in batch] == [{"node_id": 0}, huge, {"node_id": 3}]
+    handler, context = started(model_dir, 3, fanouts=[-1, -1])
+    _, data, _ = Service.retrieve_data_for_inference(batch)
+    output = handler.handle(data, context)
+    assert [context.get_response_status(i)[0] for i in range(3)] == [200, 413, 200]
+    message = (
+        "the body is too large to parse in this worker's memory; send fewer IDs, pairs or a "
+        "smaller graph per request"
+    )
+    assert json.loads(output[1]) == {
+        "code": 413,
+        "type": "TooLarge",
+        "message": message,
+        "error": message,
+    }
+    assert [json.loads(output[i])["node_id"] for i in (0, 2)] == [0, 3]
 
 
 def test_the_worker_exits_when_the_frontend_disconnects() -> None:
