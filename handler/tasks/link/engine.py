@@ -223,7 +223,9 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
                 excluded += self._neighbours(node)
             drop = np.concatenate(excluded).astype(np.int64) - start
             drop = drop[(drop >= 0) & (drop < len(logits))]
-            allowed = torch.isfinite(logits)
+            # -inf marks a removed node or another type's; a NaN is the model's and stays in,
+            # so that topk ranks it first and the answer check refuses the answer.
+            allowed = logits != float("-inf")
             allowed[torch.from_numpy(drop).to(logits.device)] = False
             logits = logits.masked_fill(~allowed, float("-inf"))
             count = min(k, int(allowed.sum()))

@@ -100,3 +100,23 @@ def test_link_assets_refuse_a_different_graph(int_store, str_store, tmp_path):
     link_engine(int_store, tmp_path)
     with pytest.raises(StoreError, match="rebuild the archive"):
         open_link_assets(tmp_path / "link", str_store)
+
+
+def test_a_nan_candidate_score_fails_that_top_k_alone(int_store, tmp_path):
+    """A model that scores some candidate NaN is refused, never answered with fewer
+    recommendations; pair scores in the same batch are answered."""
+    engine = link_engine(int_store, tmp_path)
+    score_against = engine.predictor.score_against
+
+    def broken(z_src, table):
+        scores = score_against(z_src, table)
+        scores[7] = float("nan")
+        return scores
+
+    engine.predictor.score_against = broken
+    (status, body), (pair_status, _) = answers(
+        engine, [{"src": 0, "top_k": 5}, {"src": 0, "dst": 3}]
+    )
+    assert (status, pair_status) == (500, 200)
+    assert body["type"] == "NonFiniteOutput"
+    assert "non-finite output (NaN/inf) from the model for" in body["message"]
