@@ -136,3 +136,33 @@ def test_entries_say_their_format_and_older_ones_still_read(redis_server):
     client.xadd(key, {"operations": json.dumps(ADD), "format": LOG_FORMAT + 1}, id="3-0")
     with pytest.raises(UpdateLogCorrupt, match="newer than this gnnserve reads"):
         log.read_from(0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"format": "null"}, "format None"),
+        ({"format": "0"}, "format 0"),
+        ({"format": "-1"}, "format -1"),
+        ({"format": "1.9"}, "format 1.9"),
+        ({"format": "two"}, "cannot be read"),
+        ({"operations": '"add_node"'}, "not a list of objects"),
+        ({"operations": "{not json"}, "cannot be read"),
+        ({"operations": None}, "cannot be read"),  # no operations field at all
+        ({"undo": "1"}, "unknown field"),
+    ],
+)
+def test_an_entry_that_is_not_a_well_formed_record_stops_replay_and_stays(
+    redis_server, fields, reason
+):
+    log, _ = open_redis_update_log(Lineage(), RedisLogConfig(redis_server.url))
+    log.append(ADD, 1, at=0)
+    key, client = KEY_PREFIX + "a" * 64, redis_server.client()
+    entry = {"operations": json.dumps(ADD), "format": str(LOG_FORMAT), **fields}
+    client.xadd(key, {name: value for name, value in entry.items() if value is not None}, id="2-0")
+    with pytest.raises(UpdateLogCorrupt, match=f"the record of seq 2 .*{reason}"):
+        log.read_from(0)
+    assert log.size() == 2
+    with pytest.raises(UpdateLogConflict):  # a writer behind it never takes its seq
+        log.append(ADD, 2, at=1)
+    assert client.xlen(key) == 2

@@ -17,6 +17,7 @@ from graph_assets.errors import UpdateLogCorrupt
 from graph_assets.live import update_log
 from graph_assets.live.update_log import UpdateLog
 from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
+from tests.unit.graph_assets.test_graph_assets_update_log import intact_record
 
 from .conftest import started
 
@@ -175,6 +176,25 @@ def test_damage_inside_the_log_refuses_the_start(int_store, log_path):
     log_path.write_bytes(bytes(data))
     with pytest.raises(UpdateLogCorrupt, match=f"update log {log_path}: the record at byte \\d+"):
         LiveGraph(int_store, log_path)
+
+
+def test_an_intact_record_of_no_known_format_is_kept_and_refused(int_store, log_path):
+    """A last record whose checksum matches but whose format is null: a running worker refuses
+    updates (503) rather than write over it, a starting one refuses to start in one line."""
+    live = LiveGraph(int_store, log_path)
+    width = int_store.feature_dim
+    assert answer_update(update_body(new_node(900, width)), SECRET, live, POLICY)[0] == 200
+    payload = json.dumps({"seq": 2, "format": None, "operations": [new_node(901, width)]})
+    with log_path.open("ab") as file:
+        file.write(intact_record(payload.encode()))
+    data = log_path.read_bytes()
+    status, body = answer_update(update_body(new_node(902, width)), SECRET, live, POLICY)
+    assert status == 503 and body["type"] == "Unavailable" and "a record" in body["message"]
+    assert live.failure is not None and "format None" in live.failure.reason
+    assert log_path.read_bytes() == data and live.version.endswith("+1")
+    with pytest.raises(UpdateLogCorrupt, match="has format None") as refused:
+        LiveGraph(int_store, log_path)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize(
