@@ -8,7 +8,8 @@ import pytest
 
 from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
 from graph_assets.live.operations import Rejection, UpdateRejected
-from handler.protocol.error_table import api_error, internal_error
+from graph_assets.live.overlay import ListenerBehind
+from handler.protocol.error_table import api_error, batch_error, internal_error
 
 
 @pytest.mark.parametrize(
@@ -48,6 +49,13 @@ def test_a_failed_log_write_is_507_when_the_volume_is_full_else_503(code, status
 def test_an_oversized_ego_graph_is_413_and_says_how_to_fix_it():
     error = api_error(SubgraphTooLarge(10, 20, 5, 5))
     assert error is not None and error.status == 413 and "lower the fanouts" in error.message
+
+
+def test_rows_behind_the_graph_answer_the_whole_batch_503_without_the_cause():
+    error = batch_error(ListenerBehind("1 update(s) ... (RemoteUnavailable: Redis at redis://h:1)"))
+    assert error is not None and error.status == 503 and error.type_name == "Unavailable"
+    assert "precomputed rows up to date" in error.message and "redis://" not in error.message
+    assert api_error(ListenerBehind("x")) is not None
 
 
 def test_anything_else_is_not_a_client_error():

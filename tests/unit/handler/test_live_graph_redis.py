@@ -40,7 +40,7 @@ def test_random_updates_at_random_replicas_give_one_graph_equal_to_pyg(
     for _ in range(120):
         writer = rng.choice(lives)
         writer.sync()
-        seq = writer.update(UpdateRequest(random_update(rng, writer, counter)))
+        seq = writer.update(UpdateRequest(random_update(rng, writer, counter))).seq
         reader = rng.choice(lives)
         assert reader.catch_up(seq, timeout_s=5)  # read-your-writes at another replica
         assert reader.seq >= seq
@@ -57,9 +57,9 @@ def test_racing_writers_never_share_a_seq(int_store, redis_server):
     catches up and validates again, so both updates land, in some order, once each."""
     first, second = replicas(int_store, redis_server)
     x = [0.1] * int_store.feature_dim
-    assert first.update(UpdateRequest([{"type": "add_node", "id": 90_001, "x": x}])) == 1
+    assert first.update(UpdateRequest([{"type": "add_node", "id": 90_001, "x": x}])).seq == 1
     # second has not seen seq 1: its write of seq 1 loses, it catches up and writes seq 2
-    assert second.update(UpdateRequest([{"type": "add_node", "id": 90_002, "x": x}])) == 2
+    assert second.update(UpdateRequest([{"type": "add_node", "id": 90_002, "x": x}])).seq == 2
     first.sync()
     assert first.version == second.version
     assert (first.overlay.lookup([90_001, 90_002]) >= 0).all()
@@ -79,7 +79,7 @@ def test_redis_down_serves_the_last_version_and_refuses_updates(int_store, redis
         live.update(UpdateRequest([{"type": "add_node", "id": 90_011, "x": x}]))
     assert live.seq == 1 and live.overlay.lookup([90_011])[0] < 0  # nothing half-applied
     redis_server.start()
-    assert live.update(UpdateRequest([{"type": "add_node", "id": 90_012, "x": x}])) == 2
+    assert live.update(UpdateRequest([{"type": "add_node", "id": 90_012, "x": x}])).seq == 2
     assert live.unreachable is None
     assert other.catch_up(2, timeout_s=5) and other.version == live.version
 
