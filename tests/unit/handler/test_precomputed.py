@@ -497,6 +497,8 @@ def test_a_refresh_that_times_out_keeps_the_update_applied_and_never_serves_stal
     status, body = ask(replica, replica_context, add, KEY)
     assert status == 200 and body["seq"] == 2 and body["rows_rebuilding"] is True
     down.clear()  # Redis answers again
+    assert writer.task.precomputed.drain(10_000) > 0  # the follower's step repairs, unread
+    assert json.loads(writer.describe_handle())["precomputed"]["unmarked_updates"] == 0
     ids_now, expected = materialized_forward(replica.live, model)  # the writer is behind it
     for handler, context in workers:
         statuses, rows, bodies = predicted(handler, context, ids_now)
