@@ -197,6 +197,13 @@ class RedisUpdateLog:
             last = int(
                 self._call(self._append_after, keys=[self.key], args=[seq, payload, LOG_FORMAT])
             )
+        except UpdateLogUnavailable as lost:
+            # Redis may have run the script before it stopped answering: say so, never that
+            # nothing was written (the client would send it again; an add_edge would double).
+            raise UpdateLogUnavailable(
+                f"{lost}; the update may have been written as seq {seq}: once the log is back, "
+                f"read graph_version and send the update again only if it is below +{seq}"
+            ) from None
         except redis.ResponseError as error:
             # Refused whole (out of memory under noeviction, a read-only replica, ...): like a
             # full disk for the file log, nothing of it is in the stream.
@@ -256,7 +263,13 @@ class RedisUpdateLog:
         wanted = self.config.wait_replicas
         if wanted <= 0:
             return
-        confirmed = int(self._call(self.client.wait, wanted, self.config.wait_timeout_ms))
+        try:
+            confirmed = int(self._call(self.client.wait, wanted, self.config.wait_timeout_ms))
+        except UpdateLogUnavailable as lost:  # the record is written: not "unreachable" alone
+            raise UpdateNotReplicated(
+                f"update log {self.path}: seq {seq} was written but Redis did not answer WAIT "
+                f"({lost}); it is in the log and will be applied, but it is not acknowledged"
+            ) from None
         if confirmed < wanted:
             raise UpdateNotReplicated(
                 f"update log {self.path}: seq {seq} was written but {confirmed} of the "

@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 import pytest
+import redis
 
 from bench.harness.torchserve import free_ports
 from graph_assets.errors import (
@@ -86,6 +87,35 @@ def test_a_write_no_replica_confirms_is_not_acknowledged_but_stays(redis_server)
     with pytest.raises(UpdateNotReplicated, match="0 of the 1 required replicas"):
         log.append(ADD, 1, at=0)
     assert log.size() == 1  # in the log: every server applies it, but nobody was told 200
+
+
+def test_a_timeout_after_the_record_was_sent_says_it_may_be_written(redis_server, monkeypatch):
+    """Redis ran the append, then the answer timed out: the refusal never claims nothing was
+    written, and names the seq to look for."""
+    log, _ = open_redis_update_log(Lineage(), RedisLogConfig(redis_server.url))
+    real = log._append_after
+
+    def written_then_timed_out(*args, **kwargs):
+        real(*args, **kwargs)
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(log, "_append_after", written_then_timed_out)
+    with pytest.raises(UpdateLogUnavailable, match="may have been written as seq 1") as refused:
+        log.append(ADD, 1, at=0)
+    assert "below +1" in str(refused.value) and log.size() == 1
+
+
+def test_a_wait_that_times_out_is_written_but_not_acknowledged(redis_server, monkeypatch):
+    config = RedisLogConfig(redis_server.url, wait_replicas=1)
+    log, _ = open_redis_update_log(Lineage(), config)
+
+    def timed_out(*args, **kwargs):
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(log.client, "wait", timed_out)
+    with pytest.raises(UpdateNotReplicated, match="seq 1 was written but Redis did not answer"):
+        log.append(ADD, 1, at=0)
+    assert log.size() == 1
 
 
 def test_a_full_redis_refuses_the_record_whole(redis_server):

@@ -8,10 +8,11 @@ import time
 
 import numpy as np
 import pytest
+import redis
 import torch
 
 from graph_assets.live.redis_log import RedisLogConfig
-from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, answer_update
 from handler.protocol.errors import Unavailable
 from tests.live_reference import live_ids, materialized_forward, random_update
 
@@ -82,6 +83,38 @@ def test_redis_down_serves_the_last_version_and_refuses_updates(int_store, redis
     assert live.update(UpdateRequest([{"type": "add_node", "id": 90_012, "x": x}])).seq == 2
     assert live.unreachable is None
     assert other.catch_up(2, timeout_s=5) and other.version == live.version
+
+
+def test_an_append_whose_answer_times_out_is_not_called_unapplied(
+    int_store, redis_server, monkeypatch
+):
+    """Redis wrote the record, then its answer timed out: the 503 says the update may be in
+    the log as seq 1 (a client checks graph_version instead of sending an add_edge twice), and
+    the writer applies its own record from the log once Redis answers, once."""
+    live, other = replicas(int_store, redis_server)
+    src, dst = int_store.external_ids(np.array([3, 6]))
+    before = int((live.overlay.in_list(6) == 3).sum())
+    real = live.log._append_after
+
+    def written_then_timed_out(*args, **kwargs):
+        real(*args, **kwargs)
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(live.log, "_append_after", written_then_timed_out)
+    status, body = answer_update(
+        {"op": "update", "operations": [{"type": "add_edge", "src": src, "dst": dst}]},
+        "update-secret-0123456789",
+        live,
+        UpdatePolicy(secret="update-secret-0123456789", max_operations=10),
+    )
+    assert status == 503 and body["type"] == "Unavailable"
+    assert "may have been written as seq 1" in body["message"] and "below +1" in body["message"]
+    assert "nothing was applied" not in body["message"]
+    monkeypatch.undo()
+    assert live.catch_up(1, timeout_s=5) and other.catch_up(1, timeout_s=5)
+    for replica in (live, other):  # the edge once, on every replica
+        assert replica.seq == 1 and int((replica.overlay.in_list(6) == 3).sum()) == before + 1
+    assert redis_server.client().xlen(live.log.key) == 1
 
 
 def test_acknowledged_updates_survive_redis_killed(int_store, redis_server):
