@@ -362,15 +362,18 @@ class LiveGraph:
             except ListenerFailed as failed:
                 self._listener_failed(failed)
                 return Applied(seq, rows_rebuilding=True)
-            except (UpdateRejected, UpdateLogWriteFailed) as refused:
-                raise api_error(refused) or Unavailable(str(refused)) from None
             except UpdateLogMismatch as lost:
                 self._fail(lost, self._offset, None)
                 raise Unavailable(self._refusal()) from None
-            except (UpdateLogUnavailable, UpdateNotReplicated) as refused:
+            except (
+                UpdateRejected,
+                UpdateLogWriteFailed,
+                UpdateLogUnavailable,
+                UpdateNotReplicated,
+            ) as refused:
                 if isinstance(refused, UpdateLogUnavailable):
                     self._lost(refused)
-                raise Unavailable(str(refused)) from None
+                raise api_error(refused) or Unavailable(str(refused)) from None
         return Applied(seq)
 
     def close(self) -> None:

@@ -7,7 +7,12 @@ import errno
 
 import torch
 
-from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
+from graph_assets.errors import (
+    SubgraphTooLarge,
+    UpdateLogUnavailable,
+    UpdateLogWriteFailed,
+    UpdateNotReplicated,
+)
 from graph_assets.live.operations import Rejection, UpdateRejected
 from graph_assets.live.overlay import ListenerBehind
 from graph_assets.remote.errors import RemoteUnavailable
@@ -50,6 +55,10 @@ def api_error(error: Exception) -> ApiError | None:
     if isinstance(error, UpdateLogWriteFailed):
         full = error.errno in _FULL_ERRNOS
         return (InsufficientStorage if full else Unavailable)(str(error))
+    if isinstance(error, (UpdateLogUnavailable, UpdateNotReplicated)):
+        # Their messages say what is in the log (may have been written; written, not
+        # acknowledged), which the client needs before it sends the update again.
+        return Unavailable(str(error))
     return None
 
 

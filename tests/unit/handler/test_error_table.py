@@ -6,7 +6,12 @@ import errno
 
 import pytest
 
-from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
+from graph_assets.errors import (
+    SubgraphTooLarge,
+    UpdateLogUnavailable,
+    UpdateLogWriteFailed,
+    UpdateNotReplicated,
+)
 from graph_assets.live.operations import Rejection, UpdateRejected
 from graph_assets.live.overlay import ListenerBehind
 from handler.protocol.error_table import api_error, batch_error, internal_error
@@ -44,6 +49,13 @@ def test_every_rejection_kind_is_in_the_table():
 def test_a_failed_log_write_is_507_when_the_volume_is_full_else_503(code, status):
     error = api_error(UpdateLogWriteFailed(code, "could not write", rolled_back=True))
     assert error is not None and error.status == status
+
+
+@pytest.mark.parametrize("kind", [UpdateLogUnavailable, UpdateNotReplicated])
+def test_an_update_log_out_of_reach_is_503_saying_what_is_in_the_log(kind):
+    error = api_error(kind("update log redis://h:1/0: seq 3 may have been written"))
+    assert error is not None and error.status == 503 and error.type_name == "Unavailable"
+    assert error.message == "update log redis://h:1/0: seq 3 may have been written"
 
 
 def test_an_oversized_ego_graph_is_413_and_says_how_to_fix_it():
