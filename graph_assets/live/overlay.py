@@ -87,11 +87,33 @@ class OverlayChange:
     in_lists_before: dict[int, np.ndarray]
 
 
+class ListenerFailed(RuntimeError):
+    """A request was applied (and committed, where ``apply`` was given a commit: the update log
+    holds it) but a listener failed to take in its change, e.g. Redis timed out while the
+    precomputed rows it reaches were marked. Nothing is undone: ``seq`` is the graph version
+    now. The listener keeps what it missed and takes it in before its state is read again, or
+    refuses those reads with :class:`ListenerBehind`."""
+
+    def __init__(self, seq: int, error: Exception) -> None:
+        super().__init__(
+            f"update seq {seq} is applied, but a listener failed to take in its change "
+            f"({type(error).__name__}: {error})"
+        )
+        self.seq = seq
+
+
+class ListenerBehind(RuntimeError):
+    """A listener's state misses an applied change that it failed to take in and still cannot
+    (what it reads to do so still fails): an answer read from that state would be older than
+    the graph version it reports, so none is given until it catches up."""
+
+
 class GraphOverlay:
     """The updates applied so far to one base graph, with the lookups serving needs.
 
     ``listeners`` are called with each applied request's :class:`OverlayChange`, after it is
-    committed and the seq moved (precomputed rows refresh from it)."""
+    committed and the seq moved (precomputed rows refresh from it). A listener that raises
+    undoes nothing: every listener is still called, then :class:`ListenerFailed` is raised."""
 
     def __init__(self, base: OverlayBase, max_new_nodes: int = 10_000_000) -> None:
         self.base = base
@@ -149,7 +171,8 @@ class GraphOverlay:
         ``seq`` becomes the graph version.
 
         ``commit`` runs once every operation is known to be valid (e.g. the durable append to
-        the update log); if it raises, the operations are undone too.
+        the update log); if it raises, the operations are undone too. After it, the request is
+        applied whatever a listener does (:class:`ListenerFailed`).
         """
         undo: list[Callable[[], None]] = []
         self._base_index = self._look_up_base_ids(operations)
@@ -169,8 +192,14 @@ class GraphOverlay:
             self._fetched = {}
             self._change = OverlayChange(set(), {})
         self.seq = seq
+        failed: list[Exception] = []
         for listener in self.listeners:
-            listener(change)
+            try:
+                listener(change)
+            except Exception as error:  # committed: the others still take the change in
+                failed.append(error)
+        if failed:
+            raise ListenerFailed(seq, failed[0]) from failed[0]
 
     def changes_so_far(self) -> OverlayChange:
         """Everything applied on top of the base as one change (a listener that starts after

@@ -39,13 +39,14 @@ from graph_assets.errors import (
 )
 from graph_assets.live.log_lineage import Lineage
 from graph_assets.live.operations import LOG_FORMAT
-from graph_assets.live.update_log import MAX_RECORD_BYTES, LogRecord, TornTail
+from graph_assets.live.update_log import MAX_RECORD_BYTES, LogRecord, TornTail, checked_content
 
 logger = logging.getLogger(__name__)
 
 KEY_PREFIX = "gnnserve:updates:"
 _FIELD = b"operations"
 _FORMAT_FIELD = b"format"  # graph_assets.live.operations.LOG_FORMAT; absent: format 1
+_FIELDS = {_FIELD, _FORMAT_FIELD}
 _PAGE = 10_000  # entries per XRANGE call while replaying
 _UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
 
@@ -169,14 +170,7 @@ class RedisUpdateLog:
         while True:
             entries = self._call(self.client.xrange, self.key, min=start, max="+", count=_PAGE)
             for entry_id, fields in entries:
-                seq = _seq_of(entry_id)
-                written = int(fields.get(_FORMAT_FIELD, b"1"))
-                if written > LOG_FORMAT:
-                    raise UpdateLogCorrupt(
-                        f"update log {self.path}: the record of seq {seq} is format {written}, "
-                        f"newer than this gnnserve reads ({LOG_FORMAT}); upgrade this server"
-                    )
-                operations = json.loads(fields[_FIELD])
+                seq, operations = self._parsed(_seq_of(entry_id), fields)
                 records.append(LogRecord(seq, operations, offset=seq - 1, end=seq))
             if len(entries) < _PAGE:
                 break
@@ -203,6 +197,13 @@ class RedisUpdateLog:
             last = int(
                 self._call(self._append_after, keys=[self.key], args=[seq, payload, LOG_FORMAT])
             )
+        except UpdateLogUnavailable as lost:
+            # Redis may have run the script before it stopped answering: say so, never that
+            # nothing was written (the client would send it again; an add_edge would double).
+            raise UpdateLogUnavailable(
+                f"{lost}; the update may have been written as seq {seq}: once the log is back, "
+                f"read graph_version and send the update again only if it is below +{seq}"
+            ) from None
         except redis.ResponseError as error:
             # Refused whole (out of memory under noeviction, a read-only replica, ...): like a
             # full disk for the file log, nothing of it is in the stream.
@@ -239,11 +240,36 @@ class RedisUpdateLog:
     def close(self) -> None:
         self.client.close()
 
+    def _parsed(self, seq: int, fields: dict[bytes, bytes]) -> tuple[int, list[dict[str, Any]]]:
+        """An entry's seq and operations, by the file log's rule (``checked_content``): an
+        entry that is not a well-formed record of a known format stops replay there."""
+        where = f"update log {self.path}: the record of seq {seq}"
+        content: dict[str, Any] = {"seq": seq}
+        unknown = sorted(name.decode(errors="replace") for name in set(fields) - _FIELDS)
+        try:
+            if unknown:
+                raise ValueError(f"unknown field(s) {unknown}")
+            content["operations"] = json.loads(fields[_FIELD])
+            if _FORMAT_FIELD in fields:
+                content["format"] = json.loads(fields[_FORMAT_FIELD])
+        except (KeyError, ValueError) as error:
+            raise UpdateLogCorrupt(
+                f"{where} cannot be read ({type(error).__name__}: {error}); refusing to replay "
+                "past it (docs/dynamic-graphs.md, 'A damaged log')"
+            ) from None
+        return checked_content(content, where)
+
     def _wait_for_replicas(self, seq: int) -> None:
         wanted = self.config.wait_replicas
         if wanted <= 0:
             return
-        confirmed = int(self._call(self.client.wait, wanted, self.config.wait_timeout_ms))
+        try:
+            confirmed = int(self._call(self.client.wait, wanted, self.config.wait_timeout_ms))
+        except UpdateLogUnavailable as lost:  # the record is written: not "unreachable" alone
+            raise UpdateNotReplicated(
+                f"update log {self.path}: seq {seq} was written but Redis did not answer WAIT "
+                f"({lost}); it is in the log and will be applied, but it is not acknowledged"
+            ) from None
         if confirmed < wanted:
             raise UpdateNotReplicated(
                 f"update log {self.path}: seq {seq} was written but {confirmed} of the "

@@ -15,7 +15,9 @@ Reading: ``[0, size)`` as seen under a shared lock holds only acknowledged recor
 one incomplete last record left by a writer that died mid-write (a torn tail). Records are never
 rewritten, so readers parse without holding the lock; a torn tail is "not written yet" to them,
 and the next writer replaces it. An unreadable record followed by intact ones is damage, not a
-crash: :class:`UpdateLogCorrupt`, never a silent cut.
+crash: :class:`UpdateLogCorrupt`, never a silent cut. So is a record whose checksum matches but
+whose content is not a well-formed record of a known format (:func:`checked_content`), wherever
+it lies: it was written whole, so it is kept, never written over.
 
 Record layout: ``b"GNUP"`` | payload length (uint32, little endian) | CRC-32 of the payload
 (uint32) | payload (UTF-8 JSON ``{"seq": N, "format": 2, "operations": [...]}``: the
@@ -56,6 +58,8 @@ MAX_RECORD_BYTES = 256 << 20
 _SCAN_CHUNK = 1 << 20
 # What a record cut short by a crash looks like (anything else at a record boundary is damage).
 _INCOMPLETE = ("truncated header", "truncated payload")
+_FIELDS = {"seq", "format", "operations"}
+_REFUSED = "refusing to replay past it (docs/dynamic-graphs.md, 'A damaged log')"
 
 
 @dataclass(frozen=True)
@@ -303,18 +307,45 @@ class UpdateLog:
             return "truncated payload"
         if zlib.crc32(payload) != crc:
             return "checksum mismatch"
+        # The checksum matches: the record was written whole and may have been acknowledged,
+        # so whatever it holds is refused and kept, never taken for a torn tail to write over.
+        where = f"update log {self.path}: the record at byte {offset}"
         try:
-            data = json.loads(payload)
-            seq, operations = int(data["seq"]), list(data["operations"])
-            written = int(data.get("format", 1))
-        except (ValueError, KeyError, TypeError):
-            return "unparsable payload"
-        if written > LOG_FORMAT:  # intact, acknowledged: never a torn tail to write over
+            content = json.loads(payload)
+        except ValueError as error:
             raise UpdateLogCorrupt(
-                f"update log {self.path}: the record at byte {offset} is format {written}, "
-                f"newer than this gnnserve reads ({LOG_FORMAT}); upgrade this server"
-            )
+                f"{where} is intact but not JSON ({error}); {_REFUSED}"
+            ) from None
+        seq, operations = checked_content(content, where)
         return LogRecord(seq=seq, operations=operations, offset=offset, end=end)
+
+
+def checked_content(content: Any, where: str) -> tuple[int, list[dict[str, Any]]]:
+    """The seq and operations of an intact record's content ``{"seq", "format",
+    "operations"}`` (``format`` absent: 1), the one rule of both logs. Anything else raises
+    :class:`UpdateLogCorrupt` (``where`` names the record): a float or negative seq, a format
+    that is not an integer from 1 to ``LOG_FORMAT`` (a newer one asks for an upgrade),
+    operations that are not a list of objects, a missing or unknown field."""
+    if not isinstance(content, dict) or not {"seq", "operations"} <= set(content) <= _FIELDS:
+        shown = sorted(content) if isinstance(content, dict) else type(content).__name__
+        raise UpdateLogCorrupt(
+            f"{where} holds {shown}, not the fields {sorted(_FIELDS)}; {_REFUSED}"
+        )
+    seq, written, operations = content["seq"], content.get("format", 1), content["operations"]
+    if type(written) is int and written > LOG_FORMAT:
+        raise UpdateLogCorrupt(
+            f"{where} is format {written}, newer than this gnnserve reads ({LOG_FORMAT}); "
+            "upgrade this server"
+        )
+    if type(written) is not int or written < 1:
+        raise UpdateLogCorrupt(
+            f"{where} has format {written!r}; formats 1 to {LOG_FORMAT} exist; {_REFUSED}"
+        )
+    if type(seq) is not int or seq < 0:
+        raise UpdateLogCorrupt(f"{where} has seq {seq!r}, not a non-negative integer; {_REFUSED}")
+    if not isinstance(operations, list) or not all(isinstance(o, dict) for o in operations):
+        raise UpdateLogCorrupt(f"{where} has operations that are not a list of objects; {_REFUSED}")
+    return seq, operations
 
 
 def check_next(record: LogRecord, previous_seq: int, path: str | Path) -> None:

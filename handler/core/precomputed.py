@@ -36,10 +36,17 @@ the background, a bounded number of rows at a time, between batches. So no answe
 row older than the version it reports, an update is acknowledged after marking only, and a
 read pays only for the marked rows it reads. Refreshed rows replace the stored ones in memory;
 the stored files are never written.
+
+Marking reads the graph (out-lists, node types), which may be in Redis. A marking that fails
+(Redis timed out) keeps its change and raises (the update stays applied:
+``graph_assets.live.overlay.ListenerFailed``); every read marks the kept changes first, in
+order, and while that still fails it raises ``ListenerBehind`` (503) instead of reading a row
+the update may have changed. The follower tries again between batches, once a second.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,7 +57,7 @@ import torch
 
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
-from graph_assets.live.overlay import GraphOverlay, OverlayChange
+from graph_assets.live.overlay import GraphOverlay, ListenerBehind, OverlayChange
 from graph_assets.remote import RemoteStore
 from model.hetero_link import HeteroLinkModel
 from model.in_closure import (
@@ -76,8 +83,13 @@ from model.served import serving_needs
 from model.served_hetero import HeteroNodeModel
 from model.user_model import EdgeInput
 
+logger = logging.getLogger(__name__)
+
 # Marked rows the follower recomputes per step between batches (a few ms of holding the graph).
 DRAIN_ROWS = 256
+# After a failed marking the follower tries it again this often (each try may wait out the
+# graph's Redis timeout while holding the graph), reads on every batch.
+REMARK_RETRY_S = 1.0
 
 
 @dataclass
@@ -122,6 +134,9 @@ class PrecomputedRows:
         self._depth = 0  # > 0 while recomputing: the reads are the refresh's own
         self.out_added: dict[int, set[int]] = {}
         self.stats = RefreshStats()
+        # Changes whose marking failed, oldest first: marked before any row is read.
+        self._unmarked: list[OverlayChange] = []
+        self._remark_at = 0.0  # when the follower may try them again
         if overlay is not None:
             if not overlay.is_empty:  # the log was replayed before these rows existed
                 self.mark(overlay.changes_so_far())
@@ -140,6 +155,7 @@ class PrecomputedRows:
             "refreshed_rows": stats.rows,
             "refresh_seconds": round(stats.seconds, 3),
             "pending_rows": self.pending_rows,
+            "unmarked_updates": len(self._unmarked),
         }
 
     @property
@@ -247,6 +263,7 @@ class PrecomputedRows:
     def rows(self, layer: int, nodes: np.ndarray) -> np.ndarray:
         """float32 rows of layer ``layer`` (0: the features, ``num_layers``: the output) of
         the internal indices ``nodes``, as the served graph version has them."""
+        self._caught_up()
         if layer == 0:
             return self.view.feature_rows(nodes)
         if self.pending[layer - 1] and self._ensure(layer, nodes) and self._depth == 0:
@@ -262,7 +279,35 @@ class PrecomputedRows:
         return out
 
     def mark(self, change: OverlayChange) -> None:
-        """Marks every row ``change`` reaches, array by array (module docstring)."""
+        """Marks every row ``change`` reaches, array by array (module docstring), after any
+        change whose marking failed before. A failure keeps ``change`` to mark before the next
+        read, and raises."""
+        self._unmarked.append(change)
+        self._mark_unmarked()
+
+    def _mark_unmarked(self) -> None:
+        """Marks the kept changes in order; one that fails stays first (marking again only
+        marks the same rows again)."""
+        while self._unmarked:
+            self._mark(self._unmarked[0])
+            self._unmarked.pop(0)
+
+    def _caught_up(self) -> None:
+        """Marks the changes a failed marking kept, before a read; :class:`ListenerBehind`
+        while that still fails, since a row they reach may be out of date."""
+        if not self._unmarked:
+            return
+        behind = len(self._unmarked)
+        try:
+            self._mark_unmarked()
+        except Exception as error:
+            raise ListenerBehind(
+                f"{len(self._unmarked)} update(s) are applied but the precomputed rows they "
+                f"reach are not marked yet ({type(error).__name__}: {error})"
+            ) from error
+        logger.warning("marked the precomputed rows of %d update(s) whose marking failed", behind)
+
+    def _mark(self, change: OverlayChange) -> None:
         started = time.perf_counter()
         self._follow_edges(change)
         neighbourhood = np.fromiter(change.in_lists_before, dtype=np.int64)
@@ -299,7 +344,16 @@ class PrecomputedRows:
 
     def drain(self, max_rows: int) -> int:
         """Recomputes up to ``max_rows`` marked rows, lowest layer first (the follower's
-        background work); returns how many."""
+        background work); returns how many. Changes whose marking failed are marked first,
+        tried at most once every ``REMARK_RETRY_S``."""
+        if self._unmarked:
+            if time.monotonic() < self._remark_at:
+                return 0
+            try:
+                self._caught_up()
+            except ListenerBehind:
+                self._remark_at = time.monotonic() + REMARK_RETRY_S
+                return 0
         done = 0
         for layer in range(1, self.num_layers + 1):
             pending = self.pending[layer - 1]
@@ -313,6 +367,7 @@ class PrecomputedRows:
     def current(self, layer: int) -> dict[int, np.ndarray]:
         """Layer ``layer``'s rows that differ from the stored ones, all recomputed first (a
         top-k search reads every node's row)."""
+        self._caught_up()
         pending = self.pending[layer - 1]
         if pending:
             self._ensure(layer, np.fromiter(pending, dtype=np.int64))
@@ -336,6 +391,7 @@ class PrecomputedRows:
         """``node``'s neighbours on one relation now (a link archive's top-k leaves them
         out): its in-neighbours over ``in_relations`` (the relation's edges into it where it
         joins one type, its reverse's), and the nodes it has an edge of ``relation`` to."""
+        self._caught_up()  # the out-lists updates added are recorded by marking
         sources = self.in_list(node)
         kinds = self.view.edge_relations(self.in_list_edge_ids(node))
         return [sources[np.isin(kinds, in_relations)], self._out_on(node, relation)]

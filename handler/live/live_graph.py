@@ -47,7 +47,7 @@ from graph_assets.live.operations import (
     decode_operations,
     encode_operations,
 )
-from graph_assets.live.overlay import GraphOverlay, OverlayBase
+from graph_assets.live.overlay import GraphOverlay, ListenerFailed, OverlayBase
 from graph_assets.live.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
 from graph_assets.live.update_log import LogRecord, UpdateLog, check_next
 from graph_assets.private_dir import ensure_private_dir
@@ -89,6 +89,16 @@ class UpdateRequest:
     sent (:meth:`LiveGraph.update` decodes them against the graph)."""
 
     operations: list[Any]
+
+
+@dataclass(frozen=True)
+class Applied:
+    """An update that is durable (in the update log) and applied: its seq, and whether this
+    worker's rows derived from the graph (a precomputed archive's) failed to take it in and
+    are being brought up to date (reads answer 503 until they are, never from older rows)."""
+
+    seq: int
+    rows_rebuilding: bool = False
 
 
 @dataclass(frozen=True)
@@ -309,11 +319,13 @@ class LiveGraph:
                 for task in self.background:
                     task()
 
-    def update(self, request: UpdateRequest) -> int:
-        """Validates, logs durably (fsync), then applies; returns the new graph version number.
+    def update(self, request: UpdateRequest) -> Applied:
+        """Validates, logs durably (fsync), then applies; returns the new graph version number
+        (``Applied.seq``).
 
         Refused with 503 while a replay failure stands, and with 507 (nothing applied, nothing
-        left in the log) when the record cannot be written.
+        left in the log) when the record cannot be written. Once the record is written the
+        update is applied, whatever a listener of the overlay does (``Applied.rows_rebuilding``).
         """
         if self.log is None:
             raise Forbidden("updates are disabled for this archive")
@@ -332,7 +344,7 @@ class LiveGraph:
             "validated; nothing was applied, send it again"
         )
 
-    def _update_once(self, log: LogBackend, operations: list[Operation], catch_up: bool) -> int:
+    def _update_once(self, log: LogBackend, operations: list[Operation], catch_up: bool) -> Applied:
         with self._lock, log.exclusive():
             if self.failure is None and catch_up:
                 self._read_and_apply(locked=True, raise_unreachable=True)
@@ -347,16 +359,22 @@ class LiveGraph:
 
             try:
                 self.overlay.apply(operations, seq, commit=persist)
-            except (UpdateRejected, UpdateLogWriteFailed) as refused:
-                raise api_error(refused) or Unavailable(str(refused)) from None
+            except ListenerFailed as failed:
+                self._listener_failed(failed)
+                return Applied(seq, rows_rebuilding=True)
             except UpdateLogMismatch as lost:
                 self._fail(lost, self._offset, None)
                 raise Unavailable(self._refusal()) from None
-            except (UpdateLogUnavailable, UpdateNotReplicated) as refused:
+            except (
+                UpdateRejected,
+                UpdateLogWriteFailed,
+                UpdateLogUnavailable,
+                UpdateNotReplicated,
+            ) as refused:
                 if isinstance(refused, UpdateLogUnavailable):
                     self._lost(refused)
-                raise Unavailable(str(refused)) from None
-        return seq
+                raise api_error(refused) or Unavailable(str(refused)) from None
+        return Applied(seq)
 
     def close(self) -> None:
         """Stops the follower (waits for it) and closes the log; the graph is not used after."""
@@ -451,6 +469,8 @@ class LiveGraph:
                 check_next(record, self.overlay.seq, str(path))
                 operations = decode_operations(record.operations, self.store)
                 self.overlay.apply(operations, record.seq)
+            except ListenerFailed as failed:  # applied: seq and offset move on together
+                self._listener_failed(failed)
             except Exception as error:
                 if refuse_damage and isinstance(error, UpdateLogCorrupt):
                     raise
@@ -478,6 +498,19 @@ class LiveGraph:
                 exc_info=error,
             )
         self.failure = failure
+
+    def _listener_failed(self, failed: ListenerFailed) -> None:
+        """An update applied (and in the log) whose change a listener failed to take in: one
+        ERROR line; the listener catches up before it is read (precomputed rows: reads answer
+        503 until then), the update is never applied or answered again."""
+        logger.error(
+            "update log %s: %s; serving graph version %s, the rows derived from it are brought "
+            "up to date before they are read",
+            self.log.path if self.log is not None else "(closed)",
+            failed,
+            self.version,
+            exc_info=failed.__cause__,
+        )
 
     def _refusal(self) -> str:
         failure = self.failure
@@ -541,7 +574,7 @@ def answer_update(
         request = parse_update(body, key, policy)
         if live is None:
             raise Forbidden("updates are disabled for this archive")
-        seq = live.update(request)
+        applied = live.update(request)
     except ApiError as error:
         logger.info("update refused: %s %s", error.status, error.type_name)
         return error.status, error.body()
@@ -553,7 +586,8 @@ def answer_update(
         "status": "applied",
         "operations": len(request.operations),
         "graph_version": live.version,
-        "seq": seq,
+        "seq": applied.seq,
+        "rows_rebuilding": applied.rows_rebuilding,
     }
 
 

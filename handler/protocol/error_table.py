@@ -7,8 +7,14 @@ import errno
 
 import torch
 
-from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
+from graph_assets.errors import (
+    SubgraphTooLarge,
+    UpdateLogUnavailable,
+    UpdateLogWriteFailed,
+    UpdateNotReplicated,
+)
 from graph_assets.live.operations import Rejection, UpdateRejected
+from graph_assets.live.overlay import ListenerBehind
 from graph_assets.remote.errors import RemoteUnavailable
 from handler.protocol.errors import (
     ApiError,
@@ -49,6 +55,10 @@ def api_error(error: Exception) -> ApiError | None:
     if isinstance(error, UpdateLogWriteFailed):
         full = error.errno in _FULL_ERRNOS
         return (InsufficientStorage if full else Unavailable)(str(error))
+    if isinstance(error, (UpdateLogUnavailable, UpdateNotReplicated)):
+        # Their messages say what is in the log (may have been written; written, not
+        # acknowledged), which the client needs before it sends the update again.
+        return Unavailable(str(error))
     return None
 
 
@@ -57,10 +67,17 @@ def batch_error(error: BaseException) -> ApiError | None:
     (Redis) down, failing over or slower than ``remote_timeout_ms``. It answers the whole batch
     at once (503, with Retry-After), never request by request, which would wait out the
     timeout again for each. None for any other error. The cause is the server log's, not the
-    client's: the message names no address."""
+    client's: the message names no address. So is a worker whose precomputed rows are not yet
+    brought up to date after an update (their refresh met such a failure)."""
     if isinstance(error, RemoteUnavailable):
         return Unavailable(
             "the graph store is unavailable (failing over, or slower than its timeout); retry "
+            "after the Retry-After seconds"
+        )
+    if isinstance(error, ListenerBehind):
+        return Unavailable(
+            "this worker is bringing its precomputed rows up to date after an update (their "
+            "refresh failed); no answer is read from rows older than the graph version; retry "
             "after the Retry-After seconds"
         )
     return None

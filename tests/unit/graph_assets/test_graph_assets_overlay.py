@@ -11,7 +11,7 @@ import pytest
 
 from graph_assets import RawGraph, generate_synthetic, open_store, write_store
 from graph_assets.live.operations import Rejection, UpdateRejected, decode_operations
-from graph_assets.live.overlay import GraphOverlay
+from graph_assets.live.overlay import GraphOverlay, ListenerFailed
 from tests.edge_graph import edge_feature_store
 
 
@@ -322,3 +322,24 @@ def test_set_edge_features_marks_the_destination_as_changed(tmp_path):
     assert list(changes[0].in_lists_before) == [hub] and not changes[0].feature_rows
     assert np.array_equal(changes[0].in_lists_before[hub], overlay.in_list(hub))
     assert list(overlay.changes_so_far().in_lists_before) == [hub]
+
+
+def test_a_listener_that_raises_undoes_nothing_and_the_others_still_hear(store):
+    """After the commit a listener's failure is ListenerFailed: the seq moved, the operations
+    stay, every later listener got the change, and the next request applies as usual."""
+    overlay = GraphOverlay(store)
+    heard: list = []
+
+    def failing(change) -> None:
+        raise TimeoutError("injected")
+
+    overlay.listeners += [failing, heard.append]
+    committed: list[int] = []
+    new = {"type": "add_node", "id": 900, "x": [0.5] * FEATURES}
+    with pytest.raises(ListenerFailed, match=r"update seq 1 is applied.*TimeoutError: injected"):
+        overlay.apply(decode_operations([new], store), 1, commit=lambda: committed.append(1))
+    assert committed == [1] and overlay.seq == 1 and int(overlay.lookup([900])[0]) >= 0
+    assert len(heard) == 1 and heard[0].feature_rows == {int(overlay.lookup([900])[0])}
+    overlay.listeners.remove(failing)
+    apply(overlay, [{"type": "add_edge", "src": 900, "dst": 0}], 2)
+    assert overlay.seq == 2 and len(heard) == 2 and 900 in overlay.external_ids(overlay.in_list(0))

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import multiprocessing
 import os
 import resource
 import threading
+import zlib
 from pathlib import Path
 
 import pytest
 
 from graph_assets.errors import UpdateLogCorrupt, UpdateLogWriteFailed
-from graph_assets.live.update_log import UpdateLog, check_next
+from graph_assets.live.operations import LOG_FORMAT
+from graph_assets.live.update_log import MAGIC, UpdateLog, check_next
 
 
 def append(log: UpdateLog, operations: list, seq: int) -> int:
@@ -120,6 +123,71 @@ def test_a_duplicate_or_missing_seq_stops_replay(tmp_path):
     check_next(first, 0, path)
     with pytest.raises(UpdateLogCorrupt, match=f"byte {second.offset} has seq 1 where seq 2"):
         check_next(second, 1, path)
+
+
+def intact_record(payload: bytes) -> bytes:
+    """A whole record (its checksum matches) holding ``payload``, whatever that is."""
+    return (
+        MAGIC
+        + len(payload).to_bytes(4, "little")
+        + zlib.crc32(payload).to_bytes(4, "little")
+        + payload
+    )
+
+
+ADD_3 = [{"type": "add_node", "id": 3}]
+MALFORMED = {
+    "format null": {"seq": 3, "format": None, "operations": ADD_3},
+    "format 0": {"seq": 3, "format": 0, "operations": ADD_3},
+    "format -1": {"seq": 3, "format": -1, "operations": ADD_3},
+    "format as text": {"seq": 3, "format": "2", "operations": ADD_3},
+    "seq 2.9": {"seq": 2.9, "format": 2, "operations": ADD_3},
+    "seq true": {"seq": True, "format": 2, "operations": ADD_3},
+    "seq -3": {"seq": -3, "format": 2, "operations": ADD_3},
+    "seq as text": {"seq": "3", "format": 2, "operations": ADD_3},
+    "no seq": {"format": 2, "operations": ADD_3},
+    "operations a string": {"seq": 3, "format": 2, "operations": "add_node"},
+    "operations of numbers": {"seq": 3, "format": 2, "operations": [1, 2]},
+    "an unknown field": {"seq": 3, "format": 2, "operations": ADD_3, "undo": True},
+    "a list": [3, 2, ADD_3],
+}
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [json.dumps(content).encode() for content in MALFORMED.values()] + [b"{not json", b"\xff"],
+    ids=[*MALFORMED, "not JSON", "not UTF-8"],
+)
+def test_an_intact_last_record_that_is_not_well_formed_is_refused_and_kept(tmp_path, payload):
+    """Its checksum matches, so it was written whole (maybe acknowledged): not a torn tail."""
+    path = tmp_path / "updates.log"
+    log = UpdateLog.open(path)
+    append(log, [{"type": "add_node", "id": 1}], 1)
+    second = append(log, [{"type": "add_node", "id": 2}], 2)
+    with path.open("ab") as file:
+        file.write(intact_record(payload))
+    data = path.read_bytes()
+    where = f"update log {path}: the record at byte {second} "
+    with pytest.raises(UpdateLogCorrupt) as refused:
+        UpdateLog.open(path).read_from(0)
+    assert str(refused.value).startswith(where) and "\n" not in str(refused.value)
+    reopened = UpdateLog.open(path)
+    with pytest.raises(UpdateLogCorrupt, match="the record at byte"):
+        append(reopened, [{"type": "add_node", "id": 4}], 3)  # a writer never writes over it
+    assert reopened.torn_tail is None and path.read_bytes() == data
+
+
+def test_a_newer_format_asks_for_an_upgrade_and_every_known_format_reads(tmp_path):
+    path = tmp_path / "updates.log"
+    contents = [{"seq": 1, "operations": []}]  # format 1: written before the field existed
+    contents += [{"seq": 1 + f, "format": f, "operations": ADD_3} for f in range(1, LOG_FORMAT + 1)]
+    path.write_bytes(b"".join(intact_record(json.dumps(c).encode()) for c in contents))
+    assert seqs(path) == list(range(1, LOG_FORMAT + 2))
+    newer = {"seq": LOG_FORMAT + 2, "format": LOG_FORMAT + 1, "operations": ADD_3}
+    with path.open("ab") as file:
+        file.write(intact_record(json.dumps(newer).encode()))
+    with pytest.raises(UpdateLogCorrupt, match=f"format {LOG_FORMAT + 1}, newer than this"):
+        seqs(path)
 
 
 def _append_under_a_file_size_limit(path: str, limit: int, queue) -> None:

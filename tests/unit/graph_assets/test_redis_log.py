@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 import pytest
+import redis
 
 from bench.harness.torchserve import free_ports
 from graph_assets.errors import (
@@ -88,6 +89,35 @@ def test_a_write_no_replica_confirms_is_not_acknowledged_but_stays(redis_server)
     assert log.size() == 1  # in the log: every server applies it, but nobody was told 200
 
 
+def test_a_timeout_after_the_record_was_sent_says_it_may_be_written(redis_server, monkeypatch):
+    """Redis ran the append, then the answer timed out: the refusal never claims nothing was
+    written, and names the seq to look for."""
+    log, _ = open_redis_update_log(Lineage(), RedisLogConfig(redis_server.url))
+    real = log._append_after
+
+    def written_then_timed_out(*args, **kwargs):
+        real(*args, **kwargs)
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(log, "_append_after", written_then_timed_out)
+    with pytest.raises(UpdateLogUnavailable, match="may have been written as seq 1") as refused:
+        log.append(ADD, 1, at=0)
+    assert "below +1" in str(refused.value) and log.size() == 1
+
+
+def test_a_wait_that_times_out_is_written_but_not_acknowledged(redis_server, monkeypatch):
+    config = RedisLogConfig(redis_server.url, wait_replicas=1)
+    log, _ = open_redis_update_log(Lineage(), config)
+
+    def timed_out(*args, **kwargs):
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(log.client, "wait", timed_out)
+    with pytest.raises(UpdateNotReplicated, match="seq 1 was written but Redis did not answer"):
+        log.append(ADD, 1, at=0)
+    assert log.size() == 1
+
+
 def test_a_full_redis_refuses_the_record_whole(redis_server):
     log, _ = open_redis_update_log(Lineage(), RedisLogConfig(redis_server.url))
     redis_server.client().config_set("maxmemory", "1")
@@ -136,3 +166,33 @@ def test_entries_say_their_format_and_older_ones_still_read(redis_server):
     client.xadd(key, {"operations": json.dumps(ADD), "format": LOG_FORMAT + 1}, id="3-0")
     with pytest.raises(UpdateLogCorrupt, match="newer than this gnnserve reads"):
         log.read_from(0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"format": "null"}, "format None"),
+        ({"format": "0"}, "format 0"),
+        ({"format": "-1"}, "format -1"),
+        ({"format": "1.9"}, "format 1.9"),
+        ({"format": "two"}, "cannot be read"),
+        ({"operations": '"add_node"'}, "not a list of objects"),
+        ({"operations": "{not json"}, "cannot be read"),
+        ({"operations": None}, "cannot be read"),  # no operations field at all
+        ({"undo": "1"}, "unknown field"),
+    ],
+)
+def test_an_entry_that_is_not_a_well_formed_record_stops_replay_and_stays(
+    redis_server, fields, reason
+):
+    log, _ = open_redis_update_log(Lineage(), RedisLogConfig(redis_server.url))
+    log.append(ADD, 1, at=0)
+    key, client = KEY_PREFIX + "a" * 64, redis_server.client()
+    entry = {"operations": json.dumps(ADD), "format": str(LOG_FORMAT), **fields}
+    client.xadd(key, {name: value for name, value in entry.items() if value is not None}, id="2-0")
+    with pytest.raises(UpdateLogCorrupt, match=f"the record of seq 2 .*{reason}"):
+        log.read_from(0)
+    assert log.size() == 2
+    with pytest.raises(UpdateLogConflict):  # a writer behind it never takes its seq
+        log.append(ADD, 2, at=1)
+    assert client.xlen(key) == 2

@@ -6,9 +6,15 @@ import errno
 
 import pytest
 
-from graph_assets.errors import SubgraphTooLarge, UpdateLogWriteFailed
+from graph_assets.errors import (
+    SubgraphTooLarge,
+    UpdateLogUnavailable,
+    UpdateLogWriteFailed,
+    UpdateNotReplicated,
+)
 from graph_assets.live.operations import Rejection, UpdateRejected
-from handler.protocol.error_table import api_error, internal_error
+from graph_assets.live.overlay import ListenerBehind
+from handler.protocol.error_table import api_error, batch_error, internal_error
 
 
 @pytest.mark.parametrize(
@@ -45,9 +51,23 @@ def test_a_failed_log_write_is_507_when_the_volume_is_full_else_503(code, status
     assert error is not None and error.status == status
 
 
+@pytest.mark.parametrize("kind", [UpdateLogUnavailable, UpdateNotReplicated])
+def test_an_update_log_out_of_reach_is_503_saying_what_is_in_the_log(kind):
+    error = api_error(kind("update log redis://h:1/0: seq 3 may have been written"))
+    assert error is not None and error.status == 503 and error.type_name == "Unavailable"
+    assert error.message == "update log redis://h:1/0: seq 3 may have been written"
+
+
 def test_an_oversized_ego_graph_is_413_and_says_how_to_fix_it():
     error = api_error(SubgraphTooLarge(10, 20, 5, 5))
     assert error is not None and error.status == 413 and "lower the fanouts" in error.message
+
+
+def test_rows_behind_the_graph_answer_the_whole_batch_503_without_the_cause():
+    error = batch_error(ListenerBehind("1 update(s) ... (RemoteUnavailable: Redis at redis://h:1)"))
+    assert error is not None and error.status == 503 and error.type_name == "Unavailable"
+    assert "precomputed rows up to date" in error.message and "redis://" not in error.message
+    assert api_error(ListenerBehind("x")) is not None
 
 
 def test_anything_else_is_not_a_client_error():

@@ -83,7 +83,7 @@ def test_updates_through_the_old_version_are_seen_by_the_new_one(versions):
 def test_updates_through_the_new_version_are_seen_by_the_old_one(versions):
     old, new, rng, counter = versions
     x = [0.25] * FEATURES
-    seq = new.update(
+    applied = new.update(
         UpdateRequest(
             [
                 {"type": "add_node", "id": 888_888, "x": x},
@@ -91,8 +91,8 @@ def test_updates_through_the_new_version_are_seen_by_the_old_one(versions):
             ]
         )
     )
-    assert seq == 41
-    assert old.update(UpdateRequest(random_update(rng, old, counter))) == 42
+    assert applied.seq == 41
+    assert old.update(UpdateRequest(random_update(rng, old, counter))).seq == 42
     new.sync()
     assert old.overlay.seq == new.overlay.seq == 42
     assert graph_as_ids(new) == graph_as_ids(old)

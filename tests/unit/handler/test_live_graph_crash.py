@@ -66,7 +66,7 @@ def writer(store, log_path: str, work: str, name: int, stall: bool) -> None:
         tag = name * 10_000 + i
         request = UpdateRequest(operations(tag, width, big=stall or rng.random() < 0.35))
         try:
-            seq = live.update(request)
+            seq = live.update(request).seq
             os.write(acks, f"{tag} {seq}\n".encode())
         except InsufficientStorage:
             os.write(acks, f"{tag} refused\n".encode())

@@ -8,15 +8,19 @@ import json
 import logging
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from ts.context import RequestProcessor
 
 from graph_assets.errors import UpdateLogCorrupt
 from graph_assets.live import update_log
+from graph_assets.live.overlay import OverlayChange
 from graph_assets.live.update_log import UpdateLog
 from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
+from tests.unit.graph_assets.test_graph_assets_update_log import intact_record
 
 from .conftest import started
 
@@ -93,6 +97,58 @@ def test_an_unexpected_error_is_that_updates_500_only(int_store, log_path, monke
     status, body = answer_update(update_body(new_node(900, 6)), SECRET, live, POLICY)
     assert status == 500 and body["type"] == "InternalError"
     assert log_path.stat().st_size == 0
+
+
+def raising_once(seen: list) -> Callable[[OverlayChange], None]:
+    """An overlay listener that fails on the first change it gets, then takes each in."""
+
+    def listener(change: OverlayChange) -> None:
+        seen.append(change)
+        if len(seen) == 1:
+            raise RuntimeError("injected listener failure")
+
+    return listener
+
+
+def test_a_listener_failing_after_the_commit_is_answered_applied_and_never_wedges(
+    int_store, log_path, caplog
+):
+    """The record is in the log and applied when a listener fails: 200 with its seq and
+    rows_rebuilding (not "nothing was applied", which a client would send again, doubling an
+    edge); a worker whose replay of it meets the same failure moves seq and offset on together,
+    so its own next update is neither refused as a duplicate nor answered 503."""
+    live, replica = LiveGraph(int_store, log_path), LiveGraph(int_store, log_path)
+    seen: list = []
+    replica_seen: list = []
+    live.overlay.listeners.append(raising_once(seen))
+    replica.overlay.listeners.append(raising_once(replica_seen))
+    src, dst = int_store.external_ids(np.array([3, 6]))
+    before = int((live.overlay.in_list(6) == 3).sum())
+    add = update_body({"type": "add_edge", "src": src, "dst": dst})
+    with caplog.at_level(logging.ERROR, logger="handler.live.live_graph"):
+        status, body = answer_update(add, SECRET, live, POLICY)
+    assert (status, body["status"], body["seq"]) == (200, "applied", 1)
+    assert body["rows_rebuilding"] is True and body["graph_version"].endswith("+1")
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "update seq 1 is applied" in line and "injected listener failure" in line
+    records, end = UpdateLog.open(log_path, writable=False).read_from(0)
+    assert [r.seq for r in records] == [1] and end == log_path.stat().st_size
+    assert int((live.overlay.in_list(6) == 3).sum()) == before + 1 and live.failure is None
+
+    replica.sync()  # its listener fails on the same record
+    assert replica.seq == 1 and replica.failure is None and replica.lag == 0
+    status, body = answer_update(add, SECRET, replica, POLICY)
+    assert (status, body["seq"], body["rows_rebuilding"]) == (200, 2, False)
+    assert len(replica_seen) == 2 and int((replica.overlay.in_list(6) == 3).sum()) == before + 2
+
+    added = update_body(new_node(900, int_store.feature_dim))
+    status, body = answer_update(added, SECRET, live, POLICY)
+    assert (status, body["seq"], body["rows_rebuilding"]) == (200, 3, False)
+    assert [len(change.in_lists_before) for change in seen] == [1, 1, 0]
+    replica.sync()
+    assert replica.version == live.version and int(replica.overlay.lookup([900])[0]) >= 0
+    records, _ = UpdateLog.open(log_path, writable=False).read_from(0)
+    assert [r.seq for r in records] == [1, 2, 3]
 
 
 def test_a_record_that_cannot_be_applied_keeps_serving_and_refuses_updates(
@@ -175,6 +231,25 @@ def test_damage_inside_the_log_refuses_the_start(int_store, log_path):
     log_path.write_bytes(bytes(data))
     with pytest.raises(UpdateLogCorrupt, match=f"update log {log_path}: the record at byte \\d+"):
         LiveGraph(int_store, log_path)
+
+
+def test_an_intact_record_of_no_known_format_is_kept_and_refused(int_store, log_path):
+    """A last record whose checksum matches but whose format is null: a running worker refuses
+    updates (503) rather than write over it, a starting one refuses to start in one line."""
+    live = LiveGraph(int_store, log_path)
+    width = int_store.feature_dim
+    assert answer_update(update_body(new_node(900, width)), SECRET, live, POLICY)[0] == 200
+    payload = json.dumps({"seq": 2, "format": None, "operations": [new_node(901, width)]})
+    with log_path.open("ab") as file:
+        file.write(intact_record(payload.encode()))
+    data = log_path.read_bytes()
+    status, body = answer_update(update_body(new_node(902, width)), SECRET, live, POLICY)
+    assert status == 503 and body["type"] == "Unavailable" and "a record" in body["message"]
+    assert live.failure is not None and "format None" in live.failure.reason
+    assert log_path.read_bytes() == data and live.version.endswith("+1")
+    with pytest.raises(UpdateLogCorrupt, match="has format None") as refused:
+        LiveGraph(int_store, log_path)
+    assert "\n" not in str(refused.value)
 
 
 @pytest.mark.parametrize(

@@ -156,7 +156,7 @@ def test_an_update_inside_a_batch_takes_the_lock_again(int_store, tmp_path):
 
     def batch() -> None:
         with live.reading():
-            done.append(live.update(edge(ISOLATED[0], 6)))
+            done.append(live.update(edge(ISOLATED[0], 6)).seq)
 
     thread = threading.Thread(target=batch, daemon=True)
     thread.start()

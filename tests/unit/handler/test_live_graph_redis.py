@@ -8,10 +8,11 @@ import time
 
 import numpy as np
 import pytest
+import redis
 import torch
 
 from graph_assets.live.redis_log import RedisLogConfig
-from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, answer_update
 from handler.protocol.errors import Unavailable
 from tests.live_reference import live_ids, materialized_forward, random_update
 
@@ -40,7 +41,7 @@ def test_random_updates_at_random_replicas_give_one_graph_equal_to_pyg(
     for _ in range(120):
         writer = rng.choice(lives)
         writer.sync()
-        seq = writer.update(UpdateRequest(random_update(rng, writer, counter)))
+        seq = writer.update(UpdateRequest(random_update(rng, writer, counter))).seq
         reader = rng.choice(lives)
         assert reader.catch_up(seq, timeout_s=5)  # read-your-writes at another replica
         assert reader.seq >= seq
@@ -57,9 +58,9 @@ def test_racing_writers_never_share_a_seq(int_store, redis_server):
     catches up and validates again, so both updates land, in some order, once each."""
     first, second = replicas(int_store, redis_server)
     x = [0.1] * int_store.feature_dim
-    assert first.update(UpdateRequest([{"type": "add_node", "id": 90_001, "x": x}])) == 1
+    assert first.update(UpdateRequest([{"type": "add_node", "id": 90_001, "x": x}])).seq == 1
     # second has not seen seq 1: its write of seq 1 loses, it catches up and writes seq 2
-    assert second.update(UpdateRequest([{"type": "add_node", "id": 90_002, "x": x}])) == 2
+    assert second.update(UpdateRequest([{"type": "add_node", "id": 90_002, "x": x}])).seq == 2
     first.sync()
     assert first.version == second.version
     assert (first.overlay.lookup([90_001, 90_002]) >= 0).all()
@@ -79,9 +80,41 @@ def test_redis_down_serves_the_last_version_and_refuses_updates(int_store, redis
         live.update(UpdateRequest([{"type": "add_node", "id": 90_011, "x": x}]))
     assert live.seq == 1 and live.overlay.lookup([90_011])[0] < 0  # nothing half-applied
     redis_server.start()
-    assert live.update(UpdateRequest([{"type": "add_node", "id": 90_012, "x": x}])) == 2
+    assert live.update(UpdateRequest([{"type": "add_node", "id": 90_012, "x": x}])).seq == 2
     assert live.unreachable is None
     assert other.catch_up(2, timeout_s=5) and other.version == live.version
+
+
+def test_an_append_whose_answer_times_out_is_not_called_unapplied(
+    int_store, redis_server, monkeypatch
+):
+    """Redis wrote the record, then its answer timed out: the 503 says the update may be in
+    the log as seq 1 (a client checks graph_version instead of sending an add_edge twice), and
+    the writer applies its own record from the log once Redis answers, once."""
+    live, other = replicas(int_store, redis_server)
+    src, dst = int_store.external_ids(np.array([3, 6]))
+    before = int((live.overlay.in_list(6) == 3).sum())
+    real = live.log._append_after
+
+    def written_then_timed_out(*args, **kwargs):
+        real(*args, **kwargs)
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(live.log, "_append_after", written_then_timed_out)
+    status, body = answer_update(
+        {"op": "update", "operations": [{"type": "add_edge", "src": src, "dst": dst}]},
+        "update-secret-0123456789",
+        live,
+        UpdatePolicy(secret="update-secret-0123456789", max_operations=10),
+    )
+    assert status == 503 and body["type"] == "Unavailable"
+    assert "may have been written as seq 1" in body["message"] and "below +1" in body["message"]
+    assert "nothing was applied" not in body["message"]
+    monkeypatch.undo()
+    assert live.catch_up(1, timeout_s=5) and other.catch_up(1, timeout_s=5)
+    for replica in (live, other):  # the edge once, on every replica
+        assert replica.seq == 1 and int((replica.overlay.in_list(6) == 3).sum()) == before + 1
+    assert redis_server.client().xlen(live.log.key) == 1
 
 
 def test_acknowledged_updates_survive_redis_killed(int_store, redis_server):

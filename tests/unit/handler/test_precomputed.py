@@ -5,15 +5,19 @@ streams of live updates, on every worker, whatever the fanouts."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import time
 
 import numpy as np
 import pytest
+import redis
 import torch
 from ts.context import RequestProcessor
 
 from graph_assets import RawGraph, StoreError, open_store, write_store
+from graph_assets.live.update_log import UpdateLog
+from graph_assets.remote.connect import guarded
 from handler.core.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
@@ -27,7 +31,7 @@ from model.config import ModelConfig
 from model.embedding import forward_with_embedding
 from model.export import load_model
 from model.link_assets import open_link_assets, write_link_assets
-from model.precompute import open_precomputed, precompute, weights_digest
+from model.precompute import Precomputed, open_precomputed, precompute, weights_digest
 from tests.edge_graph import edge_feature_store
 from tests.live_reference import materialized_embeddings, materialized_forward, random_update
 
@@ -403,3 +407,111 @@ def test_the_follower_recomputes_marked_rows_in_the_background(int_store, tmp_pa
     finally:
         live.close()
         writer.close()
+
+
+KEY = "s" * 24
+
+
+def ask(handler, context, body: dict, key: str | None = None) -> tuple[int, dict]:
+    """One request through GNNHandler: its status and JSON body."""
+    context.request_processor = [RequestProcessor({"x-gnnserve-update-key": key} if key else {})]
+    [raw] = handler.handle([{"body": body}], context)
+    return context.get_response_status(0)[0], json.loads(raw)
+
+
+def predicted(handler, context, ids: list) -> tuple[set[int], torch.Tensor | None, list]:
+    """Every node's probabilities (None unless every request answered 200), the statuses and
+    bodies."""
+    answers = [ask(handler, context, {"node_ids": ids[i : i + 32]}) for i in range(0, len(ids), 32)]
+    statuses = {status for status, _ in answers}
+    if statuses != {200}:
+        return statuses, None, [body for _, body in answers]
+    rows = [p["probabilities"] for _, body in answers for p in body["predictions"]]
+    return statuses, torch.tensor(rows), [body for _, body in answers]
+
+
+def test_a_refresh_that_times_out_keeps_the_update_applied_and_never_serves_stale_rows(
+    model_dir, tmp_path, monkeypatch, caplog
+):
+    """Redis times out while an update's rows are marked (the out-lists of rows kept in Redis,
+    through the real connect.guarded): the update is durable and applied, answered 200 with
+    rows_rebuilding (never "nothing was applied", so no client sends it again and no edge is
+    doubled); predictions answer 503 until the rows are marked, then exactly; a worker whose
+    replay met the same timeout moves on and keeps taking updates."""
+    store = open_store(model_dir / "graph")
+    model, _config = load_model(model_dir)
+    precompute(
+        model,
+        store,
+        model_dir / "precomputed",
+        weights_digest(model_dir / "model.pt"),
+        progress=False,
+    )
+    monkeypatch.setenv("GNNSERVE_UPDATE_SECRET", KEY)
+    gnn = {
+        "fanouts": [2, 2],
+        "updates_enabled": True,
+        "update_state_dir": str(tmp_path / "state"),
+        "update_follow_interval_ms": 0,  # no follower: each batch catches up, in this order
+        "metrics_interval_s": 0,
+    }
+    writer, writer_context = started(model_dir, 1, **gnn)
+    replica, replica_context = started(model_dir, 1, **gnn)
+    workers = [(writer, writer_context), (replica, replica_context)]
+    down = {writer.task.precomputed.precomputed, replica.task.precomputed.precomputed}
+    real_out_lists = Precomputed.out_neighbours
+
+    def timed_out() -> None:
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    def out_lists(self, nodes):
+        if self in down:
+            guarded("redis://graph:6379", timed_out)
+        return real_out_lists(self, nodes)
+
+    monkeypatch.setattr(Precomputed, "out_neighbours", out_lists)
+    ids = store.external_ids(np.arange(store.num_nodes))
+    src, dst = 3, 6
+    before = int((writer.live.overlay.in_list(dst) == src).sum())
+    add = {"op": "update", "operations": [{"type": "add_edge", "src": ids[src], "dst": ids[dst]}]}
+
+    with caplog.at_level(logging.ERROR, logger="handler.live.live_graph"):
+        status, body = ask(writer, writer_context, add, KEY)
+    assert status == 200, body
+    assert body["status"] == "applied" and body["seq"] == 1 and body["rows_rebuilding"] is True
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "update seq 1 is applied" in line and "RemoteUnavailable" in line
+    records, _ = UpdateLog.open(writer.live.log.path, writable=False).read_from(0)
+    assert [r.seq for r in records] == [1] and len(records[0].operations) == 1
+    assert int((writer.live.overlay.in_list(dst) == src).sum()) == before + 1
+    assert json.loads(writer.describe_handle())["precomputed"]["unmarked_updates"] == 1
+
+    for handler, context in workers:  # still down: 503, never the rows before the update
+        statuses, rows, bodies = predicted(handler, context, ids)
+        assert statuses == {503} and rows is None
+        assert bodies[0]["type"] == "Unavailable" and "precomputed rows" in bodies[0]["message"]
+    assert replica.live.seq == 1 and replica.live.failure is None and replica.live.lag == 0
+    assert replica.task.precomputed.drain(256) == 0  # the follower's step: no error, no rows
+
+    # The worker whose replay met the timeout takes the next update: not a duplicate, no 503.
+    status, body = ask(replica, replica_context, add, KEY)
+    assert status == 200 and body["seq"] == 2 and body["rows_rebuilding"] is True
+    down.clear()  # Redis answers again
+    assert writer.task.precomputed.drain(10_000) > 0  # the follower's step repairs, unread
+    assert json.loads(writer.describe_handle())["precomputed"]["unmarked_updates"] == 0
+    ids_now, expected = materialized_forward(replica.live, model)  # the writer is behind it
+    for handler, context in workers:
+        statuses, rows, bodies = predicted(handler, context, ids_now)
+        assert statuses == {200} and rows is not None
+        assert float((rows - expected).abs().max()) <= 1e-5
+        assert bodies[0]["graph_version"].endswith("+2")
+        assert json.loads(handler.describe_handle())["precomputed"]["unmarked_updates"] == 0
+        assert int((handler.live.overlay.in_list(dst) == src).sum()) == before + 2
+    records, _ = UpdateLog.open(writer.live.log.path, writable=False).read_from(0)
+    assert [r.seq for r in records] == [1, 2]
+
+    status, body = ask(writer, writer_context, add, KEY)  # later updates: as before the fault
+    assert status == 200 and body["seq"] == 3 and body["rows_rebuilding"] is False
+    ids_now, expected = materialized_forward(writer.live, model)
+    statuses, rows, _ = predicted(writer, writer_context, ids_now)
+    assert rows is not None and float((rows - expected).abs().max()) <= 1e-5
