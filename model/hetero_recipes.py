@@ -11,6 +11,10 @@ have: a node type no relation points to (its second layer has no input for it) a
 on a relation between two types (GCNConv takes no ``(source, destination)`` pair). Each layer
 also maps every type's own rows (a root Linear), which keeps those types' rows alive.
 
+A node type's modules are keyed by `module_key`: its name, unless torch's ``ModuleDict`` cannot
+hold that name (``a.b``, ``items``); the recipes work on those keys, and `forward_types` takes
+and returns the graph's own names.
+
 Exactness on a sampled ego-graph: every layer here aggregates per destination (mean, sum,
 softmax over a destination's in-edges, per relation or over all), which the full in-edge lists
 of the rows a seed reads give exactly, except ``gcn``, which also weighs a message by its
@@ -19,12 +23,13 @@ source's in-degree: it needs the boundary hop (``ServingNeeds.boundary_degrees``
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import torch
 import torch.nn.functional as F
@@ -48,6 +53,12 @@ from model.served import ServingNeeds
 from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
 from model.user_model import EdgeInput
+
+_Key = TypeVar("_Key")
+_NewKey = TypeVar("_NewKey")
+_Value = TypeVar("_Value")
+# torch.nn.ModuleDict refuses a key that is one of its attributes (instance ones included).
+_MODULE_DICT_ATTRIBUTES = frozenset(dir(torch.nn.ModuleDict()))
 
 
 class HeteroArch(str, Enum):
@@ -134,17 +145,91 @@ class HeteroSpec:
         return self.outputs or (self.target,)
 
 
+def module_key(node_type: str, *, hetero_conv: bool = False) -> str:
+    """The key of ``node_type``'s modules in a recipe, hence in its state_dict.
+
+    The name itself wherever torch's ``ModuleDict`` takes it, so the keys of archives built
+    before stay as they were. A name with a dot or one that is a ``ModuleDict`` attribute
+    (``items``, ``keys``) cannot be a key, nor, in a recipe built on PyG's ``HeteroConv``
+    (``hetero_conv``), a name with ``#``, which HeteroConv reads back as a dot: such a name is
+    keyed ``t__<its UTF-8 in hex>``, which no type can be named (names hold no ``__``).
+    """
+    if (
+        "." in node_type
+        or node_type in _MODULE_DICT_ATTRIBUTES
+        or (hetero_conv and "#" in node_type)
+    ):
+        return f"t__{node_type.encode().hex()}"
+    return node_type
+
+
 class HeteroRecipe(HeteroNodeModel):
     """A recipe: :meth:`forward_types` gives the rows of every output type from one forward;
-    as a node model it answers its target's."""
+    as a node model it answers its target's.
+
+    A subclass builds its modules from `keyed` (``spec`` with each node type named by its
+    `module_key`) and computes on those keys in :meth:`_forward_keyed`."""
+
+    def __init__(self, spec: HeteroSpec, *, hetero_conv: bool = False) -> None:
+        super().__init__()
+        self.target = spec.target
+        self._keys = {t: module_key(t, hetero_conv=hetero_conv) for t in spec.node_types}
+        self._names = {key: name for name, key in self._keys.items()}
+        self._renamed = any(key != name for name, key in self._keys.items())
+        self.keyed = dataclasses.replace(
+            spec,
+            node_types=tuple(self._keys[t] for t in spec.node_types),
+            edge_types=tuple(self._edge_key(e) for e in spec.edge_types),
+            in_dims={self._keys[t]: d for t, d in spec.in_dims.items()},
+            num_nodes={self._keys[t]: n for t, n in spec.num_nodes.items()},
+            edge_dims={self._edge_key(e): d for e, d in spec.edge_dims.items()},
+            target=self._keys[spec.target],
+            outputs=tuple(self._keys[t] for t in spec.outputs),
+        )
+
+    def _edge_key(self, edge_type: EdgeType) -> EdgeType:
+        src, relation, dst = edge_type
+        return (self._keys[src], relation, self._keys[dst])
 
     def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """``(output, embedding)`` rows of each of ``spec.output_types``."""
+        if not self._renamed:
+            return self._forward_keyed(inputs)
+        node, edge = self._keys.__getitem__, self._edge_key
+        keyed = HeteroInput(
+            x_dict=_rekeyed(inputs.x_dict, node),
+            edge_index_dict=_rekeyed(inputs.edge_index_dict, edge),
+            n_id_dict=_rekeyed(inputs.n_id_dict, node),
+            edge_attr_dict=_rekeyed(inputs.edge_attr_dict, edge),
+            num_sampled_nodes_dict=_rekeyed(inputs.num_sampled_nodes_dict, node),
+            num_sampled_edges_dict=_rekeyed(inputs.num_sampled_edges_dict, edge),
+        )
+        out, embedding = self._forward_keyed(keyed)
+        return _rekeyed(out, self._names.__getitem__), _rekeyed(embedding, self._names.__getitem__)
+
+    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        """`forward_types` on inputs keyed by `module_key`."""
         raise NotImplementedError
 
     def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
         out, embedding = self.forward_types(inputs)
         return out[self.target], embedding[self.target]
+
+
+@overload
+def _rekeyed(values: None, key: Callable[[_Key], _NewKey]) -> None: ...
+
+
+@overload
+def _rekeyed(
+    values: Mapping[_Key, _Value], key: Callable[[_Key], _NewKey]
+) -> dict[_NewKey, _Value]: ...
+
+
+def _rekeyed(
+    values: Mapping[_Key, _Value] | None, key: Callable[[_Key], _NewKey]
+) -> dict[_NewKey, _Value] | None:
+    return None if values is None else {key(k): v for k, v in values.items()}
 
 
 def build_hetero_model(arch: str | HeteroArch, spec: HeteroSpec) -> HeteroRecipe:
@@ -229,8 +314,9 @@ class RelationStack(HeteroRecipe):
     The last layer computes the output types only. Embedding: their input of the last layer."""
 
     def __init__(self, arch: HeteroArch, spec: HeteroSpec) -> None:
-        super().__init__()
-        self.arch, self.target, self.dropout = arch, spec.target, spec.dropout
+        super().__init__(spec, hetero_conv=True)
+        spec = self.keyed
+        self.arch, self.dropout = arch, spec.dropout
         self.outputs = spec.output_types
         reads_edges = arch in (HeteroArch.GAT, HeteroArch.GIN) and any(spec.edge_dims.values())
         self.serving_needs = ServingNeeds(
@@ -255,7 +341,7 @@ class RelationStack(HeteroRecipe):
                 self.convs.append(HeteroConv(convs, aggr="sum"))
             self.roots.append(torch.nn.ModuleDict({key: Linear(hidden, out) for key in types}))
 
-    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         if inputs.num_sampled_nodes_dict is not None and self.arch is not HeteroArch.GCN:
             return self._trimmed(inputs)
         x = self.encoder(inputs)
@@ -406,8 +492,9 @@ class HeteroRGCN(HeteroRecipe):
     output types' input of the last layer."""
 
     def __init__(self, spec: HeteroSpec) -> None:
-        super().__init__()
-        self.target, self.dropout = spec.target, spec.dropout
+        super().__init__(spec)
+        spec = self.keyed
+        self.dropout = spec.dropout
         self.outputs = spec.output_types
         self.node_types, self.edge_types = spec.node_types, spec.edge_types
         self.serving_needs = ServingNeeds()
@@ -418,7 +505,7 @@ class HeteroRGCN(HeteroRecipe):
             for i in range(spec.num_layers)
         )
 
-    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         x_dict = self.encoder(inputs)
         counts = [x_dict[key].size(0) for key in self.node_types]
         starts = dict(zip(self.node_types, itertools.accumulate([0, *counts[:-1]]), strict=True))
@@ -453,8 +540,9 @@ class HeteroHGT(HeteroRecipe):
     Embedding: the output types' last hidden rows (the Linear's input)."""
 
     def __init__(self, spec: HeteroSpec) -> None:
-        super().__init__()
-        self.target, self.dropout = spec.target, spec.dropout
+        super().__init__(spec)
+        spec = self.keyed
+        self.dropout = spec.dropout
         self.outputs = spec.output_types
         self.serving_needs = ServingNeeds()
         self.encoder = TypeEncoder(spec)
@@ -465,7 +553,7 @@ class HeteroHGT(HeteroRecipe):
         )
         self.head = Linear(spec.hidden_dim, spec.num_classes)
 
-    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         x = self.encoder(inputs)
         for conv in self.convs:
             out = conv(x, inputs.edge_index_dict)
