@@ -365,6 +365,26 @@ def _text(column: pa.ChunkedArray, file: str, name: str, what: str) -> np.ndarra
         raise GraphInputError(
             file, None, f"{what} column {name!r} has type {column.type}; {what}s must be numbers"
         ) from exc
+    except pa.ArrowInvalid as exc:  # bytes that are no UTF-8: find the first such row
+        row, raw = next(
+            (row, value)
+            for row, value in enumerate(column.to_pylist())
+            if isinstance(value, bytes) and not _is_utf8(value)
+        )
+        raise GraphInputError(
+            file,
+            row + 1,
+            f"{what} {name!r} is {raw[:16]!r}, bytes that are not UTF-8 text; every {what} "
+            "must be a finite number written in UTF-8",
+        ) from exc
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _features(nodes: pa.Table, names: list[str], file: str) -> np.ndarray:
@@ -427,6 +447,10 @@ def _labels(nodes: pa.Table, file: str) -> tuple[np.ndarray, list[str] | None]:
     column = nodes["label"]
     if pa.types.is_dictionary(column.type):
         column = pc.cast(column, column.type.value_type)
+    if pa.types.is_floating(column.type):
+        # A float label column is how pandas writes integer labels with some missing: its NaN
+        # is a missing label, as null and an empty CSV field are, not a class named "nan".
+        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
     text = pc.fill_null(pc.cast(column, pa.string()), "")
     labelled = _bool_numpy(pc.not_equal(text, ""))
     given = text.filter(pa.array(labelled))
