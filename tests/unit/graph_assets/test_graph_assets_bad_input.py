@@ -204,8 +204,28 @@ BAD_UTF8 = b"\xff\xfe"
             "edges/user__pays__user.csv row 2: edge feature 'amount' is b'9\\xff\\xfe', bytes "
             "that are not UTF-8 text; every edge feature must be a finite number written in UTF-8",
         ),
+        (
+            {
+                "nodes.csv": b"id,f0\n1,0.5\n2," + str(10**400).encode() + b"\n",
+                "edges.csv": b"src,dst,w\n1,2,1\n",
+            },
+            "nodes.csv row 2: feature 'f0' is an integer of 401 digits, beyond float32's range "
+            "of \u00b13.4e+38 (and int64's); every feature must be a finite number",
+        ),
+        (
+            {"nodes.csv": b"id,f0\n1,0.5\n2,1\n", "edges.csv": b"src,dst,w\n1,2,-1e999\n"},
+            "edges.csv row 1: edge feature 'w' is '-1e999', beyond float32's range of "
+            "\u00b13.4e+38; every edge feature must be a finite number",
+        ),
     ],
-    ids=["empty-edges-folder", "featureless-target", "utf8-one-type", "utf8-typed-edges"],
+    ids=[
+        "empty-edges-folder",
+        "featureless-target",
+        "utf8-one-type",
+        "utf8-typed-edges",
+        "huge-integer",
+        "huge-float-text",
+    ],
 )  # fmt: skip
 def test_build_refuses_in_one_line_and_writes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, bytes], expected: str
