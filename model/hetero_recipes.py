@@ -11,9 +11,10 @@ have: a node type no relation points to (its second layer has no input for it) a
 on a relation between two types (GCNConv takes no ``(source, destination)`` pair). Each layer
 also maps every type's own rows (a root Linear), which keeps those types' rows alive.
 
-A node type's modules are keyed by `module_key`: its name, unless torch's ``ModuleDict`` cannot
-hold that name (``a.b``, ``items``); the recipes work on those keys, and `forward_types` takes
-and returns the graph's own names.
+A node type's modules are stored under `module_key`: its name, unless torch's ``ModuleDict``
+cannot hold that name (``a.b``, ``items``). Every recipe takes and returns the graph's own
+names, and ``HeteroConv`` is keyed by the graph's own edge types (PyG escapes them itself), so
+explanations find each relation's layer by its name.
 
 Exactness on a sampled ego-graph: every layer here aggregates per destination (mean, sum,
 softmax over a destination's in-edges, per relation or over all), which the full in-edge lists
@@ -23,13 +24,12 @@ source's in-degree: it needs the boundary hop (``ServingNeeds.boundary_degrees``
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar, overload
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,11 +54,28 @@ from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
 from model.user_model import EdgeInput
 
-_Key = TypeVar("_Key")
-_NewKey = TypeVar("_NewKey")
-_Value = TypeVar("_Value")
 # torch.nn.ModuleDict refuses a key that is one of its attributes (instance ones included).
 _MODULE_DICT_ATTRIBUTES = frozenset(dir(torch.nn.ModuleDict()))
+
+
+def module_key(node_type: str) -> str:
+    """The key of ``node_type``'s modules in a recipe's ``ModuleDict``s, hence in its
+    state_dict.
+
+    The name itself wherever torch's ``ModuleDict`` takes it, so the keys of archives built
+    before stay as they were. A name with a dot, or one that is a ``ModuleDict`` attribute
+    (``items``, ``keys``), cannot be a key: it is keyed ``t__<its UTF-8 in hex>``, which no
+    type can be named (names hold no ``__``).
+    """
+    if "." in node_type or node_type in _MODULE_DICT_ATTRIBUTES:
+        return f"t__{node_type.encode().hex()}"
+    return node_type
+
+
+def _keyed_edge(edge_type: EdgeType) -> EdgeType:
+    """``edge_type`` with its end types' `module_key`s."""
+    src, relation, dst = edge_type
+    return (module_key(src), relation, module_key(dst))
 
 
 class HeteroArch(str, Enum):
@@ -145,91 +162,17 @@ class HeteroSpec:
         return self.outputs or (self.target,)
 
 
-def module_key(node_type: str, *, hetero_conv: bool = False) -> str:
-    """The key of ``node_type``'s modules in a recipe, hence in its state_dict.
-
-    The name itself wherever torch's ``ModuleDict`` takes it, so the keys of archives built
-    before stay as they were. A name with a dot or one that is a ``ModuleDict`` attribute
-    (``items``, ``keys``) cannot be a key, nor, in a recipe built on PyG's ``HeteroConv``
-    (``hetero_conv``), a name with ``#``, which HeteroConv reads back as a dot: such a name is
-    keyed ``t__<its UTF-8 in hex>``, which no type can be named (names hold no ``__``).
-    """
-    if (
-        "." in node_type
-        or node_type in _MODULE_DICT_ATTRIBUTES
-        or (hetero_conv and "#" in node_type)
-    ):
-        return f"t__{node_type.encode().hex()}"
-    return node_type
-
-
 class HeteroRecipe(HeteroNodeModel):
     """A recipe: :meth:`forward_types` gives the rows of every output type from one forward;
-    as a node model it answers its target's.
-
-    A subclass builds its modules from `keyed` (``spec`` with each node type named by its
-    `module_key`) and computes on those keys in :meth:`_forward_keyed`."""
-
-    def __init__(self, spec: HeteroSpec, *, hetero_conv: bool = False) -> None:
-        super().__init__()
-        self.target = spec.target
-        self._keys = {t: module_key(t, hetero_conv=hetero_conv) for t in spec.node_types}
-        self._names = {key: name for name, key in self._keys.items()}
-        self._renamed = any(key != name for name, key in self._keys.items())
-        self.keyed = dataclasses.replace(
-            spec,
-            node_types=tuple(self._keys[t] for t in spec.node_types),
-            edge_types=tuple(self._edge_key(e) for e in spec.edge_types),
-            in_dims={self._keys[t]: d for t, d in spec.in_dims.items()},
-            num_nodes={self._keys[t]: n for t, n in spec.num_nodes.items()},
-            edge_dims={self._edge_key(e): d for e, d in spec.edge_dims.items()},
-            target=self._keys[spec.target],
-            outputs=tuple(self._keys[t] for t in spec.outputs),
-        )
-
-    def _edge_key(self, edge_type: EdgeType) -> EdgeType:
-        src, relation, dst = edge_type
-        return (self._keys[src], relation, self._keys[dst])
+    as a node model it answers its target's."""
 
     def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """``(output, embedding)`` rows of each of ``spec.output_types``."""
-        if not self._renamed:
-            return self._forward_keyed(inputs)
-        node, edge = self._keys.__getitem__, self._edge_key
-        keyed = HeteroInput(
-            x_dict=_rekeyed(inputs.x_dict, node),
-            edge_index_dict=_rekeyed(inputs.edge_index_dict, edge),
-            n_id_dict=_rekeyed(inputs.n_id_dict, node),
-            edge_attr_dict=_rekeyed(inputs.edge_attr_dict, edge),
-            num_sampled_nodes_dict=_rekeyed(inputs.num_sampled_nodes_dict, node),
-            num_sampled_edges_dict=_rekeyed(inputs.num_sampled_edges_dict, edge),
-        )
-        out, embedding = self._forward_keyed(keyed)
-        return _rekeyed(out, self._names.__getitem__), _rekeyed(embedding, self._names.__getitem__)
-
-    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        """`forward_types` on inputs keyed by `module_key`."""
         raise NotImplementedError
 
     def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
         out, embedding = self.forward_types(inputs)
         return out[self.target], embedding[self.target]
-
-
-@overload
-def _rekeyed(values: None, key: Callable[[_Key], _NewKey]) -> None: ...
-
-
-@overload
-def _rekeyed(
-    values: Mapping[_Key, _Value], key: Callable[[_Key], _NewKey]
-) -> dict[_NewKey, _Value]: ...
-
-
-def _rekeyed(
-    values: Mapping[_Key, _Value] | None, key: Callable[[_Key], _NewKey]
-) -> dict[_NewKey, _Value] | None:
-    return None if values is None else {key(k): v for k, v in values.items()}
 
 
 def build_hetero_model(arch: str | HeteroArch, spec: HeteroSpec) -> HeteroRecipe:
@@ -250,16 +193,22 @@ class TypeEncoder(torch.nn.Module):
         super().__init__()
         self.lins = torch.nn.ModuleDict()
         self.embeddings = torch.nn.ModuleDict()
+        self.types = {module_key(key): key for key in spec.node_types}
         for key in spec.node_types:
             width = spec.in_dims.get(key, 0)
             if width:
-                self.lins[key] = Linear(width, spec.hidden_dim)
+                self.lins[module_key(key)] = Linear(width, spec.hidden_dim)
             else:
-                self.embeddings[key] = torch.nn.Embedding(spec.num_nodes[key], spec.hidden_dim)
+                self.embeddings[module_key(key)] = torch.nn.Embedding(
+                    spec.num_nodes[key], spec.hidden_dim
+                )
 
     def forward(self, inputs: HeteroInput) -> dict[str, Tensor]:
-        out = {key: lin(inputs.x_dict[key]) for key, lin in self.lins.items()}
-        out.update({key: emb(inputs.n_id_dict[key]) for key, emb in self.embeddings.items()})
+        out = {}
+        for key, lin in self.lins.items():
+            out[self.types[key]] = lin(inputs.x_dict[self.types[key]])
+        for key, emb in self.embeddings.items():
+            out[self.types[key]] = emb(inputs.n_id_dict[self.types[key]])
         return out
 
 
@@ -314,9 +263,14 @@ class RelationStack(HeteroRecipe):
     The last layer computes the output types only. Embedding: their input of the last layer."""
 
     def __init__(self, arch: HeteroArch, spec: HeteroSpec) -> None:
-        super().__init__(spec, hetero_conv=True)
-        spec = self.keyed
-        self.arch, self.dropout = arch, spec.dropout
+        super().__init__()
+        hashed = [key for key in spec.node_types if "#" in key]
+        if hashed:
+            raise ValueError(
+                f"--arch {arch.value} cannot train on node type {hashed[0]!r}: PyG's HeteroConv "
+                "reads '#' in a type name back as '.'; rename the type, or use --arch rgcn or hgt"
+            )
+        self.arch, self.target, self.dropout = arch, spec.target, spec.dropout
         self.outputs = spec.output_types
         reads_edges = arch in (HeteroArch.GAT, HeteroArch.GIN) and any(spec.edge_dims.values())
         self.serving_needs = ServingNeeds(
@@ -339,9 +293,16 @@ class RelationStack(HeteroRecipe):
             with warnings.catch_warnings():  # of types no relation updates: the roots do
                 warnings.filterwarnings("ignore", "There exist node types")
                 self.convs.append(HeteroConv(convs, aggr="sum"))
-            self.roots.append(torch.nn.ModuleDict({key: Linear(hidden, out) for key in types}))
+            self.roots.append(
+                torch.nn.ModuleDict({module_key(key): Linear(hidden, out) for key in types})
+            )
 
-    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def _by_name(self, roots: torch.nn.Module) -> dict[str, torch.nn.Module]:
+        """A layer's root Linears by node type name (they are stored under `module_key`)."""
+        assert isinstance(roots, torch.nn.ModuleDict)
+        return {self.encoder.types[key]: root for key, root in roots.items()}
+
+    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         if inputs.num_sampled_nodes_dict is not None and self.arch is not HeteroArch.GCN:
             return self._trimmed(inputs)
         x = self.encoder(inputs)
@@ -350,10 +311,10 @@ class RelationStack(HeteroRecipe):
             extra["inv_sqrt_degree_dict"] = inv_sqrt_in_degree(inputs)
         elif self.serving_needs.edge_input is EdgeInput.EDGE_ATTR:
             extra["edge_attr_dict"] = inputs.edge_attr_dict
-        for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
+        for layer, (conv, stored) in enumerate(zip(self.convs, self.roots, strict=True)):
             embedding = {key: x[key] for key in self.outputs}
             messages = conv(x, inputs.edge_index_dict, **extra)
-            assert isinstance(roots, torch.nn.ModuleDict)
+            roots = self._by_name(stored)
             x = {
                 key: roots[key](x[key]) + messages[key] if key in messages else roots[key](x[key])
                 for key in roots
@@ -376,10 +337,11 @@ class RelationStack(HeteroRecipe):
         edges_within = {key: list(itertools.accumulate(counts)) for key, counts in edges.items()}
         x = self.encoder(inputs)
         layers = len(self.convs)
-        for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
+        for layer, (conv, stored) in enumerate(zip(self.convs, self.roots, strict=True)):
             depth = layers - layer - 1  # the hop of the deepest row this layer computes
             embedding = {key: x[key][: within[key][depth]] for key in self.outputs}
-            assert isinstance(roots, torch.nn.ModuleDict) and isinstance(conv, HeteroConv)
+            roots = self._by_name(stored)
+            assert isinstance(conv, HeteroConv)
             x_dst = {key: x[key][: within[key][depth]] for key in roots}
             into = {
                 triple: inputs.edge_index_dict[triple][:, : edges_within[triple][depth]]
@@ -401,7 +363,7 @@ class RelationStack(HeteroRecipe):
     def _summed_layer(
         self,
         conv: HeteroConv,
-        roots: torch.nn.ModuleDict,
+        roots: dict[str, torch.nn.Module],
         x: dict[str, Tensor],
         x_dst: dict[str, Tensor],
         edges: dict[EdgeType, Tensor],
@@ -432,7 +394,7 @@ class RelationStack(HeteroRecipe):
 
 def _sage_layer(
     conv: HeteroConv,
-    roots: torch.nn.ModuleDict,
+    roots: dict[str, torch.nn.Module],
     x: dict[str, Tensor],
     x_dst: dict[str, Tensor],
     edges: dict[EdgeType, Tensor],
@@ -492,9 +454,8 @@ class HeteroRGCN(HeteroRecipe):
     output types' input of the last layer."""
 
     def __init__(self, spec: HeteroSpec) -> None:
-        super().__init__(spec)
-        spec = self.keyed
-        self.dropout = spec.dropout
+        super().__init__()
+        self.target, self.dropout = spec.target, spec.dropout
         self.outputs = spec.output_types
         self.node_types, self.edge_types = spec.node_types, spec.edge_types
         self.serving_needs = ServingNeeds()
@@ -505,7 +466,7 @@ class HeteroRGCN(HeteroRecipe):
             for i in range(spec.num_layers)
         )
 
-    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         x_dict = self.encoder(inputs)
         counts = [x_dict[key].size(0) for key in self.node_types]
         starts = dict(zip(self.node_types, itertools.accumulate([0, *counts[:-1]]), strict=True))
@@ -540,29 +501,33 @@ class HeteroHGT(HeteroRecipe):
     Embedding: the output types' last hidden rows (the Linear's input)."""
 
     def __init__(self, spec: HeteroSpec) -> None:
-        super().__init__(spec)
-        spec = self.keyed
-        self.dropout = spec.dropout
+        super().__init__()
+        self.target, self.dropout = spec.target, spec.dropout
         self.outputs = spec.output_types
         self.serving_needs = ServingNeeds()
         self.encoder = TypeEncoder(spec)
-        metadata = (list(spec.node_types), list(spec.edge_types))
+        # HGTConv keys its own ModuleDicts by node type: it sees the types' module_keys.
+        metadata = (
+            [module_key(key) for key in spec.node_types],
+            [_keyed_edge(key) for key in spec.edge_types],
+        )
         self.convs = torch.nn.ModuleList(
             HGTConv(spec.hidden_dim, spec.hidden_dim, metadata, heads=spec.heads)
             for _ in range(spec.num_layers)
         )
         self.head = Linear(spec.hidden_dim, spec.num_classes)
 
-    def _forward_keyed(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        x = self.encoder(inputs)
+    def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+        x = {module_key(key): value for key, value in self.encoder(inputs).items()}
+        edge_index = {_keyed_edge(key): value for key, value in inputs.edge_index_dict.items()}
         for conv in self.convs:
-            out = conv(x, inputs.edge_index_dict)
+            out = conv(x, edge_index)
             x = {
                 key: F.dropout(out[key], self.dropout, self.training)
                 if out.get(key) is not None
                 else value
                 for key, value in x.items()
             }
-        return {key: self.head(x[key]) for key in self.outputs}, {
-            key: x[key] for key in self.outputs
+        return {key: self.head(x[module_key(key)]) for key in self.outputs}, {
+            key: x[module_key(key)] for key in self.outputs
         }

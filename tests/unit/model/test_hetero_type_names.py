@@ -14,6 +14,8 @@ from graph_assets.input.typed_input import read_graph
 from handler.settings import ServingSettings
 from model import __main__ as model_cli
 from model.hetero_recipes import HeteroSpec, build_hetero_model, module_key
+from tests.typed_graphs import node_recipe
+from tests.unit.handler.test_typed_explanations import answers, engines
 
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
 
@@ -75,28 +77,65 @@ def test_a_typed_preset_trains_and_serves_exactly_on_any_type_names(
 
 def test_names_torch_takes_keep_their_keys_and_the_rest_are_escaped() -> None:
     assert module_key("user") == "user" and module_key("user name") == "user name"
-    assert module_key("a#b") == "a#b"  # rgcn and hgt archives keyed it so
-    assert module_key("a#b", hetero_conv=True) == "t__612362"  # HeteroConv reads # as .
+    assert module_key("a#b") == "a#b" and module_key("part-of") == "part-of"
     assert module_key("a.b") == "t__612e62"
     assert module_key("items") == "t__6974656d73"
     assert module_key("training") == "t__747261696e696e67"
 
 
-def test_state_dict_keys_of_names_torch_takes_are_the_names() -> None:
-    """What archives built before hold: the type's name in every key, unescaped."""
-    spec = HeteroSpec(
-        node_types=("user", "items"),
-        edge_types=(("items", "bought", "user"), ("user", "likes", "items")),
-        in_dims={"user": 2, "items": 1},
-        target="user",
+def spec_of(*node_types: str) -> HeteroSpec:
+    first, second = node_types
+    return HeteroSpec(
+        node_types=node_types,
+        edge_types=((second, "bought", first), (first, "likes", second)),
+        in_dims={first: 2, second: 1},
+        target=first,
         num_classes=2,
         hidden_dim=4,
         heads=2,
-        num_layers=1,
+        num_layers=2,
     )
-    sage = set(build_hetero_model("sage", spec).state_dict())
+
+
+def test_state_dict_keys_of_names_torch_takes_are_the_names() -> None:
+    """What archives built before hold: the type's name in every key, unescaped; HeteroConv
+    keeps the graph's edge types as its keys (PyG's own escaping), as explanations look
+    relations up by them."""
+    sage = set(build_hetero_model("sage", spec_of("user", "items")).state_dict())
     assert {"encoder.lins.user.weight", "roots.0.user.weight"} <= sage
-    assert "encoder.lins.t__6974656d73.weight" in sage
-    assert "convs.0.convs.<t__6974656d73___bought___user>.lin_l.weight" in sage
-    hgt = set(build_hetero_model("hgt", spec).state_dict())
-    assert "convs.0.kqv_lin.lins.user.weight" in hgt
+    assert {"encoder.lins.t__6974656d73.weight", "roots.0.t__6974656d73.weight"} <= sage
+    assert "convs.0.convs.<items___bought___user>.lin_l.weight" in sage
+    hgt = set(build_hetero_model("hgt", spec_of("user", "a.b")).state_dict())
+    assert {"convs.0.kqv_lin.lins.user.weight", "convs.0.kqv_lin.lins.t__612e62.weight"} <= hgt
+    assert "encoder.lins.user.weight" in set(
+        build_hetero_model("rgcn", spec_of("user", "b")).state_dict()
+    )
+
+
+def test_a_hash_in_a_type_name_is_refused_where_heteroconv_misreads_it() -> None:
+    with pytest.raises(ValueError) as refused:
+        build_hetero_model("gat", spec_of("user", "a#b"))
+    assert str(refused.value) == (
+        "--arch gat cannot train on node type 'a#b': PyG's HeteroConv reads '#' in a type name "
+        "back as '.'; rename the type, or use --arch rgcn or hgt"
+    )
+    assert (
+        "encoder.lins.a#b.weight" in build_hetero_model("rgcn", spec_of("user", "a#b")).state_dict()
+    )
+
+
+@pytest.mark.parametrize("arch", ["sage", "hgt"])
+def test_explanations_find_each_relations_layer_on_any_type_names(
+    store: GraphStore, arch: str
+) -> None:
+    """Each relation's edge mask reaches its own layer (HeteroConv's keys are the graph's
+    edge types): the explanation answers as the engine does and names stored relations."""
+    served, explainer = engines(store, node_recipe(store, arch, hidden=8), [-1, -1])
+    users = store.schema.target_type.num_nodes
+    [busiest] = store.external_ids(np.array([int(np.argmax(store.in_degree[:users]))]))
+    [(status, body)] = answers(explainer, [{"node_type": "user name", "node_id": busiest}])
+    assert status == 200, body
+    [(_, predicted)] = answers(served, [{"node_id": busiest}])
+    assert body["probabilities"] == predicted["probabilities"]
+    edge_types = {edge["edge_type"] for edge in body["explanation"]["edges"]}
+    assert edge_types and edge_types <= set(store.schema.edge_type_names)
