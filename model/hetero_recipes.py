@@ -265,10 +265,12 @@ class RelationStack(HeteroRecipe):
     def __init__(self, arch: HeteroArch, spec: HeteroSpec) -> None:
         super().__init__()
         hashed = [key for key in spec.node_types if "#" in key]
+        hashed += [relation for _, relation, _ in spec.edge_types if "#" in relation]
         if hashed:
             raise ValueError(
-                f"--arch {arch.value} cannot train on node type {hashed[0]!r}: PyG's HeteroConv "
-                "reads '#' in a type name back as '.'; rename the type, or use --arch rgcn or hgt"
+                f"--arch {arch.value} cannot train on the name {hashed[0]!r}: PyG's HeteroConv "
+                "reads '#' in a type or relation name back as '.'; rename it, or use --arch "
+                "rgcn or hgt"
             )
         self.arch, self.target, self.dropout = arch, spec.target, spec.dropout
         self.outputs = spec.output_types

@@ -3,6 +3,7 @@ typed preset trains on them and serves exactly, and names it could hold keep the
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -116,9 +117,12 @@ def test_a_hash_in_a_type_name_is_refused_where_heteroconv_misreads_it() -> None
     with pytest.raises(ValueError) as refused:
         build_hetero_model("gat", spec_of("user", "a#b"))
     assert str(refused.value) == (
-        "--arch gat cannot train on node type 'a#b': PyG's HeteroConv reads '#' in a type name "
-        "back as '.'; rename the type, or use --arch rgcn or hgt"
+        "--arch gat cannot train on the name 'a#b': PyG's HeteroConv reads '#' in a type or "
+        "relation name back as '.'; rename it, or use --arch rgcn or hgt"
     )
+    relations = (("b", "paid#cash", "user"), ("user", "likes", "b"))
+    with pytest.raises(ValueError, match="cannot train on the name 'paid#cash'"):
+        build_hetero_model("sage", dataclasses.replace(spec_of("user", "b"), edge_types=relations))
     assert (
         "encoder.lins.a#b.weight" in build_hetero_model("rgcn", spec_of("user", "a#b")).state_dict()
     )
