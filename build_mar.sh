@@ -40,7 +40,8 @@ Graph
                           Cluster or a single Redis under prefix NAME (python -m graph_assets
                           load-redis; rediss:// for TLS; the password comes from the file
                           GNNSERVE_REDIS_PASSWORD_FILE names, never the URL). The build reads
-                          --store DIR (or --graph/--synthetic) here as usual, records the URL
+                          --store DIR (or --graph/--synthetic; one of them is required, the
+                          demo graph is never assumed) here as usual, records the URL
                           and the store's checksum, and checks the graph under NAME is that
                           store; with --precompute the build loads the rows beside the graph
                           (docs/redis-cluster.md)
@@ -281,6 +282,9 @@ elif [ ${#synthetic[@]} -eq 0 ]; then [ -d "$graph" ] || die "--graph $graph: no
 if [[ "$graph_location" =~ ^rediss?:// ]]; then
   remote=1  # the build reads its local store; workers read the graph loaded into Redis
   [ "$task" != graph ] || die "--graph-location goes with --task node or link (a graph archive carries no stored graph)"
+  # Else the demo graph would be trained on and refused by the checksum only at the end.
+  [ -n "$store" ] || [ -n "$graph_given" ] || [ ${#synthetic[@]} -gt 0 ] \
+    || die "--graph-location $graph_location needs the graph loaded there: give --store DIR, the store you loaded with python -m graph_assets load-redis (or --graph DIR / --synthetic NODES EDGES to build it again)"
 fi
 if [ -n "$graph_location" ] && [ -z "$remote" ]; then
   [ "$task" != graph ] || die "--graph-location goes with --task node or link (a graph archive carries no stored graph)"

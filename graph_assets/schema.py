@@ -8,7 +8,9 @@ sampler, the overlay, the update log, precomputed rows) handles a node as one in
 that does asks the schema which type an index has.
 
 Type and relation names are any text without ``__`` (the triple's separator, as in
-``user__pays__merchant``) or ``/``, not empty, without leading or trailing spaces.
+``user__pays__merchant``) or ``/``, not empty, not ``.`` or ``..``, without leading or trailing
+spaces: ``user name``, ``a.b`` and ``items`` are names (models key their modules by
+``model.hetero_recipes.module_key``).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ def check_name(name: object, what: str) -> str:
         raise ValueError(f"a {what} name must be non-empty text, got {name!r}")
     if SEPARATOR in name or "/" in name:
         raise ValueError(f"a {what} name may not contain '{SEPARATOR}' or '/', got {name!r}")
+    if name in (".", ".."):
+        raise ValueError(
+            f"a {what} name may not be '.' or '..', which name folders (this one and its "
+            f"parent), got {name!r}"
+        )
     if name != name.strip() or not name.isprintable():
         raise ValueError(
             f"a {what} name may not start or end with spaces or hold control characters, "

@@ -18,7 +18,7 @@ import inspect
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from model.served import serving_needs
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
 from model.train import fit, train_node_classifier, train_typed_node_classifier
 from model.typed_graph import hetero_section, whole_graph_input
-from model.user_model import EdgeInput
+from model.user_model import EdgeInput, read_state_dict
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -154,9 +154,7 @@ def _package(args: dict[str, Any], store: GraphStore) -> str:
             f"the weights' config expects {config.in_dim} features and {config.out_dim} classes; "
             f"the graph has {store.feature_dim} features and {store.num_classes} classes"
         )
-    state_dict = torch.load(weights, map_location="cpu", weights_only=True)
-    if not isinstance(state_dict, Mapping):
-        raise ValueError(f"{weights} must hold a state_dict, got {type(state_dict).__name__}")
+    state_dict = read_state_dict(weights)
     model = build_model(config)
     state_dict = preset_keys(model, state_dict)
     check_state_dict(model, state_dict, source=str(weights))

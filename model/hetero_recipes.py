@@ -11,6 +11,11 @@ have: a node type no relation points to (its second layer has no input for it) a
 on a relation between two types (GCNConv takes no ``(source, destination)`` pair). Each layer
 also maps every type's own rows (a root Linear), which keeps those types' rows alive.
 
+A node type's modules are stored under `module_key`: its name, unless torch's ``ModuleDict``
+cannot hold that name (``a.b``, ``items``). Every recipe takes and returns the graph's own
+names, and ``HeteroConv`` is keyed by the graph's own edge types (PyG escapes them itself), so
+explanations find each relation's layer by its name.
+
 Exactness on a sampled ego-graph: every layer here aggregates per destination (mean, sum,
 softmax over a destination's in-edges, per relation or over all), which the full in-edge lists
 of the rows a seed reads give exactly, except ``gcn``, which also weighs a message by its
@@ -48,6 +53,29 @@ from model.served import ServingNeeds
 from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
 from model.user_model import EdgeInput
+
+# torch.nn.ModuleDict refuses a key that is one of its attributes (instance ones included).
+_MODULE_DICT_ATTRIBUTES = frozenset(dir(torch.nn.ModuleDict()))
+
+
+def module_key(node_type: str) -> str:
+    """The key of ``node_type``'s modules in a recipe's ``ModuleDict``s, hence in its
+    state_dict.
+
+    The name itself wherever torch's ``ModuleDict`` takes it, so the keys of archives built
+    before stay as they were. A name with a dot, or one that is a ``ModuleDict`` attribute
+    (``items``, ``keys``), cannot be a key: it is keyed ``t__<its UTF-8 in hex>``, which no
+    type can be named (names hold no ``__``).
+    """
+    if "." in node_type or node_type in _MODULE_DICT_ATTRIBUTES:
+        return f"t__{node_type.encode().hex()}"
+    return node_type
+
+
+def _keyed_edge(edge_type: EdgeType) -> EdgeType:
+    """``edge_type`` with its end types' `module_key`s."""
+    src, relation, dst = edge_type
+    return (module_key(src), relation, module_key(dst))
 
 
 class HeteroArch(str, Enum):
@@ -165,16 +193,22 @@ class TypeEncoder(torch.nn.Module):
         super().__init__()
         self.lins = torch.nn.ModuleDict()
         self.embeddings = torch.nn.ModuleDict()
+        self.types = {module_key(key): key for key in spec.node_types}
         for key in spec.node_types:
             width = spec.in_dims.get(key, 0)
             if width:
-                self.lins[key] = Linear(width, spec.hidden_dim)
+                self.lins[module_key(key)] = Linear(width, spec.hidden_dim)
             else:
-                self.embeddings[key] = torch.nn.Embedding(spec.num_nodes[key], spec.hidden_dim)
+                self.embeddings[module_key(key)] = torch.nn.Embedding(
+                    spec.num_nodes[key], spec.hidden_dim
+                )
 
     def forward(self, inputs: HeteroInput) -> dict[str, Tensor]:
-        out = {key: lin(inputs.x_dict[key]) for key, lin in self.lins.items()}
-        out.update({key: emb(inputs.n_id_dict[key]) for key, emb in self.embeddings.items()})
+        out = {}
+        for key, lin in self.lins.items():
+            out[self.types[key]] = lin(inputs.x_dict[self.types[key]])
+        for key, emb in self.embeddings.items():
+            out[self.types[key]] = emb(inputs.n_id_dict[self.types[key]])
         return out
 
 
@@ -230,6 +264,14 @@ class RelationStack(HeteroRecipe):
 
     def __init__(self, arch: HeteroArch, spec: HeteroSpec) -> None:
         super().__init__()
+        hashed = [key for key in spec.node_types if "#" in key]
+        hashed += [relation for _, relation, _ in spec.edge_types if "#" in relation]
+        if hashed:
+            raise ValueError(
+                f"--arch {arch.value} cannot train on the name {hashed[0]!r}: PyG's HeteroConv "
+                "reads '#' in a type or relation name back as '.'; rename it, or use --arch "
+                "rgcn or hgt"
+            )
         self.arch, self.target, self.dropout = arch, spec.target, spec.dropout
         self.outputs = spec.output_types
         reads_edges = arch in (HeteroArch.GAT, HeteroArch.GIN) and any(spec.edge_dims.values())
@@ -253,7 +295,14 @@ class RelationStack(HeteroRecipe):
             with warnings.catch_warnings():  # of types no relation updates: the roots do
                 warnings.filterwarnings("ignore", "There exist node types")
                 self.convs.append(HeteroConv(convs, aggr="sum"))
-            self.roots.append(torch.nn.ModuleDict({key: Linear(hidden, out) for key in types}))
+            self.roots.append(
+                torch.nn.ModuleDict({module_key(key): Linear(hidden, out) for key in types})
+            )
+
+    def _by_name(self, roots: torch.nn.Module) -> dict[str, torch.nn.Module]:
+        """A layer's root Linears by node type name (they are stored under `module_key`)."""
+        assert isinstance(roots, torch.nn.ModuleDict)
+        return {self.encoder.types[key]: root for key, root in roots.items()}
 
     def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         if inputs.num_sampled_nodes_dict is not None and self.arch is not HeteroArch.GCN:
@@ -264,10 +313,10 @@ class RelationStack(HeteroRecipe):
             extra["inv_sqrt_degree_dict"] = inv_sqrt_in_degree(inputs)
         elif self.serving_needs.edge_input is EdgeInput.EDGE_ATTR:
             extra["edge_attr_dict"] = inputs.edge_attr_dict
-        for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
+        for layer, (conv, stored) in enumerate(zip(self.convs, self.roots, strict=True)):
             embedding = {key: x[key] for key in self.outputs}
             messages = conv(x, inputs.edge_index_dict, **extra)
-            assert isinstance(roots, torch.nn.ModuleDict)
+            roots = self._by_name(stored)
             x = {
                 key: roots[key](x[key]) + messages[key] if key in messages else roots[key](x[key])
                 for key in roots
@@ -290,10 +339,11 @@ class RelationStack(HeteroRecipe):
         edges_within = {key: list(itertools.accumulate(counts)) for key, counts in edges.items()}
         x = self.encoder(inputs)
         layers = len(self.convs)
-        for layer, (conv, roots) in enumerate(zip(self.convs, self.roots, strict=True)):
+        for layer, (conv, stored) in enumerate(zip(self.convs, self.roots, strict=True)):
             depth = layers - layer - 1  # the hop of the deepest row this layer computes
             embedding = {key: x[key][: within[key][depth]] for key in self.outputs}
-            assert isinstance(roots, torch.nn.ModuleDict) and isinstance(conv, HeteroConv)
+            roots = self._by_name(stored)
+            assert isinstance(conv, HeteroConv)
             x_dst = {key: x[key][: within[key][depth]] for key in roots}
             into = {
                 triple: inputs.edge_index_dict[triple][:, : edges_within[triple][depth]]
@@ -315,7 +365,7 @@ class RelationStack(HeteroRecipe):
     def _summed_layer(
         self,
         conv: HeteroConv,
-        roots: torch.nn.ModuleDict,
+        roots: dict[str, torch.nn.Module],
         x: dict[str, Tensor],
         x_dst: dict[str, Tensor],
         edges: dict[EdgeType, Tensor],
@@ -346,7 +396,7 @@ class RelationStack(HeteroRecipe):
 
 def _sage_layer(
     conv: HeteroConv,
-    roots: torch.nn.ModuleDict,
+    roots: dict[str, torch.nn.Module],
     x: dict[str, Tensor],
     x_dst: dict[str, Tensor],
     edges: dict[EdgeType, Tensor],
@@ -458,7 +508,11 @@ class HeteroHGT(HeteroRecipe):
         self.outputs = spec.output_types
         self.serving_needs = ServingNeeds()
         self.encoder = TypeEncoder(spec)
-        metadata = (list(spec.node_types), list(spec.edge_types))
+        # HGTConv keys its own ModuleDicts by node type: it sees the types' module_keys.
+        metadata = (
+            [module_key(key) for key in spec.node_types],
+            [_keyed_edge(key) for key in spec.edge_types],
+        )
         self.convs = torch.nn.ModuleList(
             HGTConv(spec.hidden_dim, spec.hidden_dim, metadata, heads=spec.heads)
             for _ in range(spec.num_layers)
@@ -466,15 +520,16 @@ class HeteroHGT(HeteroRecipe):
         self.head = Linear(spec.hidden_dim, spec.num_classes)
 
     def forward_types(self, inputs: HeteroInput) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-        x = self.encoder(inputs)
+        x = {module_key(key): value for key, value in self.encoder(inputs).items()}
+        edge_index = {_keyed_edge(key): value for key, value in inputs.edge_index_dict.items()}
         for conv in self.convs:
-            out = conv(x, inputs.edge_index_dict)
+            out = conv(x, edge_index)
             x = {
                 key: F.dropout(out[key], self.dropout, self.training)
                 if out.get(key) is not None
                 else value
                 for key, value in x.items()
             }
-        return {key: self.head(x[key]) for key in self.outputs}, {
-            key: x[key] for key in self.outputs
+        return {key: self.head(x[module_key(key)]) for key in self.outputs}, {
+            key: x[module_key(key)] for key in self.outputs
         }

@@ -48,6 +48,7 @@ from model.typed_link_train import (
     split_relation,
     train_typed_link_predictor,
 )
+from model.user_model import read_state_dict
 
 # The flags every training command shares (python -m model train|link|graph).
 MODEL_FLAGS = {
@@ -163,11 +164,7 @@ def _config(args: dict[str, Any], base: dict[str, Any], task: Task) -> ModelConf
 
 
 def _load_weights(args: dict[str, Any], config: ModelConfig) -> torch.nn.Module:
-    state_dict = torch.load(args["weights"], map_location="cpu", weights_only=True)
-    if not isinstance(state_dict, Mapping):
-        raise ValueError(
-            f"{args['weights']} must hold a state_dict, got {type(state_dict).__name__}"
-        )
+    state_dict = read_state_dict(Path(args["weights"]))
     model = build_model(config)
     check_state_dict(model, state_dict, source=str(args["weights"]))
     model.load_state_dict(state_dict)

@@ -219,6 +219,19 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
     kind = _archive_kind(path)
     if kind is not None:
         raise ValueError(f"--weights {path} is a {kind}, not a state_dict; {save_instead}")
+    if not zipfile.is_zipfile(path):
+        with path.open("rb") as f:
+            head = f.read(16)
+        if head[8:9] == b"{":  # safetensors: an 8-byte header length, then JSON
+            raise ValueError(
+                f"--weights {path} is a safetensors file, which is not read here; load it "
+                "with safetensors.torch.load_file and torch.save the dict it returns"
+            )
+        if not head.startswith(_PICKLE_PROTOCOL):  # a legacy torch.save file is a pickle
+            raise ValueError(
+                f"--weights {path} is not a torch or safetensors weights file (it starts "
+                f"with {head!r}; torch.save writes a zip archive); {save_instead}"
+            )
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # UnpicklingError, RuntimeError, EOFError, ...
@@ -245,7 +258,19 @@ def read_state_dict(path: Path) -> dict[str, Tensor]:
         raise ValueError(
             f"--weights {path} holds values that are not tensors{hint}; {save_instead}"
         )
+    sparse = sorted(str(key) for key, value in tensors.items() if value.layout != torch.strided)
+    if sparse:
+        layout = tensors[sparse[0]].layout
+        raise ValueError(
+            f"--weights {path} holds sparse tensors ({', '.join(sparse[:3])}: {layout}), "
+            "which no module's parameters are; save the model's own state_dict(), or each "
+            "tensor's .to_dense()"
+        )
     return {str(key): value for key, value in tensors.items()}
+
+
+# The PROTO opcode that starts every pickle of protocol 2 or later.
+_PICKLE_PROTOCOL = b"\x80"
 
 
 def _archive_kind(path: Path) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from graph_assets.stored.store import IdKind
 # and lookups of "42" on an int graph (GraphStore.lookup) use the same rule.
 _INT_TEXT = r"^(0|-?[1-9][0-9]*)$"
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+# Schema metadata of a table read from CSV: its path, so that an error can quote a value's text.
+_SOURCE = b"gnnserve.source"
 # A class index this large is a mistake (an ID in the label column, say), and it would size the
 # model's output layer; class names are the way to give sparse or non-index labels.
 MAX_CLASSES = 100_000
@@ -184,9 +187,22 @@ def _read_table(file: Path, text_columns: tuple[str, ...], expected: str) -> pa.
         strings_can_be_null=False,
     )
     try:
-        return pacsv.read_csv(file, convert_options=convert)
+        table = pacsv.read_csv(file, convert_options=convert)
     except pa.ArrowInvalid as exc:
         raise _csv_error(file, convert, exc, expected) from exc
+    return table.replace_schema_metadata({_SOURCE: str(file)})
+
+
+def _csv_text(table: pa.Table, name: str, row: int) -> str | None:
+    """Column ``name``'s text at ``row`` as the CSV file ``table`` was read from writes it
+    (None for Parquet): a number too large for float64 was read as inf, its digits lost."""
+    source = (table.schema.metadata or {}).get(_SOURCE)
+    if source is None:
+        return None
+    convert = pacsv.ConvertOptions(
+        include_columns=[name], column_types={name: pa.string()}, strings_can_be_null=False
+    )
+    return str(pacsv.read_csv(source.decode(), convert_options=convert)[name][row].as_py())
 
 
 def _csv_error(
@@ -365,6 +381,26 @@ def _text(column: pa.ChunkedArray, file: str, name: str, what: str) -> np.ndarra
         raise GraphInputError(
             file, None, f"{what} column {name!r} has type {column.type}; {what}s must be numbers"
         ) from exc
+    except pa.ArrowInvalid as exc:  # bytes that are no UTF-8: find the first such row
+        row, raw = next(
+            (row, value)
+            for row, value in enumerate(column.to_pylist())
+            if isinstance(value, bytes) and not _is_utf8(value)
+        )
+        raise GraphInputError(
+            file,
+            row + 1,
+            f"{what} {name!r} is {raw[:16]!r}, bytes that are not UTF-8 text; every {what} "
+            "must be a finite number written in UTF-8",
+        ) from exc
+
+
+def _is_utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _features(nodes: pa.Table, names: list[str], file: str) -> np.ndarray:
@@ -399,6 +435,8 @@ def _numbers(table: pa.Table, names: list[str], file: str, what: str) -> np.ndar
         raw = (
             column[row].as_py() if _is_number(column) else _text(column, file, names[j], what)[row]
         )
+        if math.isinf(value):
+            raw = _csv_text(table, names[j], row) or raw
         raise GraphInputError(
             file,
             row + 1,
@@ -414,9 +452,15 @@ def _describe(raw: object, value: float) -> str:
     if math.isnan(value):
         text = str(raw)
         return "NaN" if text.strip().lower().lstrip("+-") == "nan" else f"{text!r}, not a number"
+    beyond = f"beyond float32's range of ±{_FLOAT32_MAX:.1e}"
     if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return f"{value:g}, beyond float32's range of ±{_FLOAT32_MAX:.1e}"
+        text = str(raw).strip()
+        if text.lower().lstrip("+-") in ("inf", "infinity"):
+            return "inf" if value > 0 else "-inf"
+        if re.fullmatch(r"[+-]?[0-9]+", text):
+            return f"an integer of {len(text.lstrip('+-'))} digits, {beyond} (and int64's)"
+        return f"{text[:24]!r}, {beyond}"
+    return f"{value:g}, {beyond}"
 
 
 def _labels(nodes: pa.Table, file: str) -> tuple[np.ndarray, list[str] | None]:
@@ -427,6 +471,10 @@ def _labels(nodes: pa.Table, file: str) -> tuple[np.ndarray, list[str] | None]:
     column = nodes["label"]
     if pa.types.is_dictionary(column.type):
         column = pc.cast(column, column.type.value_type)
+    if pa.types.is_floating(column.type):
+        # A float label column is how pandas writes integer labels with some missing: its NaN
+        # is a missing label, as null and an empty CSV field are, not a class named "nan".
+        column = pc.if_else(pc.is_nan(column), pa.scalar(None, column.type), column)
     text = pc.fill_null(pc.cast(column, pa.string()), "")
     labelled = _bool_numpy(pc.not_equal(text, ""))
     given = text.filter(pa.array(labelled))

@@ -179,10 +179,26 @@ def read_typed_graph_dir(
         nodes = RawNodes(name, _to_numpy_ids(ids), features, feature_names)
         tables[name] = (nodes, ids, table, shown)
     target = _target(tables, target_node_type)
-    _, _, target_table, target_file = tables[target]
+    target_nodes, _, target_table, target_file = tables[target]
+    if not target_nodes.feature_dim:
+        raise GraphInputError(
+            target_file,
+            None,
+            f"has no feature columns, and {target} is the type the archive serves, which "
+            "needs at least one: add a numeric column, or serve another type with "
+            "--target-node-type",
+        )
     labels, class_names = _labels(target_table, target_file)
+    edge_files = _typed_files(edges_dir, "edge type")
+    if not edge_files:
+        raise GraphInputError(
+            f"{EDGES_DIR}/",
+            None,
+            "holds no <src>__<relation>__<dst>.csv or .parquet file; a typed graph needs at "
+            "least one relation",
+        )
     relations = []
-    for name, file in _typed_files(edges_dir, "edge type").items():
+    for name, file in edge_files.items():
         shown = f"{EDGES_DIR}/{file.name}"
         edge_type = _edge_type(name, shown, tables)
         table = _read_table(file, ("src", "dst"), _TYPED_EDGES_EXPECTED)

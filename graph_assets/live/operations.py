@@ -268,11 +268,14 @@ def _edge_attr(
     width = relation.edge_feature_dim
     if width == 0:
         if kind == "set_edge_features":
-            problem = "this graph has no edge features, so set_edge_features does not apply"
+            problem = f"{edge_type} has no edge features, so set_edge_features does not apply"
         elif "attr" in operation:
-            problem = "this graph has no edge features: send add_edge without attr"
+            problem = f"{edge_type} has no edge features: send add_edge without attr"
         else:
             return None
+        having = [r.name for r in graph.schema.relations if r.edge_feature_dim]
+        if having:
+            problem += f" (the relations with edge features: {', '.join(having)})"
         raise UpdateRejected(Rejection.INVALID, index, problem)
     if "attr" not in operation:
         names = ", ".join(relation.edge_feature_names)
@@ -301,9 +304,17 @@ def _vector(index: int, operation: dict[str, Any], field: str, width: int) -> np
         wide = np.array(values, dtype=np.float64)
         finite = bool(np.isfinite(wide).all())
     else:  # an int is checked before any conversion: 10**400 overflows float() itself
-        finite = all(
-            abs(v) <= FLOAT32_MAX if isinstance(v, int) else math.isfinite(v) for v in values
+        huge = next(
+            (i for i, v in enumerate(values) if isinstance(v, int) and abs(v) > FLOAT32_MAX), None
         )
+        if huge is not None:
+            raise UpdateRejected(
+                Rejection.INVALID,
+                index,
+                f"{field}[{huge}] is an integer of {len(str(abs(values[huge])))} digits, which "
+                f"overflows float32 (±{FLOAT32_MAX:.7g}); send numbers within that range",
+            )
+        finite = all(math.isfinite(v) for v in values)
         wide = np.array(values, dtype=np.float64) if finite else np.empty(0)
     if not finite:
         raise UpdateRejected(

@@ -127,7 +127,10 @@ class StoreBuilder:
         if len(node_types[0].ids) == 0:
             raise ValueError(f"the target type {node_types[0].name} needs at least one node")
         if node_types[0].feature_dim < 1:
-            raise ValueError(f"feature_dim must be >= 1, got {node_types[0].feature_dim}")
+            raise ValueError(
+                f"the target type {node_types[0].name} needs at least one feature column, got "
+                f"feature_dim {node_types[0].feature_dim}"
+            )
         self.out_dir = Path(out_dir)
         self.node_types = tuple(node_types)
         self._rows_written = [0] * len(node_types)
@@ -211,6 +214,8 @@ class StoreBuilder:
         """
         if self._features is None:
             raise RuntimeError("this StoreBuilder was committed or aborted already")
+        if not relations:
+            raise ValueError("a store needs at least one relation (edge type), got none")
         for node_type, written in zip(self.node_types, self._rows_written, strict=True):
             if node_type.feature_dim and written != len(node_type.ids):
                 count = len(node_type.ids)

@@ -85,6 +85,19 @@ def test_bad_graph_fails_naming_file_row_and_problem(tmp_path):
     assert not list((tmp_path / "store").glob("*.mar"))
 
 
+def test_a_graph_in_redis_without_its_store_is_refused_before_any_work(tmp_path):
+    """Without --store (or --graph/--synthetic) the demo graph would be trained on, then
+    refused by the checksum at the end."""
+    result = run("--graph-location", "redis://127.0.0.1:1/fraud", "--export-path", str(tmp_path))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "build_mar.sh: error: --graph-location redis://127.0.0.1:1/fraud needs the graph loaded "
+        "there: give --store DIR, the store you loaded with python -m graph_assets load-redis "
+        "(or --graph DIR / --synthetic NODES EDGES to build it again)\n"
+    )
+    assert not list(tmp_path.iterdir())
+
+
 def test_unknown_option_is_refused(tmp_path):
     result = run("--fanout", "5,5", "--export-path", str(tmp_path))
     assert result.returncode == 2 and "unknown option '--fanout'" in result.stderr

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from graph_assets import GraphInputError, read_graph_dir
+from graph_assets.__main__ import main
 
 NODES = pa.table({"id": [1, 2, 3], "f": [0.5, 1.5, 2.5]})
 EDGES = pa.table({"src": [1, 2], "dst": [2, 3]})
@@ -154,3 +155,92 @@ def test_csv_ids_below_int64_and_unicode_forms_are_distinct_strings(tmp_path: Pa
     assert raw.id_kind == "str"
     assert [i.decode("utf-8") for i in raw.ids] == [low, nfc, nfd]
     assert (raw.src.tolist(), raw.dst.tolist()) == ([0], [2])
+
+
+def typed_dir(root: Path, files: dict[str, bytes]) -> Path:
+    """A graph directory of ``{relative path: content}`` (folders made as needed)."""
+    for name, content in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(content)
+    return root
+
+
+USER = b"id,f,label\nu1,0.5,a\nu2,1.5,b\n"
+BAD_UTF8 = b"\xff\xfe"
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        (
+            {"nodes/user.csv": USER, "edges/.keep": b""},
+            "edges/: holds no <src>__<relation>__<dst>.csv or .parquet file; a typed graph "
+            "needs at least one relation",
+        ),
+        (
+            {
+                "nodes/user.csv": b"id,label\nu1,a\nu2,b\n",
+                "edges/user__follows__user.csv": b"src,dst\nu1,u2\n",
+            },
+            "nodes/user.csv: has no feature columns, and user is the type the archive serves, "
+            "which needs at least one: add a numeric column, or serve another type with "
+            "--target-node-type",
+        ),
+        (
+            {
+                "nodes.csv": b"id,f0,label\n1,0.5,a\n2," + BAD_UTF8 + b",b\n",
+                "edges.csv": b"src,dst\n1,2\n",
+            },
+            "nodes.csv row 2: feature 'f0' is b'\\xff\\xfe', bytes that are not UTF-8 text; "
+            "every feature must be a finite number written in UTF-8",
+        ),
+        (
+            {
+                "nodes/user.csv": USER,
+                "edges/user__pays__user.csv": b"src,dst,amount\nu1,u2,1\nu2,u1,9"
+                + BAD_UTF8
+                + b"\n",
+            },
+            "edges/user__pays__user.csv row 2: edge feature 'amount' is b'9\\xff\\xfe', bytes "
+            "that are not UTF-8 text; every edge feature must be a finite number written in UTF-8",
+        ),
+        (
+            {
+                "nodes.csv": b"id,f0\n1,0.5\n2," + str(10**400).encode() + b"\n",
+                "edges.csv": b"src,dst,w\n1,2,1\n",
+            },
+            "nodes.csv row 2: feature 'f0' is an integer of 401 digits, beyond float32's range "
+            "of \u00b13.4e+38 (and int64's); every feature must be a finite number",
+        ),
+        (
+            {"nodes.csv": b"id,f0\n1,0.5\n2,1\n", "edges.csv": b"src,dst,w\n1,2,-1e999\n"},
+            "edges.csv row 1: edge feature 'w' is '-1e999', beyond float32's range of "
+            "\u00b13.4e+38; every edge feature must be a finite number",
+        ),
+    ],
+    ids=[
+        "empty-edges-folder",
+        "featureless-target",
+        "utf8-one-type",
+        "utf8-typed-edges",
+        "huge-integer",
+        "huge-float-text",
+    ],
+)  # fmt: skip
+def test_build_refuses_in_one_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], files: dict[str, bytes], expected: str
+) -> None:
+    graph = typed_dir(tmp_path / "graph", files)
+    out = tmp_path / "store"
+    assert main(["build", "--graph", str(graph), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {expected}\n" and captured.out == ""
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["graph"]
+
+
+def test_nan_in_a_parquet_float_label_column_is_unlabelled(tmp_path: Path) -> None:
+    """pandas writes integer labels with some missing as floats with NaN: NaN is no class."""
+    nodes = pa.table({"id": [1, 2, 3], "f": [0.5, 1.5, 2.5], "label": [0.0, float("nan"), 1.0]})
+    raw = read_graph_dir(write(tmp_path, nodes, EDGES))
+    assert raw.labels.tolist() == [0, -1, 1] and raw.class_names is None
+    assert raw.num_classes == 2

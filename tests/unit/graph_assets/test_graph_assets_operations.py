@@ -27,6 +27,7 @@ from graph_assets.live.operations import (
 )
 from graph_assets.live.update_log import MAGIC, UpdateLog
 from tests.edge_graph import edge_feature_store
+from tests.typed_graphs import fraud_store
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,41 @@ def test_log_records_say_their_format_and_older_ones_still_read(store, tmp_path:
     with pytest.raises(UpdateLogCorrupt, match="newer than this gnnserve reads"):
         log.read_from(0)
     log.close()
+
+
+@pytest.fixture(scope="module")
+def typed_store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    """Payments carry edge features (amount, hour), device use none."""
+    return fraud_store(tmp_path_factory.mktemp("typed_operations") / "store", 10, 3, 4, 20, 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("add_edge", "user__uses__device has no edge features: send add_edge without attr"),
+        ("set_edge_features",
+         "user__uses__device has no edge features, so set_edge_features does not apply"),
+    ],
+)  # fmt: skip
+def test_attr_on_a_relation_without_edge_features_names_those_with(typed_store, kind, expected):
+    operation = {"type": kind, "edge_type": "user__uses__device", "src": "u0", "dst": "d0"}
+    with pytest.raises(UpdateRejected) as refused:
+        decode_operations([{**operation, "attr": [1.0]}], typed_store)
+    assert refused.value.kind is Rejection.INVALID and refused.value.index == 0
+    assert str(refused.value) == (
+        f"operation 0: {expected} (the relations with edge features: user__pays__merchant, "
+        "merchant__rev_pays__user)"
+    )
+
+
+def test_an_integer_beyond_float32_is_said_to_overflow_naming_its_position(store):
+    x = [0, 1, 10**400, 0, 0, 0]
+    with pytest.raises(UpdateRejected) as refused:
+        decode_operations(
+            [{"type": "remove_node", "id": 1}, {"type": "add_node", "id": "a", "x": x}], store
+        )
+    assert refused.value.kind is Rejection.INVALID and refused.value.index == 1
+    assert str(refused.value) == (
+        "operation 1: x[2] is an integer of 401 digits, which overflows float32 "
+        "(±3.402823e+38); send numbers within that range"
+    )

@@ -159,3 +159,26 @@ def test_edge_type_names_round_trip_and_refuse_separators():
         EdgeType("a/b", "r", "c")
     with pytest.raises(ValueError, match="<src_type>__<relation>__<dst_type>"):
         EdgeType.parse("a__b")
+
+
+def test_dot_names_are_refused_at_input_in_one_line(tmp_path):
+    """`.` and `..` name folders; `a.b`, `items` and `user name` are names like any other."""
+    with pytest.raises(GraphInputError) as error:
+        read_graph(typed_graph(tmp_path / "dot", **{"nodes/.": "id,f\n1,0\n"}))
+    assert str(error.value) == (
+        "nodes/..csv: a node type name may not be '.' or '..', which name folders (this one "
+        "and its parent), got '.' (the file name names the type)"
+    )
+    with pytest.raises(ValueError) as refused:
+        EdgeType("user", "..", "merchant")
+    assert str(refused.value) == (
+        "a relation name may not be '.' or '..', which name folders (this one and its parent), "
+        "got '..'"
+    )
+    graph = read_graph(
+        typed_graph(
+            tmp_path / "names",
+            **{"nodes/a.b": DEVICES, "edges/user__uses.daily__a.b": USES},
+        )
+    )
+    assert {"a.b", "user"} <= {t.name for t in graph.node_types}

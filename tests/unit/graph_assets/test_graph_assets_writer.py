@@ -268,6 +268,22 @@ def test_builder_checks_its_inputs_and_cleans_up(tmp_path: Path) -> None:
     assert entries(tmp_path) == []
 
 
+def test_builder_refuses_a_featureless_target_and_no_relations(tmp_path: Path) -> None:
+    with pytest.raises(ValueError) as refused:
+        StoreBuilder(tmp_path / "s", [NodeTypeInput("user", np.array([1, 2]), 0)])
+    assert str(refused.value) == (
+        "the target type user needs at least one feature column, got feature_dim 0"
+    )
+    with StoreBuilder(tmp_path / "s", [NodeTypeInput("node", np.array([1, 2]), 1)]) as builder:
+        builder.add_features(np.zeros((2, 1)))
+        with pytest.raises(ValueError) as refused:
+            builder.commit(
+                [], np.array([-1, -1]), num_classes=0, class_names=None, undirected=False
+            )
+    assert str(refused.value) == "a store needs at least one relation (edge type), got none"
+    assert entries(tmp_path) == []
+
+
 def test_builder_writes_features_block_by_block(tmp_path: Path) -> None:
     features = np.random.default_rng(0).standard_normal((10, 3)).astype(np.float32)
     with StoreBuilder(tmp_path / "s", [NodeTypeInput("node", np.arange(10), 3)]) as builder:

@@ -9,6 +9,7 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 import model.__main__ as cli
 from graph_assets.schema import GraphSchema
@@ -64,6 +65,28 @@ def test_bad_option_gives_one_line_and_status_2(tmp_path, store, capsys):
     assert status == 2
     assert capsys.readouterr().err.strip() == ("error: num_layers must be an integer >= 1, got 0")
     assert not any(tmp_path.iterdir())
+
+
+def test_preset_weights_that_are_no_weights_file_or_sparse_are_one_line(tmp_path, store, capsys):
+    """--arch sage --weights F reads F as --model-class does: one line, not a traceback."""
+    zeros = tmp_path / "zeros.pt"
+    zeros.write_bytes(bytes(100))
+    argv = ["package", "--store", "S", "--arch", "sage", "--out", str(tmp_path / "out")]
+    assert cli.main([*argv, "--weights", str(zeros)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --weights {zeros} is not a torch or safetensors weights file (it starts with "
+        f"{bytes(16)!r}; torch.save writes a zip archive); save torch.save(model.state_dict(), F) "
+        "in your training script\n"
+    )
+    sparse = tmp_path / "sparse.pt"
+    torch.save({"gnn.convs.0.lin_l.weight": torch.eye(3).to_sparse()}, sparse)
+    assert cli.main([*argv, "--weights", str(sparse)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --weights {sparse} holds sparse tensors (gnn.convs.0.lin_l.weight: "
+        "torch.sparse_coo), which no module's parameters are; save the model's own "
+        "state_dict(), or each tensor's .to_dense()\n"
+    )
+    assert not (tmp_path / "out").exists()
 
 
 def test_unlabelled_graph_is_refused(tmp_path, monkeypatch, labelled_graph, capsys):

@@ -68,7 +68,46 @@ def test_not_a_torch_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "w.pt").write_text("hello")
     with pytest.raises(ValueError) as refused:
         read_state_dict(tmp_path / "w.pt")
-    assert "not a torch.save file" in one_line(refused)
+    assert "is not a torch or safetensors weights file (it starts with b'hello'" in one_line(
+        refused
+    )
+
+
+@pytest.mark.parametrize("size", [1, 100, 4096])
+def test_a_file_of_zeros_is_not_a_weights_file(tmp_path: Path, size: int) -> None:
+    (tmp_path / "w.pt").write_bytes(bytes(size))
+    with pytest.raises(ValueError) as refused:
+        read_state_dict(tmp_path / "w.pt")
+    head = bytes(min(size, 16))
+    assert one_line(refused) == (
+        f"--weights {tmp_path / 'w.pt'} is not a torch or safetensors weights file (it starts "
+        f"with {head!r}; torch.save writes a zip archive); save torch.save(model.state_dict(), "
+        "F) in your training script"
+    )
+
+
+def test_a_safetensors_file_is_named(tmp_path: Path) -> None:
+    header = b'{"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    (tmp_path / "w.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+    with pytest.raises(ValueError) as refused:
+        read_state_dict(tmp_path / "w.safetensors")
+    assert one_line(refused) == (
+        f"--weights {tmp_path / 'w.safetensors'} is a safetensors file, which is not read here; "
+        "load it with safetensors.torch.load_file and torch.save the dict it returns"
+    )
+
+
+def test_sparse_tensors_are_refused_before_loading(tmp_path: Path) -> None:
+    weights = sage().state_dict()
+    weights["convs.0.lin_l.weight"] = weights["convs.0.lin_l.weight"].to_sparse()
+    torch.save(weights, tmp_path / "w.pt")
+    with pytest.raises(ValueError) as refused:
+        read_state_dict(tmp_path / "w.pt")
+    assert one_line(refused) == (
+        f"--weights {tmp_path / 'w.pt'} holds sparse tensors (convs.0.lin_l.weight: "
+        "torch.sparse_coo), which no module's parameters are; save the model's own "
+        "state_dict(), or each tensor's .to_dense()"
+    )
 
 
 def test_missing_and_unexpected_keys_are_listed_with_the_fix() -> None:
