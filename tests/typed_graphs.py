@@ -10,7 +10,7 @@ import torch
 
 from graph_assets import GraphStore, open_store, write_store
 from graph_assets.input.synthetic_typed import fraud_graph
-from graph_assets.input.typed_input import RawRelation, TypedGraph
+from graph_assets.tables import RawRelation, TypedGraph
 from model import ModelConfig, build_model
 from model.served_hetero import UserHeteroModel
 from model.typed_graph import hetero_section

@@ -58,9 +58,8 @@ from bench.harness.paired import CONNECTIONS, alternate, paired_levels, warmed_t
 from bench.harness.watch import host_steal, steal_percent
 from bench.systems import servers
 from graph_assets import open_store
-from graph_assets.input.reader import RawGraph
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
-from graph_assets.input.typed_input import TypedGraph
+from graph_assets.tables import RawGraph, TypedGraph
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +21,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from graph_assets.errors import GraphInputError
-from graph_assets.stored.store import IdKind
+from graph_assets.tables import IdKind, RawGraph
 
 # An integer written as str(int) writes it: "42", "-7", "0"; not "042", "+4" or "-0". Only such
 # text is read as a number, so an ID like a zip code "02134" keeps its form (and is a string),
@@ -37,65 +37,6 @@ _NODES_EXPECTED = "a header `id,<numeric feature columns>[,label]` and one row p
 _EDGES_EXPECTED = (
     "a header `src,dst[,<numeric edge feature columns>]` and one row per directed edge"
 )
-
-
-# RawGraph's default edge_features, which __post_init__ replaces by the [E, 0] array of its E.
-_NO_EDGE_FEATURES = np.empty((0, 0), dtype=np.float32)
-
-
-@dataclass(frozen=True, eq=False)
-class RawGraph:
-    """A validated input graph in nodes-file order, before `write_store` renumbers it.
-
-    Attributes:
-        ids: ``[N]`` external IDs: int64, or UTF-8 bytes ``S<k>`` when any ID is not an
-            integer in canonical form (see `read_graph_dir`).
-        src: ``[E]`` int64 position in ``ids`` of each edge's source, in edges-file order; with
-            ``undirected`` the reverse edges follow, in the same order.
-        dst: ``[E]`` int64 position in ``ids`` of each edge's destination.
-        features: ``[N, F]`` float32, all finite.
-        labels: ``[N]`` int64 class index, -1 for an unlabelled node.
-        class_names: ``class_names[k]`` names class ``k`` when labels were names (sorted, so
-            the numbering does not depend on row order); None when labels were integers.
-        feature_names: the ``F`` feature column names in file order.
-        edge_features: ``[E, D]`` float32, all finite, row ``k`` for edge ``k`` (a reverse
-            edge has its edge's row). ``D`` may be 0; the default is no edge features.
-        edge_feature_names: the ``D`` edge feature column names in file order.
-        undirected: whether the reverse of every edge but a self-loop was added.
-    """
-
-    ids: np.ndarray
-    src: np.ndarray
-    dst: np.ndarray
-    features: np.ndarray
-    labels: np.ndarray
-    class_names: list[str] | None
-    feature_names: list[str]
-    edge_features: np.ndarray = field(default_factory=lambda: _NO_EDGE_FEATURES)
-    edge_feature_names: list[str] = field(default_factory=list)
-    undirected: bool = False
-
-    def __post_init__(self) -> None:
-        if self.edge_features is _NO_EDGE_FEATURES:  # the default: [E, 0] for this E
-            object.__setattr__(self, "edge_features", np.empty((len(self.src), 0), np.float32))
-        shape = (len(self.src), len(self.edge_feature_names))
-        if self.edge_features.dtype != np.float32 or self.edge_features.shape != shape:
-            raise ValueError(
-                f"edge_features must be float32 {list(shape)} (one row per edge, one column "
-                f"per edge_feature_names entry), got {self.edge_features.dtype} "
-                f"{list(self.edge_features.shape)}"
-            )
-
-    @property
-    def id_kind(self) -> IdKind:
-        return "int" if self.ids.dtype.kind == "i" else "str"
-
-    @property
-    def num_classes(self) -> int:
-        """Number of classes: named ones, or the largest class index + 1 (0 if unlabelled)."""
-        if self.class_names is not None:
-            return len(self.class_names)
-        return int(self.labels.max()) + 1 if self.labels.size else 0
 
 
 @dataclass(frozen=True)

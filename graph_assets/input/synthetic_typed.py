@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from graph_assets.input.typed_input import RawNodes, RawRelation, TypedGraph
 from graph_assets.schema import EdgeType
+from graph_assets.tables import RawNodes, RawRelation, TypedGraph
 
 USER_FEATURES, MERCHANT_FEATURES = 8, 4
 FRAUD_SHARE = 0.1

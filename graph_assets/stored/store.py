@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 import blake3
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from graph_assets.errors import StoreError
 from graph_assets.graph_view import InLists
 from graph_assets.schema import GraphSchema
+from graph_assets.tables import IdKind
 
 FORMAT_VERSION = 3
 # Versions open_store reads: 1 and 2 are one-type stores (1 without edge features), whose
@@ -84,8 +85,6 @@ _INDEX_DTYPES = (np.dtype("<i4"), _INT64)
 _CANONICAL_INT = re.compile(r"0|-?[1-9][0-9]*")
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 _CHECKSUM = re.compile(r"[0-9a-f]{64}")
-
-IdKind = Literal["int", "str"]
 
 
 class FileMeta(TypedDict):

@@ -25,8 +25,6 @@ from typing import IO, Any, cast
 import numpy as np
 
 from graph_assets.errors import StoreError
-from graph_assets.input.reader import RawGraph
-from graph_assets.input.typed_input import TypedGraph, as_typed
 from graph_assets.schema import EdgeType, GraphSchema, NodeType, Relation, check_name
 from graph_assets.stored.store import (
     EDGE_ROWS_FILE,
@@ -46,6 +44,7 @@ from graph_assets.stored.store import (
     relation_bounds_file,
     removed_ids_file,
 )
+from graph_assets.tables import RawGraph, TypedGraph, as_typed
 
 _FEATURE_BLOCK_BYTES = 64 << 20
 

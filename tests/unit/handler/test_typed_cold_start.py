@@ -15,8 +15,8 @@ import torch
 
 from graph_assets import GraphStore, open_store, write_store
 from graph_assets.input.synthetic_typed import fraud_graph
-from graph_assets.input.typed_input import RawRelation
 from graph_assets.schema import EdgeType, GraphSchema, NodeType, Relation
+from graph_assets.tables import RawRelation
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.protocol.errors import BadRequest
 from handler.settings import ServingSettings
