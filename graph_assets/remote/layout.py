@@ -33,9 +33,11 @@ from graph_assets.stored.store import GraphStore, StoreMeta, schema_of
 # This layout's version, recorded with every loaded graph. 3: every block value carries a
 # checksum; a graph loaded in 2 (no checksums) is refused with how to reload it.
 REMOTE_FORMAT = 3
-# The checksum after each value: xxh3-64 (8 bytes). It verifies a 16 KiB block in ~0.3 us,
-# against ~3 us for blake3 and ~4 us for zlib.crc32 (measured here, Python 3.11): a cold batch
-# verifies every value it reads, so the cheapest hash keeps the remote p50. It guards against
+# The checksum after each value: xxh3-64 (8 bytes). A cold read verifies every value it
+# receives, and xxh3 does it in about a tenth of the time of zlib.crc32 or blake3 (16 KiB:
+# 0.3-1.2 us against 3-10 us on a shared 2-core machine; bench/experiments/block_checksum.py),
+# so it costs a cold batch of the 10M-edge graph (102 MiB in 6,528 values) 2-9 ms where crc32
+# would cost 20-90; a warm batch reads nothing and verifies nothing. It guards against
 # accidents (a bad write, a value overwritten by another tool), not an attacker with write
 # access to Redis, who could seal a value too.
 CHECK_BYTES = 8
