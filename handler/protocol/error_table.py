@@ -32,8 +32,8 @@ _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # Graph data in Redis that a request needs and cannot be answered from: 503 for the requests
 # that read it (never "the model failed"); the key is the server log's, not the client's.
 _LOST_OR_CORRUPT: dict[type[Exception], str] = {
-    RemoteDataLost: "is missing from the graph store (a lost key",
-    RemoteDataCorrupt: "is corrupt in the graph store (a value that fails its checks",
+    RemoteDataLost: "is missing from the graph store (a lost key)",
+    RemoteDataCorrupt: "is corrupt in the graph store (a value that fails its checks)",
 }
 
 
@@ -58,8 +58,8 @@ def api_error(error: Exception) -> ApiError | None:
     for kind, what in _LOST_OR_CORRUPT.items():
         if isinstance(error, kind):
             return Unavailable(
-                f"graph data this request needs {what}, named in the server log): the "
-                "operator must load the graph again (python -m graph_assets load-redis)"
+                f"graph data this request needs {what}; the server log names the key and how "
+                "to restore it"
             )
     return None
 

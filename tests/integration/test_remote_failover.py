@@ -195,7 +195,7 @@ def test_poisoned_values_answer_503_naming_them_until_load_redis_repairs_them(
     reload = ["--store", str(served.store), "--url", served.cluster.url, "--prefix", PREFIX]
     reload += ["--block-size", str(BLOCK_SIZE)]
     corrupt = "graph data this request needs is corrupt in the graph store"
-    missing = "graph data this request needs is missing from the graph store (a lost key"
+    missing = "graph data this request needs is missing from the graph store (a lost key)"
     for node, poison, key, start in (
         ("acct_10", scale, keys.block(int(scaled) // BLOCK_SIZE, "x0"), corrupt),
         ("acct_50", delete, keys.block(int(lost) // BLOCK_SIZE, "x0"), missing),
@@ -210,7 +210,8 @@ def test_poisoned_values_answer_503_naming_them_until_load_redis_repairs_them(
         assert response.status_code == 503, response.text
         body = response.json()
         assert body["type"] == "Unavailable" and body["message"].startswith(start), body
-        assert "load-redis" in body["message"] and "predicted_class" not in body
+        assert body["message"].endswith("the server log names the key and how to restore it")
+        assert "predicted_class" not in body
         assert response.headers.get("Retry-After") == "1"
         wait_for_log(server, key)
         clean = predict(server, "acct_115")  # no in-edges: its ego-graph reads none of them

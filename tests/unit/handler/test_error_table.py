@@ -76,6 +76,6 @@ def test_lost_or_corrupt_graph_data_is_its_requests_503_not_the_batchs(error, wh
     answer = api_error(error)
     assert answer is not None and answer.status == 503 and answer.type_name == "Unavailable"
     assert answer.message.startswith(f"graph data this request needs {what} the graph store")
-    assert answer.message.endswith("load the graph again (python -m graph_assets load-redis)")
+    assert answer.message.endswith("; the server log names the key and how to restore it")
     assert "10.0.0.5" not in answer.message and "{g:" not in answer.message
     assert batch_error(error) is None

@@ -38,12 +38,11 @@ POISONED = 2  # the block whose values are poisoned: nodes 16-23
 SEED = 2 * BLOCK + 3  # a node of it, requested
 CORRUPT = (
     "graph data this request needs is corrupt in the graph store (a value that fails its "
-    "checks, named in the server log): the operator must load the graph again "
-    "(python -m graph_assets load-redis)"
+    "checks); the server log names the key and how to restore it"
 )
 LOST = (
-    "graph data this request needs is missing from the graph store (a lost key, named in the "
-    "server log): the operator must load the graph again (python -m graph_assets load-redis)"
+    "graph data this request needs is missing from the graph store (a lost key); the server "
+    "log names the key and how to restore it"
 )
 
 Answers = list[tuple[int, dict]]
