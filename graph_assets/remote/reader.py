@@ -4,9 +4,12 @@ Each batched read is one pipelined round (the cluster client writes to every sha
 then reads their replies), never one per node, and costs one MGET per group of blocks it
 touches (graph_assets.remote.layout; on a single Redis one MGET): in-lists of many nodes,
 feature rows of many nodes of one type, edge-feature rows by edge ID, degrees, labels,
-external IDs of indices, lookups of external IDs. Decoded block fields stay in a bounded LRU
-cache until an update drops their blocks. The reads and their meanings are the memory-mapped
-store's (`graph_assets.graph_view.GraphView`).
+external IDs of indices, lookups of external IDs (two rounds: the found rows' IDs are
+checked). Decoded block fields stay in a bounded LRU cache until an update drops their blocks.
+Every value is verified before it is decoded (its checksum, size and pointers, finite
+features): a lost one raises RemoteDataLost, any other RemoteDataCorrupt, each naming its key.
+The reads and their meanings are the memory-mapped store's
+(`graph_assets.graph_view.GraphView`).
 """
 
 from __future__ import annotations
@@ -301,7 +304,9 @@ class RemoteStore:
     def lookup(self, ids: Sequence[int | str], node_type: str | None = None) -> np.ndarray:
         """Global indices (int64) of external ``ids`` of ``node_type`` (default: the target
         type), -1 for an ID the type lacks, as `GraphStore.lookup` matches them; found ones
-        are cached (the graph in Redis never changes under a worker), the rest in one round."""
+        are cached (the graph in Redis never changes under a worker), the rest in two rounds
+        (the map, then the found rows' stored IDs: RemoteDataCorrupt for an entry that points
+        at another node's row)."""
         t = 0 if node_type is None else self.schema.type_index(node_type)
         kind = self.schema.node_types[t]
         keys = [node_key(cast(IdKind, kind.id_kind), x) for x in ids]
