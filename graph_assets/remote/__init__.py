@@ -2,7 +2,12 @@
 that copies a store there (``python -m graph_assets load-redis``), and `RemoteStore`, which
 reads it in pipelined batches behind the same reads as the memory-mapped store."""
 
-from graph_assets.remote.errors import RemoteGraphError, RemoteUnavailable
+from graph_assets.remote.errors import (
+    RemoteDataCorrupt,
+    RemoteDataLost,
+    RemoteGraphError,
+    RemoteUnavailable,
+)
 from graph_assets.remote.loader import LoadReport, load_store
 from graph_assets.remote.reader import InLists, RemoteCounters, RemoteStore, open_remote_store
 
@@ -10,6 +15,8 @@ __all__ = [
     "InLists",
     "LoadReport",
     "RemoteCounters",
+    "RemoteDataCorrupt",
+    "RemoteDataLost",
     "RemoteGraphError",
     "RemoteStore",
     "RemoteUnavailable",

@@ -3,7 +3,8 @@
 A load is a fixed list of chunks (each block chunk: a run of blocks; each ID chunk: a run of
 one node type's IDs; each edge-starts chunk: a part of the table of each block's first edge ID).
 Each chunk is written in one pipelined round, then recorded in ``{NAME}:done`` with the sha256
-of what it wrote. A second run writes only the chunks not recorded; a run that finds them all
+of what it wrote; every block value carries its own checksum (``layout.sealed``), which readers
+verify. A second run writes only the chunks not recorded; a run that finds them all
 recorded reads every chunk back, checks it against its sha256, and writes again any that
 differs (a key evicted or overwritten). The graph is marked complete when every chunk is in.
 """
@@ -37,6 +38,7 @@ from graph_assets.remote.layout import (
     id_fields,
     id_shards,
     ids_field,
+    sealed,
 )
 from graph_assets.stored.store import GraphStore
 
@@ -235,7 +237,8 @@ class _Writer:
         if chunk.kind == "ids":
             return self._ids(chunk)
         starts = self._edge_starts()[chunk.start * EDGE_STARTS_PER_KEY :][:EDGE_STARTS_PER_KEY]
-        return [Entry(self.keys.edge_starts(chunk.start), starts.astype("<i8").tobytes())]
+        value = sealed(starts.astype("<i8").tobytes())
+        return [Entry(self.keys.edge_starts(chunk.start), value)]
 
     def _edge_starts(self) -> np.ndarray:
         """Each block's first edge ID, then the number of edges."""
@@ -247,7 +250,7 @@ class _Writer:
         start, stop = layout.block_nodes(block)
 
         def entry(name: str, array: np.ndarray) -> Entry:
-            return Entry(self.keys.block(block, name), fields[name].encode(array))
+            return Entry(self.keys.block(block, name), sealed(fields[name].encode(array)))
 
         ptr = np.asarray(store.indptr[start : stop + 1], dtype=np.int64)
         first, last = int(ptr[0]), int(ptr[-1])
@@ -256,7 +259,7 @@ class _Writer:
             assert store.edge_type is not None
             relations = np.asarray(store.edge_type[first:last])
         lists = Adjacency(ptr, np.asarray(store.indices[first:last]), relations)
-        yield Entry(self.keys.block(block, ADJ), lists.encode(layout))
+        yield Entry(self.keys.block(block, ADJ), sealed(lists.encode(layout)))
         loops = store.self_loop_counts
         degrees = [store.in_degree[start:stop], store.out_degree[start:stop]]
         degrees.append(np.zeros(stop - start, np.int64) if loops is None else loops[start:stop])

@@ -4,9 +4,12 @@ Each batched read is one pipelined round (the cluster client writes to every sha
 then reads their replies), never one per node, and costs one MGET per group of blocks it
 touches (graph_assets.remote.layout; on a single Redis one MGET): in-lists of many nodes,
 feature rows of many nodes of one type, edge-feature rows by edge ID, degrees, labels,
-external IDs of indices, lookups of external IDs. Decoded block fields stay in a bounded LRU
-cache until an update drops their blocks. The reads and their meanings are the memory-mapped
-store's (`graph_assets.graph_view.GraphView`).
+external IDs of indices, lookups of external IDs (two rounds: the found rows' IDs are
+checked). Decoded block fields stay in a bounded LRU cache until an update drops their blocks.
+Every value is verified before it is decoded (its checksum, size and pointers, finite
+features): a lost one raises RemoteDataLost, any other RemoteDataCorrupt, each naming its key.
+The reads and their meanings are the memory-mapped store's
+(`graph_assets.graph_view.GraphView`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from graph_assets.live.redis_log import shown_url
 from graph_assets.remote.allocator import FreedBuffers
 from graph_assets.remote.cache import BlockCache, Segments
 from graph_assets.remote.connect import Client, connect, execute, guarded
-from graph_assets.remote.errors import RemoteGraphError
+from graph_assets.remote.errors import RemoteDataCorrupt, RemoteDataLost, RemoteGraphError
 from graph_assets.remote.id_cache import IdCache
 from graph_assets.remote.layout import (
     ADJ,
@@ -40,6 +43,7 @@ from graph_assets.remote.layout import (
     id_shards,
     ids_field,
     key_array,
+    unsealed,
 )
 from graph_assets.remote.loader import COMPLETE
 from graph_assets.schema import GraphSchema
@@ -108,11 +112,21 @@ def open_remote_store(
         for part in range(layout.edge_start_parts):
             pipe.get(keys.edge_starts(part))
         values = execute(client, pipe, shown)
-        if any(value is None for value in values):
-            raise RemoteGraphError(_lost(shown, keys, "the table of each block's first edge"))
-        edge_starts = np.concatenate([np.frombuffer(v, dtype="<i8") for v in values])
+        parts = []
+        for part, value in enumerate(values):
+            key = keys.edge_starts(part)
+            if value is None:
+                raise RemoteDataLost(_lost(shown, keys, f"key {key}"), key)
+            body = unsealed(value)
+            if body is None:
+                what = "a value that fails its checksum"
+                raise RemoteDataCorrupt(_corrupt(shown, keys, key, what), key)
+            parts.append(np.frombuffer(body, dtype="<i8"))
+        edge_starts = np.concatenate(parts)
         if len(edge_starts) != layout.num_blocks + 1:
-            raise RemoteGraphError(_lost(shown, keys, "part of the table of block edges"))
+            key = keys.edge_starts(0)
+            what = f"{len(edge_starts)} block edges, the layout says {layout.num_blocks + 1}"
+            raise RemoteDataCorrupt(_corrupt(shown, keys, key, what), key)
         cache, ids = budgeted_caches(int(cache_mb * _MB))
         return RemoteStore(client, keys, layout, edge_starts, cache, shown, ids)
     except BaseException:
@@ -159,6 +173,13 @@ def _lost(shown: str, keys: Keys, what: str) -> str:
         f"{shown} prefix {keys.prefix!r} lost {what} (evicted or deleted: Redis must run with "
         "maxmemory-policy noeviction); run `python -m graph_assets load-redis` again to "
         "restore it"
+    )
+
+
+def _corrupt(shown: str, keys: Keys, key: str, what: str) -> str:
+    return (
+        f"{shown} prefix {keys.prefix!r}: key {key} holds {what} (was it overwritten?); run "
+        "`python -m graph_assets load-redis` again to restore it"
     )
 
 
@@ -283,7 +304,9 @@ class RemoteStore:
     def lookup(self, ids: Sequence[int | str], node_type: str | None = None) -> np.ndarray:
         """Global indices (int64) of external ``ids`` of ``node_type`` (default: the target
         type), -1 for an ID the type lacks, as `GraphStore.lookup` matches them; found ones
-        are cached (the graph in Redis never changes under a worker), the rest in one round."""
+        are cached (the graph in Redis never changes under a worker), the rest in two rounds
+        (the map, then the found rows' stored IDs: RemoteDataCorrupt for an entry that points
+        at another node's row)."""
         t = 0 if node_type is None else self.schema.type_index(node_type)
         kind = self.schema.node_types[t]
         keys = [node_key(cast(IdKind, kind.id_kind), x) for x in ids]
@@ -305,7 +328,8 @@ class RemoteStore:
         return found
 
     def _fetched_ids(self, t: int, wanted: list[int | bytes]) -> np.ndarray:
-        """Global indices of canonical keys ``wanted`` of type ``t`` from Redis, in one round."""
+        """Global indices of canonical keys ``wanted`` of type ``t`` from Redis, each checked
+        against the external ID its row holds (`_check_id_rows`): two rounds."""
         kind = self.schema.node_types[t]
         found = np.full(len(wanted), -1, dtype=np.int64)
         array = key_array(wanted, self.layout.id_dtypes[t])
@@ -320,11 +344,44 @@ class RemoteStore:
                 for shard, members in groups.items()
             ]
         )
-        for members, values in zip(groups.values(), replies, strict=True):
+        for shard, members, values in zip(groups, groups.values(), replies, strict=True):
             for position, value in zip(members, values, strict=True):
-                if value is not None:
-                    found[position] = int(value) + kind.offset
+                if value is None:
+                    continue
+                index = int(value) if value.isdigit() else -1
+                if not 0 <= index < kind.num_nodes:
+                    key = self.keys.id_shard(t, shard)
+                    shown_id = _shown_id(wanted[position])
+                    what = f"{value[:40]!r} for ID {shown_id}, not a row of {kind.name!r}"
+                    raise RemoteDataCorrupt(_corrupt(self.shown, self.keys, key, what), key)
+                found[position] = index + kind.offset
+        self._check_id_rows(t, array, found, shards)
         return found
+
+    def _check_id_rows(
+        self, t: int, asked: np.ndarray, found: np.ndarray, shards: np.ndarray
+    ) -> None:
+        """Refuses an ID-map entry that points at a row holding another external ID (an entry
+        overwritten with another node's index would answer for that node under the asked ID).
+        The rows' blocks are read with their in-lists, in one round: sampling the found nodes
+        reads those next, from the cache."""
+        hits = np.flatnonzero(found >= 0)
+        if not len(hits):
+            return
+        nodes = found[hits]
+        blocks, inverse = np.unique(nodes // self.layout.block_size, return_inverse=True)
+        fetched = self._fetch({ids_field(t): blocks, ADJ: blocks})
+        (rows,) = fetched[ids_field(t)]
+        stored = self._gather(nodes, blocks, inverse, rows, node_type=t)
+        wrong = np.flatnonzero(stored != asked[hits])
+        if len(wrong):
+            at = int(hits[wrong[0]])
+            key = self.keys.id_shard(t, int(shards[at]))
+            what = (
+                f"ID {_shown_id(asked[at].item())} -> node {int(found[at])}, whose row holds "
+                f"ID {_shown_id(stored[wrong[0]].item())}"
+            )
+            raise RemoteDataCorrupt(_corrupt(self.shown, self.keys, key, what), key)
 
     def feature_rows(self, nodes: np.ndarray) -> np.ndarray:
         """float32 ``[len(nodes), F]`` feature rows of global ``nodes``, all of one type."""
@@ -577,14 +634,19 @@ class RemoteStore:
     def _decoded(
         self, field: str, blocks: np.ndarray, values: Sequence[bytes | None]
     ) -> tuple[Segments, ...]:
-        """The parts of ``field`` of ``blocks`` in their ``values``. A lost value, one of the
-        wrong length, or pointers that do not span the block's edges were evicted or
-        overwritten by someone else: refused rather than answered from."""
-        lost = [i for i, value in enumerate(values) if value is None]
-        if lost:
-            key = self.keys.block(int(blocks[lost[0]]), field)
-            raise RemoteGraphError(_lost(self.shown, self.keys, f"key {key}"))
-        raws = cast(list[bytes], values)
+        """The parts of ``field`` of ``blocks`` in their ``values``. A lost value
+        (RemoteDataLost), or one that fails its checksum, has the wrong length, pointers that
+        do not span the block's edges or a non-finite feature (RemoteDataCorrupt), was evicted
+        or overwritten by someone else: refused rather than answered from."""
+        raws: list[memoryview] = []
+        for block, value in zip(blocks.tolist(), values, strict=True):
+            body = None if value is None else unsealed(value)
+            if body is None:
+                key = self.keys.block(block, field)
+                if value is None:
+                    raise RemoteDataLost(_lost(self.shown, self.keys, f"key {key}"), key)
+                raise self._corrupt(block, field, "a value that fails its checksum")
+            raws.append(body)
         sizes = np.fromiter(map(len, raws), dtype=np.int64, count=len(raws))
         edges = self.edge_starts[blocks + 1] - self.edge_starts[blocks]
         form = self.layout.fields[field]
@@ -592,14 +654,21 @@ class RemoteStore:
         torn = np.flatnonzero(sizes % row_bytes)
         if len(torn):
             what = f"{sizes[torn[0]]} bytes, not whole rows"
-            raise RemoteGraphError(self._overwritten(int(blocks[torn[0]]), field, what))
+            raise self._corrupt(int(blocks[torn[0]]), field, what)
         rows = sizes // row_bytes
         self._check_rows(blocks, field, rows, self.layout.rows_of(field, blocks, edges))
         if field != ADJ:
             flat = np.frombuffer(b"".join(raws), dtype=form.dtype)
             if form.columns is not None:
                 flat = flat.reshape(-1, form.columns)
-            return (Segments(flat, np.cumsum(rows) - rows, rows),)
+            starts = np.cumsum(rows) - rows
+            if form.dtype.kind == "f" and not np.isfinite(flat).all():
+                # A store holds finite features only (its writer refuses others).
+                row = int(np.flatnonzero(~np.isfinite(flat).reshape(len(flat), -1).all(1))[0])
+                at = int(np.searchsorted(starts, row, side="right")) - 1
+                what = f"a non-finite value in row {row - int(starts[at])}"
+                raise self._corrupt(int(blocks[at]), field, what)
+            return (Segments(flat, starts, rows),)
         first_nodes = blocks * self.layout.block_size
         nodes = np.minimum(first_nodes + self.layout.block_size, self.num_nodes) - first_nodes
         lists = [
@@ -613,7 +682,7 @@ class RemoteStore:
         )
         if len(shifted):
             what = "pointers outside its edges"
-            raise RemoteGraphError(self._overwritten(int(blocks[shifted[0]]), field, what))
+            raise self._corrupt(int(blocks[shifted[0]]), field, what)
         src = Segments.of([part.src for part in lists])
         if not self.layout.several_relations:
             return ptr, src
@@ -630,14 +699,11 @@ class RemoteStore:
         if len(wrong):
             unit = "bytes" if field == ADJ else "rows"
             what = f"{found[wrong[0]]} {unit}, the layout says {expected[wrong[0]]}"
-            raise RemoteGraphError(self._overwritten(int(blocks[wrong[0]]), field, what))
+            raise self._corrupt(int(blocks[wrong[0]]), field, what)
 
-    def _overwritten(self, block: int, field: str, what: str) -> str:
-        return (
-            f"{self.shown} prefix {self.keys.prefix!r}: key {self.keys.block(block, field)} "
-            f"holds {what} (was it overwritten?); run `python -m graph_assets load-redis` "
-            "again to restore it"
-        )
+    def _corrupt(self, block: int, field: str, what: str) -> RemoteDataCorrupt:
+        key = self.keys.block(block, field)
+        return RemoteDataCorrupt(_corrupt(self.shown, self.keys, key, what), key)
 
     def block_values(self, requests: Sequence[BlockField]) -> list[bytes | None]:
         """The raw values of ``requests`` in one round: an MGET per group of blocks on a
@@ -686,6 +752,11 @@ def _distinct(keys: np.ndarray) -> np.ndarray:
     first[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
     return ordered[first]
+
+
+def _shown_id(value: int | bytes) -> str:
+    """An external ID as requests write it (a string ID's UTF-8 bytes decoded)."""
+    return repr(value.decode("utf-8", "replace") if isinstance(value, bytes) else value)
 
 
 def _reply_bytes(reply: object) -> int:

@@ -6,7 +6,8 @@ each build's rows are named by its ``rows_id`` (a digest of their ``meta.json``)
 the graph's layout (``graph_assets.remote.layout``): the rows of array ``a`` of the nodes of
 block ``b`` are the value ``{group tag}:b<b>:p<id>.<a>`` (float32, every column), and the
 block's out-lists (which rows an update reaches; the graph's, shared by every build)
-``{group tag}:b<b>:out`` (int64: the block's ``n + 1`` pointers, then its out-neighbours). A
+``{group tag}:b<b>:out`` (int64: the block's ``n + 1`` pointers, then its out-neighbours), each
+value followed by its checksum as the graph's are (``layout.sealed``). A
 read of any number of nodes is one MGET per group of blocks, in one pipelined round
 (``RemoteStore.block_values``). The rows' ``meta.json`` sits at ``{NAME}:precomputed:<id>``,
 written last: a worker reads its archive's there.
@@ -23,8 +24,8 @@ import numpy as np
 
 from graph_assets.remote.cache import Segments
 from graph_assets.remote.connect import Client, execute
-from graph_assets.remote.errors import RemoteGraphError
-from graph_assets.remote.layout import CHUNK_BYTES, Keys
+from graph_assets.remote.errors import RemoteDataCorrupt, RemoteDataLost
+from graph_assets.remote.layout import CHUNK_BYTES, Keys, sealed, unsealed
 from graph_assets.remote.reader import RemoteStore
 
 OUT_FIELD = "out"
@@ -73,6 +74,7 @@ def load_rows(
 
     def add(key: str, value: bytes) -> None:
         nonlocal size
+        value = sealed(value)
         pending.append((key, value))
         size += len(value)
 
@@ -168,17 +170,22 @@ class RemoteRows:
     def _decoded(
         self, field: str, blocks: np.ndarray, values: Sequence[bytes | None]
     ) -> tuple[Segments, ...]:
-        lost = [i for i, value in enumerate(values) if value is None]
-        if lost:
-            key = self.store.keys.block(int(blocks[lost[0]]), field)
-            raise RemoteGraphError(
-                f"{self.store.shown}: the precomputed rows' key {key} is missing (evicted or "
-                "deleted?); rebuild the archive with ./build_mar.sh --precompute to load them again"
-            )
-        raws = cast(list[bytes], values)
+        """The parts of ``field`` of ``blocks`` in their ``values``: a lost value
+        (RemoteDataLost), or one that fails its checksum or holds a non-finite row
+        (RemoteDataCorrupt), is refused rather than served."""
+        raws: list[memoryview] = []
+        for block, value in zip(blocks.tolist(), values, strict=True):
+            body = None if value is None else unsealed(value)
+            if body is None:
+                what = "is missing (evicted or deleted?)" if value is None else "fails its checksum"
+                raise self._refused(block, field, what, lost=value is None)
+            raws.append(body)
         if field != OUT_FIELD:
             width = self.widths[int(field.rsplit(".", 1)[1])]
             parts = [np.frombuffer(raw, dtype="<f4").reshape(-1, width) for raw in raws]
+            for block, part in zip(blocks.tolist(), parts, strict=True):
+                if not np.isfinite(part).all():
+                    raise self._refused(block, field, "holds a non-finite value", lost=False)
             return (Segments.of(parts),)
         bs = self.store.layout.block_size
         num_nodes = self.store.num_nodes
@@ -189,3 +196,13 @@ class RemoteRows:
             ptrs.append(flat[:n])
             outs.append(flat[n:])
         return Segments.of(ptrs), Segments.of(outs)
+
+    def _refused(
+        self, block: int, field: str, what: str, lost: bool
+    ) -> RemoteDataLost | RemoteDataCorrupt:
+        key = self.store.keys.block(block, field)
+        message = (
+            f"{self.store.shown}: the precomputed rows' key {key} {what}; rebuild the archive "
+            "with ./build_mar.sh --precompute to load them again"
+        )
+        return RemoteDataLost(message, key) if lost else RemoteDataCorrupt(message, key)

@@ -241,8 +241,7 @@ class BatchEngine(ABC, Generic[R]):
                 outcomes[position] = error
             except Exception as error:
                 self._raise_if_fatal(error)
-                logger.exception("request %d: preparing it failed", position)
-                outcomes[position] = internal_error(error, "sampling")
+                outcomes[position] = request_failed(error, position, "sampling")
         return groups
 
     def _run(self, group: Group, batch: Batch[R]) -> None:
@@ -258,8 +257,8 @@ class BatchEngine(ABC, Generic[R]):
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if len(group.positions) == 1:
-                logger.exception("request %d: the computation failed", group.positions[0])
-                batch.outcomes[group.positions[0]] = internal_error(error, "model")
+                position = group.positions[0]
+                batch.outcomes[position] = request_failed(error, position, "model")
                 return
             logger.exception("a batched computation failed; retrying its requests one by one")
         for retry in self._make_groups_one_by_one(group.positions, batch.outcomes):
@@ -294,6 +293,26 @@ class BatchEngine(ABC, Generic[R]):
         return Response(status=200, body=body)
 
 
+def logged_answer(error: Exception, what: str) -> ApiError | None:
+    """The error table's answer for ``error`` met by ``what`` (a request, a lookup), logged
+    in one line with its cause (graph data in Redis lost or corrupt: its key); None, nothing
+    logged, for an error the table does not know (the caller's 500, with its traceback)."""
+    answer = api_error(error)
+    if answer is not None:
+        logger.error("%s answered %d: %s", what, answer.status, error)
+    return answer
+
+
+def request_failed(error: Exception, position: int, stage: str) -> ApiError:
+    """The answer of one request that ``error`` failed in ``stage`` (call it where the error
+    is caught): the error table's, else a 500 logged with its traceback."""
+    answer = logged_answer(error, f"request {position}")
+    if answer is None:
+        logger.exception("request %d: the %s failed", position, stage)
+        return internal_error(error, stage)
+    return answer
+
+
 def parsed_or_error(parse: Callable[[Any], T], item: Any) -> T | ApiError:
     """``parse(item)``, or the error that request is answered with: its own ApiError, or a 500
     (logged) for anything unexpected, so one body never fails its batch."""
@@ -304,6 +323,9 @@ def parsed_or_error(parse: Callable[[Any], T], item: Any) -> T | ApiError:
     except Exception as error:
         if batch_error(error) is not None:
             raise  # the whole batch's answer (the router's)
+        answer = logged_answer(error, "a request")
+        if answer is not None:  # e.g. its IDs' entries in Redis lost or corrupt
+            return answer
         logger.exception("unexpected error while parsing a request")
         return InternalError("the request could not be parsed; the error is in the server log")
 

@@ -15,7 +15,7 @@ from graph_assets.errors import (
 )
 from graph_assets.live.operations import Rejection, UpdateRejected
 from graph_assets.live.overlay import ListenerBehind
-from graph_assets.remote.errors import RemoteUnavailable
+from graph_assets.remote.errors import RemoteDataCorrupt, RemoteDataLost, RemoteUnavailable
 from handler.protocol.errors import (
     ApiError,
     BadRequest,
@@ -35,6 +35,12 @@ _REJECTIONS: dict[Rejection, type[ApiError]] = {
 }
 # A write that failed for lack of space is the operator's to fix (507); any other I/O error 503.
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+# Graph data in Redis that a request needs and cannot be answered from: 503 for the requests
+# that read it (never "the model failed"); the key is the server log's, not the client's.
+_LOST_OR_CORRUPT: dict[type[Exception], str] = {
+    RemoteDataLost: "is missing from the graph store (a lost key)",
+    RemoteDataCorrupt: "is corrupt in the graph store (a value that fails its checks)",
+}
 
 
 def api_error(error: Exception) -> ApiError | None:
@@ -59,6 +65,12 @@ def api_error(error: Exception) -> ApiError | None:
         # Their messages say what is in the log (may have been written; written, not
         # acknowledged), which the client needs before it sends the update again.
         return Unavailable(str(error))
+    for kind, what in _LOST_OR_CORRUPT.items():
+        if isinstance(error, kind):
+            return Unavailable(
+                f"graph data this request needs {what}; the server log names the key and how "
+                "to restore it"
+            )
     return None
 
 

@@ -4,7 +4,10 @@ so every request reads Redis. A stopped (SIGSTOP) primary is answered 503 with R
 within a bound of ``remote_timeout_ms``, then 200 again after SIGCONT; under a bounded load, a
 primary killed with kill -9 gets 200s with exactly the answers of before the kill or 503s with
 Retry-After, never a 500, the same worker PIDs, and 200 again after its replica's promotion
-without a restart. The kill runs last: the cluster is this module's own."""
+without a restart. Values poisoned in the cluster (features changed at their length, a deleted
+key, an ID pointed at another node's row) answer their requests 503 naming corrupt or missing
+graph data, the key in the worker log, other requests 200, and 200 again after ``load-redis``
+repairs them. The kill runs last: the cluster is this module's own."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import requests
 from redis.cluster import RedisCluster
@@ -26,7 +30,7 @@ from redis.cluster import RedisCluster
 from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
 from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
 from graph_assets import open_store
-from graph_assets.remote.layout import ADJ, Keys
+from graph_assets.remote.layout import ADJ, CHECK_BYTES, Keys, RemoteLayout, id_shards, key_array
 from tests.redis_cluster import LocalCluster
 
 from .archives import built, python_m, write_small_graph
@@ -161,6 +165,69 @@ def test_a_stopped_primary_is_answered_503_within_the_timeout_then_200(served: S
         assert time.monotonic() < deadline, "no 200 within 30 s of SIGCONT"
     assert again.json() == expected[node]
     print(f"\nSIGSTOP of a primary: 503 after {waited:.2f} s (remote_timeout_ms {TIMEOUT_MS})")
+
+
+def test_poisoned_values_answer_503_naming_them_until_load_redis_repairs_them(
+    served: Served,
+) -> None:
+    server = served.server
+    expected = answers_now(server)
+    store = open_store(served.store)
+    keys = Keys(PREFIX)
+    scaled, lost, misled, pointed_at = store.lookup(["acct_10", "acct_50", "acct_20", "acct_21"])
+    layout = RemoteLayout.of_store(store, BLOCK_SIZE)
+    array = key_array([b"acct_20"], layout.id_dtypes[0])
+    id_map = keys.id_shard(0, int(id_shards(array, layout.id_shards[0])[0]))
+
+    def scale(client: RedisCluster, key: str) -> None:
+        raw = client.get(key)
+        assert isinstance(raw, bytes)
+        rows = np.frombuffer(raw[:-CHECK_BYTES], dtype="<f4") * -3  # its checksum kept
+        client.set(key, rows.astype("<f4").tobytes() + raw[-CHECK_BYTES:])
+
+    def delete(client: RedisCluster, key: str) -> None:
+        assert client.delete(key) == 1
+
+    def point(client: RedisCluster, key: str) -> None:
+        assert client.hget(key, "acct_20") == str(misled).encode()
+        client.hset(key, "acct_20", str(pointed_at))  # acct_21's row
+
+    reload = ["--store", str(served.store), "--url", served.cluster.url, "--prefix", PREFIX]
+    reload += ["--block-size", str(BLOCK_SIZE)]
+    corrupt = "graph data this request needs is corrupt in the graph store"
+    missing = "graph data this request needs is missing from the graph store (a lost key)"
+    for node, poison, key, start in (
+        ("acct_10", scale, keys.block(int(scaled) // BLOCK_SIZE, "x0"), corrupt),
+        ("acct_50", delete, keys.block(int(lost) // BLOCK_SIZE, "x0"), missing),
+        ("acct_20", point, id_map, corrupt),
+    ):
+        client = RedisCluster(host="127.0.0.1", port=served.cluster.nodes[0].port)
+        try:
+            poison(client, key)
+        finally:
+            client.close()
+        response = predict(server, node)
+        assert response.status_code == 503, response.text
+        body = response.json()
+        assert body["type"] == "Unavailable" and body["message"].startswith(start), body
+        assert body["message"].endswith("the server log names the key and how to restore it")
+        assert "predicted_class" not in body
+        assert response.headers.get("Retry-After") == "1"
+        wait_for_log(server, key)
+        clean = predict(server, "acct_115")  # no in-edges: its ego-graph reads none of them
+        assert clean.status_code == 200 and clean.json() == expected["acct_115"]
+        python_m("graph_assets", "load-redis", *reload)  # verifies, rewrites what differs
+        again = predict(server, node)  # the next request, the value repaired: no restart
+        assert again.status_code == 200 and again.json() == expected[node], again.text
+
+
+def wait_for_log(server: TorchServe, text: str, timeout_s: float = 20.0) -> None:
+    """Waits until the worker log holds ``text`` (workers' output reaches it asynchronously)."""
+    log = server.home / "logs" / "model_log.log"
+    deadline = time.monotonic() + timeout_s
+    while text not in (log.read_text(errors="replace") if log.exists() else ""):
+        assert time.monotonic() < deadline, f"{text!r} not in {log} after {timeout_s} s"
+        time.sleep(0.1)
 
 
 def test_a_killed_primary_gives_exact_200s_or_503s_then_200_without_restart(

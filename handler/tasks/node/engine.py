@@ -17,6 +17,7 @@ from handler.core.batch import (
     Group,
     Response,
     apply_threads,
+    logged_answer,
     parsed_or_error,
     timed,
 )
@@ -119,6 +120,9 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         except Exception as error:
             if batch_error(error) is not None:
                 raise  # the whole batch's answer (the router's)
+            answer = logged_answer(error, "a node lookup")
+            if answer is not None:  # its IDs' entries in Redis lost or corrupt
+                raise answer from None
             logger.exception("node lookup failed for a request")
             raise InternalError("the node lookup failed; the error is in the server log") from None
         resolved = _resolved(request, nodes)

@@ -14,6 +14,7 @@ from graph_assets.errors import (
 )
 from graph_assets.live.operations import Rejection, UpdateRejected
 from graph_assets.live.overlay import ListenerBehind
+from graph_assets.remote.errors import RemoteDataCorrupt, RemoteDataLost
 from handler.protocol.error_table import api_error, batch_error, internal_error
 
 
@@ -74,3 +75,27 @@ def test_anything_else_is_not_a_client_error():
     assert api_error(RuntimeError("a bug")) is None
     assert internal_error(RuntimeError("a bug"), "model").status == 500
     assert "ran out of memory during model" in internal_error(MemoryError(), "model").message
+
+
+@pytest.mark.parametrize(
+    ("error", "what"),
+    [
+        (
+            RemoteDataLost("redis://10.0.0.5:7000 prefix 'g' lost key {g:g1.0}:b1:x0", "k"),
+            "is missing from",
+        ),
+        (
+            RemoteDataCorrupt("redis://10.0.0.5:7000 prefix 'g': key {g:g1.0}:b1:x0", "k"),
+            "is corrupt in",
+        ),
+    ],
+)
+def test_lost_or_corrupt_graph_data_is_its_requests_503_not_the_batchs(error, what):
+    """Only the requests that read the value fail (not a batch error); the key and address
+    are the log's, the client learns what is wrong and that a reload repairs it."""
+    answer = api_error(error)
+    assert answer is not None and answer.status == 503 and answer.type_name == "Unavailable"
+    assert answer.message.startswith(f"graph data this request needs {what} the graph store")
+    assert answer.message.endswith("; the server log names the key and how to restore it")
+    assert "10.0.0.5" not in answer.message and "{g:" not in answer.message
+    assert batch_error(error) is None

@@ -17,9 +17,11 @@ import torch
 
 from bench.harness.redis_server import MISSING, redis_server_binary
 from graph_assets import GraphStore, StoreError
-from graph_assets.remote import RemoteStore, open_remote_store
+from graph_assets.remote import RemoteDataCorrupt, RemoteDataLost, RemoteStore, open_remote_store
 from graph_assets.remote.connect import connect
+from graph_assets.remote.layout import CHECK_BYTES, sealed, unsealed
 from graph_assets.remote.loader import load_store
+from graph_assets.remote.rows import OUT_FIELD, rows_field
 from handler.core.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
@@ -284,5 +286,52 @@ def test_a_read_of_many_rows_or_out_lists_is_one_round_trip(
         expected = rows.local.read(1, nodes)
         assert np.array_equal(rows.remote.read(1, nodes), expected)
         assert np.array_equal(rows.remote.out_neighbours(nodes), rows.local.out_neighbours(nodes))
+    finally:
+        rows.graph.close()
+
+
+def test_lost_changed_or_non_finite_rows_are_refused_naming_their_key(
+    cluster: LocalCluster, int_store: GraphStore, tmp_path: Path
+) -> None:
+    """The rows carry checksums as the graph's blocks do: rows scaled at their length, a NaN
+    row under a matching checksum and a deleted out-list are refused (the error table answers
+    them 503), never served; the other blocks are still read."""
+    model = random_model(int_store, "sage")
+    rows = pair(cluster, int_store, model, tmp_path, "rows_poisoned")
+    try:
+        remote = rows.remote.remote
+        assert remote is not None
+        keys = rows.graph.keys
+        scaled = keys.block(1, rows_field(remote.rows, 1))
+        nan = keys.block(2, rows_field(remote.rows, 1))
+        lost = keys.block(3, OUT_FIELD)
+        client = connect(cluster.url, 5000)
+        try:
+            raw = client.get(scaled)
+            assert isinstance(raw, bytes)
+            values = np.frombuffer(raw[:-CHECK_BYTES], dtype="<f4") * -3  # its checksum kept
+            client.set(scaled, values.astype("<f4").tobytes() + raw[-CHECK_BYTES:])
+            raw = client.get(nan)
+            assert isinstance(raw, bytes)
+            values = np.frombuffer(unsealed(raw), dtype="<f4").copy()  # type: ignore[arg-type]
+            values[3] = np.nan
+            client.set(nan, sealed(values.tobytes()))
+            assert client.delete(lost) == 1
+        finally:
+            client.close()
+        block = np.arange(8, dtype=np.int64)
+        for nodes, read, kind, key, what in (
+            (block + 8, remote.read, RemoteDataCorrupt, scaled, "fails its checksum"),
+            (block + 16, remote.read, RemoteDataCorrupt, nan, "holds a non-finite value"),
+            (block + 24, lambda _, nodes: remote.out_neighbours(nodes), RemoteDataLost, lost,
+             "is missing (evicted or deleted?)"),
+        ):  # fmt: skip
+            with pytest.raises(kind) as refused:
+                read(1, nodes)
+            assert refused.value.key == key
+            assert f"the precomputed rows' key {key} {what}; rebuild the archive" in str(
+                refused.value
+            )
+        assert np.array_equal(remote.read(1, block), rows.local.read(1, block))
     finally:
         rows.graph.close()

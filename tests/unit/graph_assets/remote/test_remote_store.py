@@ -7,6 +7,7 @@ line."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,8 @@ from bench.harness.torchserve import free_ports
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import (
+    RemoteDataCorrupt,
+    RemoteDataLost,
     RemoteGraphError,
     RemoteStore,
     RemoteUnavailable,
@@ -27,7 +30,7 @@ from graph_assets.remote import (
     open_remote_store,
 )
 from graph_assets.remote.connect import connect
-from graph_assets.remote.layout import Keys
+from graph_assets.remote.layout import CHECK_BYTES, Keys, id_shards, key_array, sealed, unsealed
 from tests.redis_cluster import LocalCluster
 
 BLOCK = 8  # small blocks: the test graphs span many of them, on every shard
@@ -150,7 +153,8 @@ def test_each_batched_read_is_one_round_trip_across_shards(
     assert round_trips(lambda: view.feature_rows(users)) == 1
     assert round_trips(lambda: view.degree_rows(nodes)) == 1
     assert round_trips(lambda: view.external_ids(nodes)) == 1
-    assert round_trips(lambda: view.lookup(store.external_ids(users), "user")) == 1
+    # The ID map, then the found rows' IDs (checked against the asked ones) and in-lists:
+    assert round_trips(lambda: view.lookup(store.external_ids(users), "user")) == 2
     assert round_trips(lambda: view.edge_relations(lists.edge_ids)) == 1
     # The edges' relations first, then the relation's rows: two rounds without a cache...
     assert round_trips(lambda: view.edge_feature_rows(pays)) == 2
@@ -257,7 +261,7 @@ def test_a_load_of_an_older_layout_is_refused_with_how_to_reload(
         load_store(one_type_store, client, "stale", shown_url=single_redis.url, block_size=BLOCK)
         graph = Keys("stale").graph
         record = json.loads(client.hget(graph, "layout"))  # type: ignore[arg-type]
-        record["format"] = 1
+        record["format"] = 2  # the layout before checksums
         client.hset(graph, "layout", json.dumps(record))
         with pytest.raises(RemoteGraphError) as loading:
             load_store(one_type_store, client, "stale", shown_url=single_redis.url)
@@ -267,7 +271,7 @@ def test_a_load_of_an_older_layout_is_refused_with_how_to_reload(
         remote(single_redis.url, "stale", one_type_store)
     for refused in (loading, opening):
         message = str(refused.value)
-        assert "\n" not in message and "loaded in layout format 1, this gnnserve reads 2" in message
+        assert "\n" not in message and "loaded in layout format 2, this gnnserve reads 3" in message
         assert "reload it with `python -m graph_assets load-redis` under a new --prefix" in message
 
 
@@ -300,29 +304,144 @@ def test_an_unreachable_redis_is_refused_in_one_line(tmp_path: Path) -> None:
 def test_a_lost_or_overwritten_value_is_refused_not_answered(
     single_redis: RedisServer, one_type_store: GraphStore
 ) -> None:
+    """Each value carries its checksum; the checks behind it (sizes, pointers) refuse a value
+    sealed by something else than the load of this layout."""
     keys = Keys("lossy")
     client = connect(single_redis.url, 5000)
     try:
         load_store(one_type_store, client, "lossy", shown_url=single_redis.url, block_size=BLOCK)
         client.delete(keys.block(2, "x0"))
-        client.set(keys.block(3, "deg"), b"\0" * 24)  # one row of three int64
-        client.set(keys.block(5, "x0"), b"\0" * 3)
-        lists = bytearray(client.get(keys.block(4, "adj")))  # type: ignore[arg-type]
+        client.set(keys.block(3, "deg"), sealed(b"\0" * 24))  # one row of three int64
+        client.set(keys.block(5, "x0"), sealed(b"\0" * 3))
+        lists = bytearray(unsealed(client.get(keys.block(4, "adj"))))  # type: ignore[arg-type]
         lists[:8] = (int.from_bytes(lists[:8], "little") + 1).to_bytes(8, "little")
-        client.set(keys.block(4, "adj"), bytes(lists))  # the right length, pointers shifted
+        client.set(keys.block(4, "adj"), sealed(bytes(lists)))  # the right length, shifted
     finally:
         client.close()
     view = remote(single_redis.url, "lossy", one_type_store, cache_mb=0)
     assert view.feature_rows(np.arange(BLOCK)).shape == (BLOCK, one_type_store.feature_dim)
-    with pytest.raises(RemoteGraphError, match=r"lost key .*noeviction") as lost:
+    with pytest.raises(RemoteDataLost, match=r"lost key .*noeviction") as lost:
         view.feature_rows(np.arange(2 * BLOCK, 3 * BLOCK))
-    with pytest.raises(RemoteGraphError, match="holds 1 rows, the layout says 8") as short:
+    assert lost.value.key == keys.block(2, "x0")
+    with pytest.raises(RemoteDataCorrupt, match="holds 1 rows, the layout says 8") as short:
         view.degree_rows(np.arange(3 * BLOCK, 4 * BLOCK))
-    with pytest.raises(RemoteGraphError, match="pointers outside its edges") as shifted:
+    with pytest.raises(RemoteDataCorrupt, match="pointers outside its edges") as shifted:
         view.in_lists(np.arange(4 * BLOCK, 5 * BLOCK))
-    with pytest.raises(RemoteGraphError, match="3 bytes, not whole rows") as torn:
+    with pytest.raises(RemoteDataCorrupt, match="3 bytes, not whole rows") as torn:
         view.feature_rows(np.arange(5 * BLOCK, 6 * BLOCK))
     assert all("\n" not in str(e.value) for e in (lost, short, shifted, torn))
+
+
+def reload(url: str, prefix: str, store: GraphStore) -> list[str]:
+    """Runs the load again (it finds the load complete and verifies it): the chunks repaired."""
+    client = connect(url, 5000)
+    try:
+        report = load_store(store, client, prefix, shown_url=url, block_size=BLOCK)
+    finally:
+        client.close()
+    assert report.complete and report.verified == report.chunks
+    return report.repaired
+
+
+@pytest.mark.parametrize("target", ["cluster", "single"])
+def test_a_value_changed_at_its_length_fails_its_checksum_until_loaded_again(
+    loaded: Loader, target: str
+) -> None:
+    """Features scaled by -3 keep their length (and changed a class when they were served):
+    the block's checksum refuses them, naming the key; the load's verify pass rewrites it."""
+    url, prefix, store = loaded(target, "one_type")
+    key = Keys(prefix).block(3, "x0")
+    client = connect(url, 5000)
+    try:
+        raw = client.get(key)
+        assert isinstance(raw, bytes)
+        rows = np.frombuffer(raw[:-CHECK_BYTES], dtype="<f4") * -3
+        client.set(key, rows.astype("<f4").tobytes() + raw[-CHECK_BYTES:])
+    finally:
+        client.close()
+    view = remote(url, prefix, store, cache_mb=0)
+    nodes = np.arange(3 * BLOCK, 4 * BLOCK)
+    with pytest.raises(RemoteDataCorrupt) as corrupt:
+        view.feature_rows(nodes)
+    assert corrupt.value.key == key
+    message = str(corrupt.value)
+    assert "\n" not in message and f"key {key} holds a value that fails its checksum" in message
+    assert "run `python -m graph_assets load-redis` again to restore it" in message
+    others = np.arange(4 * BLOCK, 5 * BLOCK)  # the next read of another block is answered
+    assert np.array_equal(view.feature_rows(others), store.feature_rows(others))
+    assert reload(url, prefix, store) == ["b0"]  # the chunk holding block 3, rewritten
+    assert np.array_equal(view.feature_rows(nodes), store.feature_rows(nodes))
+
+
+def test_a_non_finite_feature_is_refused_as_corrupt(
+    single_redis: RedisServer, one_type_store: GraphStore
+) -> None:
+    """A NaN row, even under a checksum that matches it (a value sealed by another tool),
+    never reaches the model: refused naming its key and row; the reload restores it."""
+    prefix = "nan"
+    client = connect(single_redis.url, 5000)
+    key = Keys(prefix).block(2, "x0")
+    try:
+        load_store(one_type_store, client, prefix, shown_url=single_redis.url, block_size=BLOCK)
+        rows = np.frombuffer(unsealed(client.get(key)), dtype="<f4").copy()  # type: ignore[arg-type]
+        rows = rows.reshape(BLOCK, -1)
+        rows[5, 1] = np.nan
+        client.set(key, sealed(rows.tobytes()))
+    finally:
+        client.close()
+    view = remote(single_redis.url, prefix, one_type_store, cache_mb=0)
+    nodes = np.arange(2 * BLOCK, 3 * BLOCK)
+    with pytest.raises(
+        RemoteDataCorrupt, match=f"key {re.escape(key)} holds a non-finite value in row 5"
+    ) as corrupt:
+        view.feature_rows(nodes)
+    assert corrupt.value.key == key
+    others = np.arange(3 * BLOCK, 4 * BLOCK)  # the next read of another block is answered
+    assert np.array_equal(view.feature_rows(others), one_type_store.feature_rows(others))
+    assert reload(single_redis.url, prefix, one_type_store) == ["b0"]
+    assert np.array_equal(view.feature_rows(nodes), one_type_store.feature_rows(nodes))
+
+
+def set_field(url: str, key: str, field: bytes, value: bytes) -> None:
+    client = connect(url, 5000)
+    try:
+        client.hset(key, field, value)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(("target", "node_type"), [("cluster", "user"), ("single", "merchant")])
+def test_an_id_map_entry_pointing_at_another_row_is_refused(
+    loaded: Loader, target: str, node_type: str
+) -> None:
+    """An ID pointed at the next node's row would answer for that node under the asked ID:
+    the row's stored ID disagrees, so the lookup is refused naming the map's key (string and
+    int IDs); other IDs are still found; the load's verify pass rewrites the entry."""
+    url, prefix, store = loaded(target, "typed")
+    t = store.schema.type_index(node_type)
+    offset = store.schema.node_types[t].offset
+    asked, other = store.external_ids(np.array([offset + 5, offset + 6]))
+    view = remote(url, prefix, store)
+    layout = view.layout
+    canonical = asked.encode() if isinstance(asked, str) else asked
+    array = key_array([canonical], layout.id_dtypes[t])
+    key = Keys(prefix).id_shard(t, int(id_shards(array, layout.id_shards[t])[0]))
+    field = str(asked).encode()
+    set_field(url, key, field, b"6")  # the next node's index within its type
+    with pytest.raises(RemoteDataCorrupt) as corrupt:
+        view.lookup([asked], node_type)
+    assert corrupt.value.key == key
+    message = str(corrupt.value)
+    assert "\n" not in message
+    assert f"key {key} holds ID {asked!r} -> node {offset + 6}, whose row holds ID {other!r}" in (
+        message
+    )
+    assert view.lookup([other], node_type).tolist() == [offset + 6]  # the next lookup answers
+    set_field(url, key, field, b"-7")
+    with pytest.raises(RemoteDataCorrupt, match=f"key {re.escape(key)} holds b'-7' for ID"):
+        remote(url, prefix, store).lookup([asked], node_type)
+    assert reload(url, prefix, store) == [f"i{t}.0"]
+    assert remote(url, prefix, store).lookup([asked], node_type).tolist() == [offset + 5]
 
 
 def test_the_cluster_fixture_has_three_primaries_each_with_a_replica(
