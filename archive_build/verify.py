@@ -38,7 +38,7 @@ import yaml
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
 from graph_assets.stored.store import GraphStore
-from handler.core.ego import EgoGraphs
+from handler.graph.ego import EgoGraphs
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.link.ends import LinkEnds

@@ -22,11 +22,8 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.core.batch import Response, StageTimes
-from handler.core.graph_source import open_graph
-from handler.core.metrics import GAUGES, BatchMetrics
-from handler.core.precomputed import RefreshStats
-from handler.core.router import RoutedBatch, RoutedResult, Router
+from handler.graph.graph_source import open_graph
+from handler.graph.precomputed import RefreshStats
 from handler.live.live_graph import UPDATE_KEY_HEADER, LiveGraph, answer_update, update_body
 from handler.live.min_version import (
     MIN_VERSION_FIELD,
@@ -34,6 +31,9 @@ from handler.live.min_version import (
     RETRY_AFTER_S,
     split_min_version,
 )
+from handler.pipeline.batch import Response, StageTimes
+from handler.pipeline.metrics import GAUGES, BatchMetrics
+from handler.pipeline.router import RoutedBatch, RoutedResult, Router
 from handler.protocol.body import Request, as_request
 from handler.protocol.errors import ApiError, BadRequest, Unavailable
 from handler.protocol.json_body import encode_body
@@ -52,7 +52,7 @@ from handler.worker_socket import buffer_frontend_reads
 logger = logging.getLogger(__name__)
 
 # TorchServe's worker logs this on its root logger for every batch; the batch summary
-# (handler.core.metrics) replaces it at a fraction of the cost (~6% of a busy worker).
+# (handler.pipeline.metrics) replaces it at a fraction of the cost (~6% of a busy worker).
 TORCHSERVE_BATCH_LINE = "Backend received inference at: %d"
 _GAUGE = MetricTypes.GAUGE
 TORCH_PROFILER_ENV = "ENABLE_TORCH_PROFILER"  # BaseHandler's switch for torch.profiler traces
@@ -275,7 +275,7 @@ class GNNHandler(BaseHandler):
 
     def _report(self, times: StageTimes, errors: int) -> None:
         """Batch figures as custom metrics (on TorchServe's Prometheus endpoint) and one log
-        line, summed over ``metrics_interval_s`` (handler.core.metrics says why)."""
+        line, summed over ``metrics_interval_s`` (handler.pipeline.metrics says why)."""
         summary = self.batch_metrics.add(times, errors)
         if summary is None:
             return

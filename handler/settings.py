@@ -68,7 +68,7 @@ class ServingSettings:
             workers and TorchServe's frontend; 0 leaves torch's default (one per core).
         metrics_interval_s: the batch metrics and the batch log line sum the batches of this
             many seconds (means per batch); 0 reports every batch on its own, which costs a
-            busy worker ~10% of its throughput (handler.core.metrics).
+            busy worker ~10% of its throughput (handler.pipeline.metrics).
         updates_enabled: accept live graph updates (``{"op": "update", ...}``); off by default.
         update_state_dir: where the update log lives, outside the unpacked archive (which
             TorchServe deletes on unregister); empty = ``gnnserve-state`` in the worker's temp dir.
@@ -97,7 +97,7 @@ class ServingSettings:
             free memory at start, else a cache of that size of the rows batches read, fed from
             pinned host memory; 0 gathers from host memory every batch.
         cuda_graphs: a GPU worker runs the forward as CUDA graphs captured per padded size
-            bucket (handler.core.captured_forward), which removes the launch cost of its many
+            bucket (handler.gpu.captured_forward), which removes the launch cost of its many
             small kernels; a model that cannot be captured runs eagerly.
     """
 

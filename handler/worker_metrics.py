@@ -3,7 +3,7 @@
 A TorchServe 0.12 worker writes ``HandlerTime`` (``BaseHandler.handle``) and ``PredictionTime``
 (``ts.service.Service``) after every batch: each a metric line of ~700 bytes (it lists the
 batch's request IDs) that the worker formats (~20 us) and the frontend parses and logs. The
-handler reports its own figures once per ``gnn.metrics_interval_s`` (handler.core.metrics); this
+handler reports its own figures once per ``gnn.metrics_interval_s`` (handler.pipeline.metrics); this
 wrapper around the worker's metrics cache holds those two timings for that report, which writes
 each as the mean per batch of the batches since the last one, under the same name and unit.
 """

@@ -91,7 +91,7 @@ class HeteroLinkPredictor(HeteroLinkModel):
 
 class TypeRows(HeteroNodeModel):
     """One node type's embeddings of a link model as a node model's rows of its target: what
-    an ego-graph whose seeds are of that type is run through (``handler.core.typed_ego``)."""
+    an ego-graph whose seeds are of that type is run through (``handler.graph.typed_ego``)."""
 
     def __init__(self, model: HeteroLinkModel, node_type: str) -> None:
         super().__init__()

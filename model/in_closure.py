@@ -11,7 +11,7 @@ so the model's own forward runs on it as on the whole graph.
 
 Precomputed archives of a model that is not a stack of by-rows layers store every node's output
 computed this way (model.precompute), and recompute the outputs an update reaches the same way
-(handler.core.precomputed): one rule for both. The graph is read through an
+(handler.graph.precomputed): one rule for both. The graph is read through an
 :data:`InEdgeReader`, so the stored graph, the live one and a graph with a cold-start node
 added are read alike. On a graph of several node types the in-edges are those of every
 relation, and :func:`typed_closure_forward` runs the heterogeneous model on the closure split

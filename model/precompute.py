@@ -14,7 +14,7 @@
   ``layer_<L>.npy`` is the model's output. Layer 0 is the graph's features. A row is
   recomputed with :func:`layer_rows` (``model.trimmed.gnn_layer``) from its in-neighbours' rows
   one layer below, here and when a live update refreshes the rows it reaches
-  (``handler.core.precomputed``): one rule, so a refreshed row equals a rebuilt one.
+  (``handler.graph.precomputed``): one rule, so a refreshed row equals a rebuilt one.
 - **Every node's output** (``output`` mode), for any other model (custom modules, jumping
   knowledge, degree-normalising layers, PNA, a user's link model's ``encode``, every model of a
   graph of several node types): ``output.npy``, float32 ``[N, C]``, the model's own forward on

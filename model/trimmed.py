@@ -9,7 +9,7 @@ bookkeeping, which on a few thousand rows costs about as much as the arithmetic 
 
 Given the edges into each hop (``hop_edges``, which the host knows from the sampler), the
 forward reads no tensor data on the host: no shape depends on a value, so a CUDA graph can
-capture it (handler.core.captured_forward).
+capture it (handler.gpu.captured_forward).
 """
 
 from __future__ import annotations

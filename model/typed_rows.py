@@ -1,5 +1,5 @@
 """A subgraph of a graph of several node types, in the graph's global index space, as a
-heterogeneous model reads it: the one rule for a sampled ego-graph (``handler.core.typed_ego``)
+heterogeneous model reads it: the one rule for a sampled ego-graph (``handler.graph.typed_ego``)
 and for a node's whole in-neighbourhood (``model.in_closure``, which precomputed rows are built
 and refreshed with), so both gather and split alike.
 

@@ -20,8 +20,8 @@ import torch
 from graph_assets import generate_synthetic, open_store
 from graph_assets.live.operations import decode_operations
 from graph_assets.live.overlay import GraphOverlay
-from handler.core.arrays import readonly_tensor
-from handler.core.sampler import NeighbourSampler
+from handler.sampling.arrays import readonly_tensor
+from handler.sampling.sampler import NeighbourSampler
 
 
 def requests(nodes: int, count: int, per_request: int, dim: int, seed: int) -> list[list[dict]]:

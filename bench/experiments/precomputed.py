@@ -18,7 +18,7 @@ sampled serving, and what keeping their rows fresh under live updates costs, in 
 4. update throughput: the same stream of single-edge updates (random ``add_edge``, a fixed
    seed) applied to the 1M-edge graph by one writer with the file log (every update fsync'd),
    once by a live graph whose precomputed rows are refreshed on every update
-   (``handler.core.precomputed``) and once by a live graph alone; each in a fresh process with
+   (``handler.graph.precomputed``) and once by a live graph alone; each in a fresh process with
    one intra-op thread, as a worker runs;
 5. reads right after an update, served: a TorchServe with the precomputed archive, live updates
    on, two workers, batch 16 / 5 ms; at one connection, each update (``set_features`` on
@@ -70,7 +70,7 @@ from bench.harness.watch import CpuWatch, host_steal, steal_percent
 from bench.systems import servers
 from graph_assets import GraphStore, open_store
 from graph_assets.stored.store import file_digests
-from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
+from handler.graph.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine

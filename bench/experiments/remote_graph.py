@@ -25,7 +25,7 @@ this order:
   alternating from pair to pair, at 32 connections (throughput) and then at one (p50), uniformly
   random IDs, the same sequence of requests for both; the figures are the medians of the pairs'
   ratios, remote over local;
-- Redis round trips per batch: from the worker's batch log line (handler.core.metrics: the mean
+- Redis round trips per batch: from the worker's batch log line (handler.pipeline.metrics: the mean
   per batch of each interval), weighted by the interval's batches, over the remote pairs;
 - cache: the same load, IDs drawn by Zipf(1.1) rank from a random permutation of the nodes, on
   each remote archive for ``--zipf-seconds``; the hit ratio and throughput of the second half;

@@ -35,7 +35,7 @@ LARGEST_BATCH = re.compile(
 
 
 def largest_batches(log_text: str) -> list[int]:
-    """The largest batch of each batch summary the handler logged (handler.core.metrics)."""
+    """The largest batch of each batch summary the handler logged (handler.pipeline.metrics)."""
     return [int(size) for size in LARGEST_BATCH.findall(log_text)]
 
 

@@ -112,7 +112,7 @@ class RemoteRows:
     """Rows of ``widths`` arrays of ``count`` nodes and every node's out-list, read from the
     cluster in one round per read through the graph's block cache, so that one budget
     (``remote_cache_mb``) bounds both (the stored rows never change: an update's refreshed rows
-    live in the worker, ``handler.core.precomputed``)."""
+    live in the worker, ``handler.graph.precomputed``)."""
 
     def __init__(self, store: RemoteStore, rows: str, widths: Sequence[int], count: int) -> None:
         self.store = store

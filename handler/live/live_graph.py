@@ -195,7 +195,7 @@ class LiveGraph:
         self.log_errors = 0  # failed attempts to reach the log, since the start
         self.log_end = 0  # the end of the log when it was last looked at
         # Work the follower does between batches, under the graph's lock, after each step
-        # (precomputed rows recompute what updates marked: handler.core.precomputed).
+        # (precomputed rows recompute what updates marked: handler.graph.precomputed).
         self.background: list[Callable[[], object]] = []
         self._reconnect_delay = RECONNECT_FIRST_S
         self._retry_at = 0.0

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from handler.core.explain import METHOD
-from handler.core.graph_source import ServedGraph
+from handler.explain.ego_explain import METHOD
+from handler.graph.graph_source import ServedGraph
 from handler.tasks.graph.task import TASK as GRAPH
 from handler.tasks.link.task import TASK as LINK
 from handler.tasks.node.task import TASK as NODE

@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from handler.core.graph_source import ServedGraph
-from handler.core.precomputed import PrecomputedRows
-from handler.core.router import Router
+from handler.graph.graph_source import ServedGraph
+from handler.graph.precomputed import PrecomputedRows
 from handler.live.live_graph import LiveGraph, UpdatePolicy, open_live_graph
+from handler.pipeline.router import Router
 from handler.settings import ServingSettings
 from model.config import ModelConfig
 from model.precompute import Precomputed

@@ -48,7 +48,7 @@ logger = logging.getLogger("gnnserve_prefork")
 IMPORTS_ENV = "GNNSERVE_PREFORK_IMPORTS"
 # What every gnnserve worker imports at start: torch, PyG and TorchServe's own, and numba
 # started (numba_ready: the sampler's compiled hops then load in 0.05 s). Captum waits for a
-# worker's first explanation (handler/core/explain.py): it is 0.3 s of every start.
+# worker's first explanation (handler/explain/ego_explain.py): it is 0.3 s of every start.
 DEFAULT_IMPORTS = (
     "torch,torch_geometric,numpy,yaml,psutil,ts.torch_handler.base_handler,ts.model_service_worker,"
     "gnnserve_prefork.numba_ready"

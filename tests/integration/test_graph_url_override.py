@@ -21,7 +21,7 @@ from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
 from graph_assets import generate_synthetic, open_store
 from graph_assets.remote import load_store
 from graph_assets.remote.connect import connect
-from handler.core.graph_source import GRAPH_URL_VARIABLE
+from handler.graph.graph_source import GRAPH_URL_VARIABLE
 from tests.redis_cluster import LocalCluster
 
 from .archives import write_small_graph

@@ -91,7 +91,7 @@ def test_update_through_one_worker_is_read_by_all_four(live_server):
         a.text for a in answers if a.status_code != 200
     ]
     assert {a.json()["graph_version"] for a in answers} == {version}
-    # Each worker logs its first batch at once (handler.core.metrics); the line may reach the
+    # Each worker logs its first batch at once (handler.pipeline.metrics); the line may reach the
     # file after the answer reached us. Two different workers' lines: served by several.
     batch_line = r"(W-\d+)-\S+ MODEL_LOG - gnn batches:"
     live_server.wait_for_log(rf"{batch_line}[\s\S]*(?!\1)(W-\d+)-\S+ MODEL_LOG - gnn batches:")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from handler.core.batch import Batch, BatchEngine, Group, timed
+from handler.pipeline.batch import Batch, BatchEngine, Group, timed
 from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import BadRequest
 from handler.protocol.kserve_v2 import class_outputs, inference_response

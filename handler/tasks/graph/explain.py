@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from handler.core.batch import Batch
-from handler.core.ego import plain_module
-from handler.core.explain import explanation_mode, integrated_gradients, summarize
+from handler.explain.ego_explain import explanation_mode, integrated_gradients, summarize
+from handler.graph.ego import plain_module
+from handler.pipeline.batch import Batch
 from handler.protocol.class_answer import node_answer
 from handler.protocol.kserve_v2 import explanation_refusal
 from handler.tasks.graph.engine import GraphEngine

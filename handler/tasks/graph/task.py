@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from handler.core.batch import apply_threads
-from handler.core.explain import ExplainEngine
-from handler.core.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
+from handler.explain.ego_explain import ExplainEngine
+from handler.pipeline.batch import apply_threads
+from handler.pipeline.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.graph.explain import GraphExplanation
 from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec

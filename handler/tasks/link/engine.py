@@ -14,7 +14,7 @@
 
 On a graph of several node types the archive predicts one relation (``model.hetero_link``): a
 pair is ``[source-type ID, destination-type ID]`` (an ID of the wrong type is a 404 naming
-it), each end type's seeds get their own ego-graph through ``handler.core.typed_ego``, and
+it), each end type's seeds get their own ego-graph through ``handler.graph.typed_ego``, and
 top-k searches the destination type, leaving out the source's neighbours on that relation
 (``handler.tasks.link.ends``).
 
@@ -31,14 +31,14 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from handler.core.arrays import readonly_tensor
-from handler.core.batch import Batch, BatchEngine, Group, timed
-from handler.core.ego import EgoGraphs, OnEgoGraphs, plain_module, seed_rows
-from handler.core.sampler import SampledSubgraph
-from handler.core.typed_ego import typed_answer
+from handler.graph.ego import EgoGraphs, OnEgoGraphs, plain_module, seed_rows
+from handler.graph.typed_ego import typed_answer
+from handler.pipeline.batch import Batch, BatchEngine, Group, timed
 from handler.protocol.body import NodeId
 from handler.protocol.errors import ApiError, NodeNotFound
 from handler.protocol.kserve_v2 import ids_datatype, inference_response, output
+from handler.sampling.arrays import readonly_tensor
+from handler.sampling.sampler import SampledSubgraph
 from handler.tasks.link.ends import LinkEnds
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
 from model.hetero_link import HeteroLinkModel, TypeRows

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from handler.core.batch import Batch
-from handler.core.explain import EgoExplanation
+from handler.explain.ego_explain import EgoExplanation
+from handler.pipeline.batch import Batch
 from handler.protocol.body import NodeId
 from handler.protocol.errors import BadRequest
 from handler.protocol.kserve_v2 import explanation_refusal

@@ -4,10 +4,10 @@ explanations."""
 
 from __future__ import annotations
 
-from handler.core.batch import apply_threads
-from handler.core.ego import EgoGraphs
-from handler.core.explain import ExplainEngine
-from handler.core.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
+from handler.explain.ego_explain import ExplainEngine
+from handler.graph.ego import EgoGraphs
+from handler.pipeline.batch import apply_threads
+from handler.pipeline.router import EXPLAIN, PREDICT, Router, TaskEngine, predict_or_explain
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.link.explain import PairExplanation
 from handler.tasks.spec import Archive, Loaded, StartedTask, TaskSpec, check_fits, open_updates

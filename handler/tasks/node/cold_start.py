@@ -33,15 +33,15 @@ import torch
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView, InLists
 from graph_assets.schema import GraphSchema
-from handler.core.arrays import TorchOps
-from handler.core.sampler import (
+from handler.protocol.body import NodeId, show
+from handler.protocol.errors import BadRequest
+from handler.sampling.arrays import TorchOps
+from handler.sampling.sampler import (
     ALL_NEIGHBOURS,
     NeighbourSampler,
     SampledSubgraph,
     self_loops_in_place,
 )
-from handler.protocol.body import NodeId, show
-from handler.protocol.errors import BadRequest
 from handler.tasks.node.requests import NewNodeRequest
 
 # Internal indices of IDs of a node type (None: the type the archive answers for); NodeNotFound
@@ -293,7 +293,8 @@ def sample_with_new_node(
 ) -> SampledSubgraph:
     """The new node's ego-graph on ``view`` (module docstring), its one seed row first. With
     ``boundary`` the last sampler's hop (every in-edge) comes from one zero-feature row per
-    source type (``handler.core.sampler.boundary_node``), as the node sampler's boundary does."""
+    source type (``handler.sampling.sampler.boundary_node``), as the node sampler's boundary
+    does."""
     device = samplers[0].indptr.device
     edges = view.edges
     other = torch.from_numpy(edges.node).to(device)

@@ -11,7 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from handler.core.batch import (
+from handler.gpu.captured_forward import CapturedForward
+from handler.gpu.padding import PaddedSubgraph
+from handler.graph.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
+from handler.graph.graph_source import ServedGraph
+from handler.graph.typed_ego import typed_answer
+from handler.live.live_graph import LiveGraph
+from handler.pipeline.batch import (
     Batch,
     BatchEngine,
     Group,
@@ -21,17 +27,11 @@ from handler.core.batch import (
     parsed_or_error,
     timed,
 )
-from handler.core.captured_forward import CapturedForward
-from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
-from handler.core.graph_source import ServedGraph
-from handler.core.padding import PaddedSubgraph
-from handler.core.sampler import NeighbourSampler, SampledSubgraph
-from handler.core.typed_ego import typed_answer
-from handler.live.live_graph import LiveGraph
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import batch_error
 from handler.protocol.errors import ApiError, InternalError, NodeNotFound
 from handler.protocol.kserve_v2 import v2_response
+from handler.sampling.sampler import NeighbourSampler, SampledSubgraph
 from handler.settings import ServingSettings
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
 from model.precompute import Precomputed

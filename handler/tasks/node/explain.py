@@ -1,6 +1,6 @@
 """Node explanations: ``{"node_id": a}`` (and ``node_type`` on a graph of several), the
 predicted class's logit of that node explained on its ego-graph; a typed model's through PyG's
-heterogeneous Captum path (``handler.core.typed_explain``)."""
+heterogeneous Captum path (``handler.explain.typed_explain``)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ import numpy as np
 import torch
 from pydantic import ValidationError
 
-from handler.core.batch import Batch
-from handler.core.ego import plain_module
-from handler.core.explain import EgoExplanation, explanation_mode, summarize
-from handler.core.sampler import SampledSubgraph
-from handler.core.typed_explain import typed_integrated_gradients, typed_naming
+from handler.explain.ego_explain import EgoExplanation, explanation_mode, summarize
+from handler.explain.typed_explain import typed_integrated_gradients, typed_naming
+from handler.graph.ego import plain_module
+from handler.pipeline.batch import Batch
 from handler.protocol.body import NodeId, as_request
 from handler.protocol.class_answer import node_answer
 from handler.protocol.errors import BadRequest
 from handler.protocol.validation import IdField, Strict, describe_errors
+from handler.sampling.sampler import SampledSubgraph
 from model.served import answer_rows, serving_needs
 from model.served_hetero import HeteroNodeModel, answer_seeds
 from model.typed_rows import gather_typed

@@ -29,13 +29,13 @@ import torch
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters
-from handler.core.batch import Batch, BatchEngine, Group, StageTimes, timed
-from handler.core.ego import EgoGraphs, on_device, plain_module, seed_rows
-from handler.core.sampler import ALL_NEIGHBOURS, NeighbourSampler, SampledSubgraph
-from handler.core.typed_ego import typed_answer
+from handler.graph.ego import EgoGraphs, on_device, plain_module, seed_rows
+from handler.graph.typed_ego import typed_answer
+from handler.pipeline.batch import Batch, BatchEngine, Group, StageTimes, timed
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import api_error
 from handler.protocol.errors import ApiError, BadRequest
+from handler.sampling.sampler import ALL_NEIGHBOURS, NeighbourSampler, SampledSubgraph
 from handler.tasks.node.cold_start import (
     ColdStartView,
     NewEdges,

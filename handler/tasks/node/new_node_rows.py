@@ -27,7 +27,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from handler.core.precomputed import PrecomputedRows
+from handler.graph.precomputed import PrecomputedRows
 from model.in_closure import InEdgeLists
 from model.precompute import LocalGraph, layer_rows
 

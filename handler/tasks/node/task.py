@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from handler.core.explain import ExplainEngine
-from handler.core.router import EXPLAIN, EXTRAS, PREDICT, Router, TaskEngine
+from handler.explain.ego_explain import ExplainEngine
+from handler.pipeline.router import EXPLAIN, EXTRAS, PREDICT, Router, TaskEngine
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.explain import NodeExplanation
 from handler.tasks.node.extras import NodeExtrasEngine

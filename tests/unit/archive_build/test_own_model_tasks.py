@@ -29,7 +29,7 @@ from graph_assets.input.graph_dataset import (
     open_graph_dataset,
     write_graph_dataset,
 )
-from handler.core.explain import ExplainEngine
+from handler.explain.ego_explain import ExplainEngine
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.graph.explain import GraphExplanation

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from handler.core.metrics import GAUGES, BatchSummary
+from handler.pipeline.metrics import GAUGES, BatchSummary
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 

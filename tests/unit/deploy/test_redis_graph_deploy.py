@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE
-from handler.core.graph_source import GRAPH_PASSWORD_FILE_VARIABLE, GRAPH_URL_VARIABLE
+from handler.graph.graph_source import GRAPH_PASSWORD_FILE_VARIABLE, GRAPH_URL_VARIABLE
 from tests.unit.deploy.kustomize import load_docs, only, render
 
 ROOT = Path(__file__).resolve().parents[3]

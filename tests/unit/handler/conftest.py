@@ -15,8 +15,8 @@ from ts.context import Context, RequestProcessor
 
 from graph_assets import GraphStore, open_store, read_graph_dir, write_store
 from graph_assets.input.graph_dataset import generate_graph_dataset
-from handler.core.ego import EgoGraphs
 from handler.gnn_handler import GNNHandler
+from handler.graph.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine

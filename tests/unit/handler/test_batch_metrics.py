@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from handler.core.batch import StageTimes
-from handler.core.metrics import GAUGES, BatchMetrics
+from handler.pipeline.batch import StageTimes
+from handler.pipeline.metrics import GAUGES, BatchMetrics
 
 
 class Clock:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.captured_forward import CapturedForward
-from handler.core.padding import PaddedSubgraph
+from handler.gpu.captured_forward import CapturedForward
+from handler.gpu.padding import PaddedSubgraph
 
 from .conftest import NUM_NODES, make_engine, random_model
 from .test_captured_forward import FakeCapture

@@ -15,15 +15,15 @@ import torch
 from torch import Tensor
 from torch_geometric.nn.models import GAT
 
-from handler.core.captured_forward import (
+from handler.gpu.captured_forward import (
     BucketKey,
     CapturedForward,
     HostRead,
     HostReads,
     Replay,
 )
-from handler.core.ego import EgoGraphs
-from handler.core.padding import PaddedSubgraph, pad_subgraph
+from handler.gpu.padding import PaddedSubgraph, pad_subgraph
+from handler.graph.ego import EgoGraphs
 from handler.settings import ServingSettings
 from model.served import UserNodeModel
 from model.user_model import UserModelConfig
@@ -241,7 +241,7 @@ def test_a_failed_capture_runs_eager_for_good_and_warns_once(int_store, caplog):
     ego = ego_graphs(int_store, random_model(int_store, "sage", 2), [2, 2])
     capture = FakeCapture(fail=RuntimeError("operation not permitted when stream is capturing"))
     forward = CapturedForward(ego.model, CPU, capture=capture)
-    with caplog.at_level(logging.WARNING, logger="handler.core.captured_forward"):
+    with caplog.at_level(logging.WARNING, logger="handler.gpu.captured_forward"):
         for seeds in ([0, 3], [1, 4], list(range(30))):
             assert torch.allclose(forward(*batch(ego, seeds)), eager(ego, seeds), atol=1e-6)
     assert capture.captures == 1 and forward.keys == []
@@ -253,7 +253,7 @@ def test_a_failed_capture_runs_eager_for_good_and_warns_once(int_store, caplog):
 def test_a_model_that_reads_on_the_host_falls_back_with_its_answers(int_store, caplog):
     ego = ego_graphs(int_store, ReadsOnHost(random_model(int_store, "gat", 2)), [2, 2])
     forward = CapturedForward(ego.model, CPU, capture=FakeCapture())
-    with caplog.at_level(logging.WARNING, logger="handler.core.captured_forward"):
+    with caplog.at_level(logging.WARNING, logger="handler.gpu.captured_forward"):
         assert torch.allclose(forward(*batch(ego, [0, 3])), eager(ego, [0, 3]), atol=1e-6)
     assert "HostRead" in (forward.eager_reason or "") and len(caplog.records) == 1
 
@@ -344,7 +344,7 @@ def test_a_model_that_syncs_falls_back_on_a_gpu(int_store, wrapper, caplog):
     model = random_model(int_store, "gat", 2)
     ego = ego_graphs(int_store, wrapper(copy.deepcopy(model)), [-1, -1], CUDA)
     forward = CapturedForward(ego.model, CUDA)
-    with caplog.at_level(logging.WARNING, logger="handler.core.captured_forward"):
+    with caplog.at_level(logging.WARNING, logger="handler.gpu.captured_forward"):
         assert_captured_is_exact(
             ego, forward, lambda seeds: full_graph_rows(model, int_store, seeds), BATCHES
         )

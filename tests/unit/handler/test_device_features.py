@@ -11,13 +11,13 @@ import torch
 
 from graph_assets.live.operations import decode_operations
 from graph_assets.live.overlay import GraphOverlay
-from handler.core.device_features import (
+from handler.gpu.device_features import (
     DeviceFeatures,
     device_features_for,
     feature_capacity,
     gather_features,
 )
-from handler.core.ego import EgoGraphs
+from handler.graph.ego import EgoGraphs
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.batch import apply_threads
-from handler.core.ego import EgoGraphs
+from handler.graph.ego import EgoGraphs
+from handler.pipeline.batch import apply_threads
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.batch import DeviceFailure, is_fatal_device_error
+from handler.pipeline.batch import DeviceFailure, is_fatal_device_error
 
 from .conftest import make_engine, random_model
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.explain import ExplainEngine, integrated_gradients, summarize
+from handler.explain.ego_explain import ExplainEngine, integrated_gradients, summarize
 from handler.settings import ServingSettings
 from handler.tasks.graph.explain import GraphExplanation
 from handler.tasks.link.explain import PairExplanation
@@ -128,7 +128,7 @@ def test_a_batch_mixing_explanations_predictions_and_embeddings(int_store):
 
 
 def test_summarize_adds_up_copies_of_a_node_and_of_an_edge():
-    from handler.core.explain import Attribution
+    from handler.explain.ego_explain import Attribution
 
     # Rows 0 and 2 are the same node (7) at two hops; edges 0 and 1 are both 5 -> 7.
     attribution = Attribution(

@@ -17,9 +17,9 @@ import psutil
 import pytest
 import torch
 
-from handler.core.batch import is_fatal_device_error
-from handler.core.feature_keeper import KeeperLost, attach, keeper_name
-from handler.core.ipc_handle import BadHandle, describe, open_shared
+from handler.gpu.feature_keeper import KeeperLost, attach, keeper_name
+from handler.gpu.ipc_handle import BadHandle, describe, open_shared
+from handler.pipeline.batch import is_fatal_device_error
 
 CPU = torch.device("cpu")
 

@@ -18,7 +18,7 @@ import pytest
 from ts.context import RequestProcessor
 
 from graph_assets import StoreError, generate_synthetic
-from handler.core.graph_source import open_referenced_graph
+from handler.graph.graph_source import open_referenced_graph
 from handler.live.live_graph import UPDATE_KEY_HEADER
 from handler.settings import ServingSettings
 
@@ -201,6 +201,6 @@ def test_the_checksum_is_compared_before_any_array_is_read(volume, monkeypatch):
     def no_arrays(*args, **kwargs):
         raise AssertionError("open_store ran on a store with another checksum")
 
-    monkeypatch.setattr("handler.core.graph_source.open_store", no_arrays)
+    monkeypatch.setattr("handler.graph.graph_source.open_store", no_arrays)
     with pytest.raises(StoreError, match="has checksum"):
         open_referenced_graph(volume, "0" * 64, verify_checksum=True)

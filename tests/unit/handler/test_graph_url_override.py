@@ -17,7 +17,7 @@ from bench.harness.torchserve import free_ports
 from graph_assets import GraphStore, StoreError, generate_synthetic, open_store
 from graph_assets.remote import RemoteGraphError, RemoteStore, load_store
 from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE, connect
-from handler.core.graph_source import (
+from handler.graph.graph_source import (
     GRAPH_PASSWORD_FILE_VARIABLE,
     GRAPH_URL_VARIABLE,
     open_graph,

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.arrays import TorchOps
-from handler.core.sampler import NeighbourSampler
 from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
 from handler.protocol.errors import ApiError
+from handler.sampling.arrays import TorchOps
+from handler.sampling.sampler import NeighbourSampler
 from tests.live_reference import live_ids, materialized_forward, random_update
 
 from .conftest import FEATURES, live_engine, make_engine, random_model

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.sampler import boundary_node
+from handler.sampling.sampler import boundary_node
 from handler.tasks.node.cold_start import ColdStartView, NewEdges, sample_with_new_node
 from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.node.task import node_router

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch_geometric.nn.models import GAT, GCN
 
-from handler.core.ego import EgoGraphs
-from handler.core.padding import PADDING_NODE, bucket, pad_subgraph
-from handler.core.sampler import SampledSubgraph
+from handler.gpu.padding import PADDING_NODE, bucket, pad_subgraph
+from handler.graph.ego import EgoGraphs
+from handler.sampling.sampler import SampledSubgraph
 from handler.settings import ServingSettings
 from model.served import UserNodeModel
 from model.user_model import UserModelConfig

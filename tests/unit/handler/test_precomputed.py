@@ -1,4 +1,4 @@
-"""Precomputed archives (model.precompute, handler.core.precomputed): answers read stored rows
+"""Precomputed archives (model.precompute, handler.graph.precomputed): answers read stored rows
 and stay equal to PyG's full-graph forward on the graph version they report, through random
 streams of live updates, on every worker, whatever the fanouts."""
 
@@ -18,7 +18,7 @@ from ts.context import RequestProcessor
 from graph_assets import RawGraph, StoreError, open_store, write_store
 from graph_assets.live.update_log import UpdateLog
 from graph_assets.remote.connect import guarded
-from handler.core.ego import EgoGraphs
+from handler.graph.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine

@@ -1,4 +1,4 @@
-"""Precomputed archives of the user's own class (model.precompute, handler.core.precomputed):
+"""Precomputed archives of the user's own class (model.precompute, handler.graph.precomputed):
 per-layer rows for a torch_geometric.nn.models stack of by-rows layers, every node's output for
 any other model; both equal the model's full-graph forward on the graph version they report,
 through seeded random streams of live updates (edge features included) taken by two workers on

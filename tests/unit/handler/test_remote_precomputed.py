@@ -22,7 +22,7 @@ from graph_assets.remote.connect import connect
 from graph_assets.remote.layout import CHECK_BYTES, sealed, unsealed
 from graph_assets.remote.loader import load_store
 from graph_assets.remote.rows import OUT_FIELD, rows_field
-from handler.core.ego import EgoGraphs
+from handler.graph.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine

@@ -22,11 +22,11 @@ from bench.harness.torchserve import free_ports
 from graph_assets import GraphStore, StoreError
 from graph_assets.remote import RemoteStore, RemoteUnavailable, load_store, open_remote_store
 from graph_assets.remote.connect import connect
-from handler.core.batch import StageTimes
-from handler.core.ego import EgoGraphs
-from handler.core.graph_source import open_graph
-from handler.core.sampler import SampledSubgraph, sampler_for
+from handler.graph.ego import EgoGraphs
+from handler.graph.graph_source import open_graph
 from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.pipeline.batch import StageTimes
+from handler.sampling.sampler import SampledSubgraph, sampler_for
 from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine

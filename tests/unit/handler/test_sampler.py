@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from graph_assets.errors import SubgraphTooLarge
-from handler.core.arrays import NumpyOps, TorchOps
-from handler.core.sampler import NeighbourSampler, SampledSubgraph
+from handler.sampling.arrays import NumpyOps, TorchOps
+from handler.sampling.sampler import NeighbourSampler, SampledSubgraph
 
 
 def random_csc(num_nodes: int, num_edges: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +199,7 @@ def test_cuda_sample_equals_cpu_sample():
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_floyd_matches_the_sequential_algorithm(backend):
     """The batched fix-up of colliding draws gives exactly sequential Floyd's choice."""
-    from handler.core.sampler import _GOLDEN, _LOW_63, _as_int64, _mix
+    from handler.sampling.sampler import _GOLDEN, _LOW_63, _as_int64, _mix
 
     ops = BACKENDS[backend]
     indptr, indices = random_csc(50, 200, seed=5)

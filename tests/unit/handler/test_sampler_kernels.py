@@ -1,4 +1,4 @@
-"""The compiled hops (handler.core.sampler_kernels) draw exactly what the vectorised numpy steps
+"""The compiled hops (handler.sampling.sampler_kernels) draw exactly what the vectorised numpy steps
 draw, bit for bit, in every case the sampler supports: all neighbours (-1), lists no longer
 than the fanout, self-loops and parallel edges, int32 and int64 structure, a boundary, typed
 relations, live updates, a graph read through its view, and the limits. They are compiled when
@@ -26,10 +26,10 @@ from hypothesis import strategies as st
 
 from graph_assets import GraphStore
 from graph_assets.errors import SubgraphTooLarge
-from handler.core import sampler_kernels
-from handler.core.arrays import NumpyOps
-from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.sampling import sampler_kernels
+from handler.sampling.arrays import NumpyOps
+from handler.sampling.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.settings import ServingSettings
 from tests.live_reference import live_ids, random_update
 from tests.typed_graphs import fraud_store
@@ -304,7 +304,7 @@ import numpy as np
 import gnnserve_prefork.numba_ready  # what the pre-fork zygote imports before forking
 child = os.fork()
 if child == 0:
-    from handler.core import sampler_kernels
+    from handler.sampling import sampler_kernels
     sampler_kernels.warm(np.dtype(np.int64), np.dtype(np.int32), False)
     drawn = sampler_kernels.draw_csc(
         np.array([0, 3]), np.array([5, 6, 7], dtype=np.int32), np.array([0]), np.array([0]),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graph_assets import GraphStore
-from handler.core.sampler import SampledSubgraph, boundary_node, sampler_for
+from handler.sampling.sampler import SampledSubgraph, boundary_node, sampler_for
 from handler.settings import ServingSettings
 from tests.typed_graphs import fraud_store
 

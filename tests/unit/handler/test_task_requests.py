@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from graph_assets.schema import GraphSchema
-from handler.core.batch import BatchEngine
+from handler.pipeline.batch import BatchEngine
 from handler.protocol.errors import BadRequest, NotFound, TooLarge
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine

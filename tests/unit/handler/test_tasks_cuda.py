@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.ego import EgoGraphs
-from handler.core.explain import ExplainEngine
+from handler.explain.ego_explain import ExplainEngine
+from handler.graph.ego import EgoGraphs
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.node.engine import NodeClassificationEngine

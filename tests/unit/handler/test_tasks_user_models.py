@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from handler.core.ego import EgoGraphs
-from handler.core.explain import ExplainEngine
+from handler.explain.ego_explain import ExplainEngine
+from handler.graph.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine

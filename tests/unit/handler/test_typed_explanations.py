@@ -14,8 +14,8 @@ import torch
 from torch_geometric.nn import SAGEConv
 
 from graph_assets import GraphStore
-from handler.core.explain import ExplainEngine
-from handler.core.typed_explain import relation_masks, typed_integrated_gradients
+from handler.explain.ego_explain import ExplainEngine
+from handler.explain.typed_explain import relation_masks, typed_integrated_gradients
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.explain import NodeExplanation

@@ -16,7 +16,7 @@ from graph_assets import GraphStore, open_store, write_store
 from graph_assets.input.synthetic_typed import fraud_graph
 from graph_assets.schema import EdgeType
 from graph_assets.tables import RawRelation
-from handler.core.ego import EgoGraphs
+from handler.graph.ego import EgoGraphs
 from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine
 from handler.tasks.link.explain import PairExplanation

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from graph_assets import GraphStore
-from handler.core.ego import EgoGraphs
+from handler.graph.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine

@@ -1,4 +1,4 @@
-"""Precomputed archives of a graph of several node types (handler.core.precomputed): a seeded
+"""Precomputed archives of a graph of several node types (handler.graph.precomputed): a seeded
 random stream of typed updates (nodes and edges of several relations added and removed,
 features and edge features set) taken by two workers on one log (a file, or a Redis stream),
 then every live user's stored answer equals the model's forward on the whole updated graph, on

@@ -23,7 +23,7 @@ archives the pair's logit of ``{"src": a, "dst": b}``; graph archives the predic
 logit of ``{"graph": ...}``. Attributions are summed per node over its features (and over its
 copies at different hops), per edge over its copies, and per feature over all nodes; the
 ``explain_top_k`` largest in absolute value are listed. On a graph of several node types or
-relations (``handler.core.typed_explain``) the listing names each node's type, each edge's
+relations (``handler.explain.typed_explain``) the listing names each node's type, each edge's
 relation and each feature's node type (:class:`Naming`).
 """
 
@@ -41,10 +41,10 @@ import torch
 from torch_geometric.explain import Explainer
 from torch_geometric.explain.algorithm import CaptumExplainer
 
-from handler.core.batch import Batch, BatchEngine, Group, timed
-from handler.core.ego import EgoGraphs, plain_module, seed_rows
-from handler.core.sampler import SampledSubgraph
+from handler.graph.ego import EgoGraphs, plain_module, seed_rows
+from handler.pipeline.batch import Batch, BatchEngine, Group, timed
 from handler.protocol.errors import BadRequest
+from handler.sampling.sampler import SampledSubgraph
 from handler.settings import ServingSettings
 from model.user_model import Output
 

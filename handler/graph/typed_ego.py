@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from graph_assets.graph_view import GraphView
-from handler.core.graph_source import ServedGraph
-from handler.core.sampler import SampledSubgraph
+from handler.graph.graph_source import ServedGraph
+from handler.sampling.sampler import SampledSubgraph
 from model.served_hetero import HeteroNodeModel
 from model.typed_rows import typed_rows
 

@@ -2,7 +2,7 @@
 ego-graphs, replayed for every batch that pads to it.
 
 On a few hundred rows a forward is many small kernels, each launched by the host (0.7 ms for
-94 rows on an H200, most of it launches). Padded ego-graphs (handler.core.padding) come in few
+94 rows on an H200, most of it launches). Padded ego-graphs (handler.gpu.padding) come in few
 shapes; for each shape (:class:`BucketKey`) the forward is captured once into a CUDA graph, at
 its first use, and a later batch of that shape is copied into the graph's input buffers and
 replayed as one launch. Graphs are kept in a bounded LRU sharing one memory pool.
@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from handler.core.padding import PaddedSubgraph
+from handler.gpu.padding import PaddedSubgraph
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten

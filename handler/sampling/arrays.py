@@ -7,7 +7,7 @@ operators (``+ ^ >> & %``, comparisons, indexing) that both libraries share, and
 implementation that suits its device. Both wrap int64 arithmetic the same way, so the samples
 are identical (tests/unit/handler/test_sampler.py checks it). On the CPU even ~1 us an
 operation was most of a small batch's sampling, so numpy arrays take the hops' hot steps as
-compiled kernels (``fused``, handler.core.sampler_kernels), drawing what these operations draw.
+compiled kernels (``fused``, handler.sampling.sampler_kernels), drawing what these operations draw.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class ArrayOps(Protocol):
     """What differs between numpy and torch; everything else is spelled the same.
 
     ``fused``: the sampler runs its per-hop steps as compiled kernels
-    (handler.core.sampler_kernels) instead of these operations; numpy arrays only.
+    (handler.sampling.sampler_kernels) instead of these operations; numpy arrays only.
     """
 
     fused: bool

@@ -1,6 +1,6 @@
 """The sampler's compiled loops (numba): one hop's draws and its relabelling, bit for bit the
-vectorised steps of handler.core.sampler. Self-contained (numpy and numba only), because
-handler.core.sampler_kernels loads it from a copy at a path of its own (it says why)."""
+vectorised steps of handler.sampling.sampler. Self-contained (numpy and numba only), because
+handler.sampling.sampler_kernels loads it from a copy at a path of its own (it says why)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def compiled(function: Callable[..., Any]) -> Callable[..., Any]:
 
 @numba.njit(inline="always")
 def _mix(x: np.uint64) -> np.uint64:
-    """splitmix64's finaliser, as handler.core.sampler._mix."""
+    """splitmix64's finaliser, as handler.sampling.sampler._mix."""
     x = (x ^ (x >> _S30)) * _MIX_1
     x = (x ^ (x >> _S27)) * _MIX_2
     return x ^ (x >> _S31)

@@ -3,8 +3,8 @@ steps draw.
 
 Why: a vectorised hop is ~50 small numpy operations of 1-3 us each, which is most of a small
 batch's sampling time and, on a GPU worker, the CPU's critical path. One compiled loop per
-step (handler.core.sampler_jit) does the same arithmetic in one pass: splitmix64 on uint64
-(wrapping, bit for bit the int64 arithmetic of handler.core.sampler), Floyd's algorithm step by
+step (handler.sampling.sampler_jit) does the same arithmetic in one pass: splitmix64 on uint64
+(wrapping, bit for bit the int64 arithmetic of handler.sampling.sampler), Floyd's algorithm step by
 step, and the gathers. On one core, 1M edges, fanouts [10, 10]: 1, 32 and 256 seeds sample in
 0.04, 0.10 and 0.6 ms instead of 0.14, 0.32 and 1.5. The vectorised steps stay the reference
 (tests/unit/handler/test_sampler_kernels.py) and what torch runs on a GPU.
@@ -47,7 +47,7 @@ _MASK_64 = (1 << 64) - 1
 
 @functools.cache
 def _jit() -> ModuleType:
-    """handler.core.sampler_jit, loaded from its copy in the private cache directory (written
+    """handler.sampling.sampler_jit, loaded from its copy in the private cache directory (written
     there when missing or different), or in place where that directory cannot be had."""
     source = _SOURCE.read_bytes()
     digest = hashlib.sha256(source).hexdigest()[:16]
@@ -104,7 +104,7 @@ def draw_segments(
     most_edges: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Samples the ``counts[i]`` in-edges at ``starts[i]`` of ``indices`` for each of ``nodes``
-    (``handler.core.sampler.NeighbourSampler._sample_segments``'s draws; ``key_salt`` and
+    (``handler.sampling.sampler.NeighbourSampler._sample_segments``'s draws; ``key_salt`` and
     ``base_key`` are int64 bit patterns, ``salts`` the per-step int64 salts). Returns (row,
     source, position in ``indices``, total edges); when the total exceeds ``most_edges`` the
     arrays are empty, so that the caller raises before anything was gathered."""

@@ -1,5 +1,5 @@
 """Deterministic k-hop in-neighbour sampler on a CSC graph: compiled hops on the CPU
-(handler.core.sampler_kernels), vectorised torch on a GPU, the same draws bit for bit.
+(handler.sampling.sampler_kernels), vectorised torch on a GPU, the same draws bit for bit.
 
 pyg-lib and torch-sparse are not installable everywhere we run, so PyG's ``NeighborLoader`` is
 not available; this sampler is ours. Its one design rule: the in-neighbours chosen for a
@@ -21,8 +21,8 @@ from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay
 from graph_assets.remote import RemoteStore
 from graph_assets.stored.store import GraphStore
-from handler.core import sampler_kernels
-from handler.core.arrays import Array, ArrayOps, ops_for, readonly_tensor
+from handler.sampling import sampler_kernels
+from handler.sampling.arrays import Array, ArrayOps, ops_for, readonly_tensor
 from handler.settings import ServingSettings, parse_fanouts
 
 # splitmix64 constants, as signed int64 so that wrapping int64 arithmetic applies.
@@ -274,7 +274,7 @@ class NeighbourSampler:
             of ``fanouts``): one hop routine samples every graph, with the same draws.
         ops: the array library to sample with; by default numpy for CPU tensors (views of the
             same memory), with compiled hops, and torch on their device otherwise
-            (handler.core.arrays says why). The hops are compiled here, not on a request.
+            (handler.sampling.arrays says why). The hops are compiled here, not on a request.
         view: a graph that is not mapped here (a remote store): each hop reads its frontier's
             in-lists, every relation at once, in one ``view.in_lists`` call and samples them
             with the same draws, so the ego-graph is the stored arrays' (``indptr`` and

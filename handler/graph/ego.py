@@ -18,14 +18,14 @@ import torch
 
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters, RemoteStore
-from handler.core.device_features import DeviceFeatures, device_features_for, gather_features
-from handler.core.graph_source import ServedGraph
-from handler.core.padding import PaddedSubgraph, pad_subgraph
-from handler.core.precomputed import DRAIN_ROWS, PrecomputedRows
-from handler.core.sampler import NeighbourSampler, SampledSubgraph, sampler_for
+from handler.gpu.device_features import DeviceFeatures, device_features_for, gather_features
+from handler.gpu.padding import PaddedSubgraph, pad_subgraph
+from handler.graph.graph_source import ServedGraph
+from handler.graph.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.live.live_graph import LiveGraph
 from handler.protocol.body import NodeId, show
 from handler.protocol.errors import BadRequest, NodeNotFound
+from handler.sampling.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.settings import ServingSettings
 from model.device import to_serving_device
 from model.precompute import Precomputed
@@ -57,7 +57,7 @@ class EgoGraphs:
     live: LiveGraph | None = None
     # A precomputed archive's stored layer rows: answers read them instead of sampling.
     precomputed: PrecomputedRows | None = None
-    # A GPU worker's stored features in GPU memory (handler.core.device_features).
+    # A GPU worker's stored features in GPU memory (handler.gpu.device_features).
     device_features: DeviceFeatures | None = None
 
     @classmethod
@@ -159,7 +159,7 @@ class EgoGraphs:
 
     def sample_padded(self, nodes: np.ndarray) -> tuple[torch.Tensor, PaddedSubgraph]:
         """As :meth:`sample`, with the ego-graph padded to bucket sizes on the host
-        (handler.core.padding) for a forward captured per bucket, which copies it into its
+        (handler.gpu.padding) for a forward captured per bucket, which copies it into its
         own device buffers."""
         seeds, sub = self._sampled(nodes)
         return seeds, pad_subgraph(sub)

@@ -4,7 +4,7 @@ TorchServe's workers are separate processes, so features each worker copied to i
 take that memory once per worker. Instead the first worker on a GPU starts a keeper: a process
 of its own session (a worker's crash or restart does not end it) that copies the features to
 the GPU once and hands every worker on that GPU a CUDA IPC handle of them over a Unix socket
-(handler.core.ipc_handle: plain JSON, never a pickle). Each worker keeps
+(handler.gpu.ipc_handle: plain JSON, never a pickle). Each worker keeps
 its connection open: the keeper counts them and exits once the last one has been gone for
 ``idle_s`` seconds. A worker whose keeper is gone can no longer trust the memory it maps, so it
 ends (``KeeperLost``) and TorchServe starts a fresh one, which starts a fresh keeper.
@@ -15,7 +15,7 @@ An abstract name has no file permissions, so each end checks the other's user (S
 a name taken first by another user's process is refused, never trusted.
 On a CPU "device" (tests) tensors are shared through shared-memory files instead.
 
-``python -m handler.core.feature_keeper --store DIR --checksum C --device cuda:0 --name N``
+``python -m handler.gpu.feature_keeper --store DIR --checksum C --device cuda:0 --name N``
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ import torch
 import torch.multiprocessing
 
 from graph_assets.stored.store import GraphStore, open_store
-from handler.core.device_copy import copy_to_device
-from handler.core.ipc_handle import BadHandle, describe, open_shared
+from handler.gpu.device_copy import copy_to_device
+from handler.gpu.ipc_handle import BadHandle, describe, open_shared
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def _start(
     """The keeper, in a session of its own, with this worker's import path."""
     here = Path(__file__).resolve().parents[2]  # the folder that holds handler/ and graph_assets/
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), *sys.path[1:]])}
-    command = [sys.executable, "-m", "handler.core.feature_keeper", "--store", str(store_dir)]
+    command = [sys.executable, "-m", "handler.gpu.feature_keeper", "--store", str(store_dir)]
     command += ["--checksum", checksum, "--device", str(device), "--name", name]
     command += ["--idle-s", str(idle_s)]
     return subprocess.Popen(

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
-from handler.core.batch import StageTimes
+from handler.pipeline.batch import StageTimes
 
 # Gauge name and unit of each StageTimes field; stage times are reported in milliseconds.
 GAUGES: dict[str, tuple[str, str]] = {

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from handler.core.batch import DeviceFailure, Response, StageTimes
+from handler.pipeline.batch import DeviceFailure, Response, StageTimes
 from handler.protocol.body import as_request
 from handler.protocol.error_table import batch_error
 from handler.protocol.errors import ApiError, InternalError
@@ -28,7 +28,7 @@ _SUMMED = tuple(item.name for item in fields(StageTimes) if item.name != "batch_
 
 
 class TaskEngine(Protocol):
-    """prepare -> run -> respond, as every ``handler.core.batch.BatchEngine`` does."""
+    """prepare -> run -> respond, as every ``handler.pipeline.batch.BatchEngine`` does."""
 
     def prepare(self, items: Sequence[Any]) -> Any: ...
 

@@ -24,7 +24,7 @@ import torch
 
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.remote import RemoteCounters
-from handler.core.feature_keeper import KeeperLost
+from handler.gpu.feature_keeper import KeeperLost
 from handler.protocol.answer_check import non_finite_error
 from handler.protocol.error_table import (
     api_error,

@@ -20,8 +20,8 @@ import torch
 from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay
 from graph_assets.stored.store import GraphStore
-from handler.core.device_copy import copy_to_device
-from handler.core.feature_keeper import KeeperLost, SharedFeatures, attach
+from handler.gpu.device_copy import copy_to_device
+from handler.gpu.feature_keeper import KeeperLost, SharedFeatures, attach
 
 logger = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Ego-graphs padded to a few sizes, so that one captured CUDA graph serves many batches
-(handler.core.captured_forward).
+(handler.gpu.captured_forward).
 
 Each level of rows is padded to the next size of a geometric ladder (``growth`` apart, at least
 one padding row per level) with rows of node ``-1``, which the gather gives zero features and
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from handler.core.sampler import SampledSubgraph
+from handler.sampling.sampler import SampledSubgraph
 
 PADDING_NODE = -1
 DEFAULT_GROWTH = 1.25

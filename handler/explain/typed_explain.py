@@ -1,7 +1,7 @@
 """Explanations on a graph of several node types or relations: Integrated Gradients through
 PyG's heterogeneous Captum path (``to_captum_input`` on ``x_dict`` and one edge mask per
 relation, ``CaptumHeteroModel``, ``captum_output_to_dicts``), on the seed's sampled ego-graph,
-as ``handler.core.explain`` does on one type: the same method, steps, budget and listing.
+as ``handler.explain.ego_explain`` does on one type: the same method, steps, budget and listing.
 
 Edge masks reach the messages through PyG's own rule (``set_hetero_masks``: each relation's
 layer of a ``HeteroConv`` or ``to_hetero`` model) and, for a layer that passes the messages of
@@ -29,7 +29,7 @@ from torch_geometric.explain.algorithm.utils import clear_masks, set_hetero_mask
 from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import EdgeType
 
-from handler.core.explain import Attribution, Naming, within_budget
+from handler.explain.ego_explain import Attribution, Naming, within_budget
 from handler.protocol.errors import BadRequest
 from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
