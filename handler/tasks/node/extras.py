@@ -98,16 +98,15 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
     def parse(self, item: Any) -> Resolved:
         settings, schema = self.ego.settings, self.ego.store.schema
         request = parse_node_extra(item, schema, settings.max_ids_per_request)
+        model = plain_module(self.ego.model)
+        if request.return_embedding and not _has_embedding(model):
+            raise BadRequest(
+                "return_embedding: this archive's model names no embedding; build it "
+                "with --embedding-method SUBMODULE (the submodule whose input is a "
+                "node's embedding)"
+            )
         if isinstance(request, EmbeddingRequest):
             self.ego.check_node_type(request.node_type)
-            model = plain_module(self.ego.model)
-            typed = isinstance(model, HeteroNodeModel)
-            if request.return_embedding and typed and not model.has_embedding:
-                raise BadRequest(
-                    "return_embedding: this archive's model names no embedding; build it "
-                    "with --embedding-method SUBMODULE (the submodule whose input is a "
-                    "node's embedding)"
-                )
             return Resolved(request, self.ego.lookup(list(request.node_ids)))
         if serving_needs(self.ego.model).edge_input is not EdgeInput.NONE:
             for name, ids in request.neighbors.items():
@@ -190,12 +189,14 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         if isinstance(model, HeteroNodeModel):
             stop = timed(times, "forward")
             with torch.inference_mode():
+                # Scoring needs the forward alone; a model without an embedding answers none.
                 rows, vectors = typed_answer(
-                    self.ego.store, view, model, sub, self.device, embedding=True
+                    self.ego.store, view, model, sub, self.device, embedding=model.has_embedding
                 )
-                assert vectors is not None
                 probabilities = answer_rows(rows, self.output).cpu()
-                embedding = vectors.float().cpu()
+                embedding = (
+                    vectors.float().cpu() if vectors is not None else torch.empty(len(rows), 0)
+                )
             stop()
             return probabilities, embedding
         stop = timed(times, "gather")
@@ -284,6 +285,12 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         if self.ego.live is not None:  # every prediction of a live graph says which version
             answer["graph_version"] = self.ego.live.version
         return answer
+
+
+def _has_embedding(model: torch.nn.Module) -> bool:
+    """A typed model answers ``return_embedding`` only when its build named an embedding
+    submodule; every other node model has one (``model.embedding``)."""
+    return not isinstance(model, HeteroNodeModel) or model.has_embedding
 
 
 def _given_edge_rows(request: NewNodeRequest, edges: NewEdges) -> np.ndarray | None:
