@@ -93,6 +93,25 @@ def test_lazy_linear_on_a_graph_of_one_type_builds_and_serves_exactly(plain, tmp
     assert build(tmp_path, plain, module, "LazyMlpSage", args) == 0
     result = verified(tmp_path, plain)
     assert result.passed and result.worst_abs_diff <= 1e-5, result
+    assert result.lines()[0].startswith("  verified 90 nodes (every node answered for) with full")
+
+
+@pytest.mark.parametrize(
+    ("checked", "said"),
+    [
+        (255, "255 nodes (every node answered for)"),
+        (256, "256 nodes (256 random and the 16 highest in-degree, 16 of them among the random"),
+        (265, "265 nodes (256 random and the 16 highest in-degree, 7 of them among the random"),
+        (272, "272 nodes (256 random and the 16 highest in-degree) with"),
+    ],
+)
+def test_the_verified_line_counts_the_nodes_it_checked(checked: int, said: str) -> None:
+    result = Verification(
+        passed=True, tolerance=1e-5, worst_abs_diff=0.0, seconds=0.1, nodes=checked,
+        worst_node=1, class_agreement=None, sampled_class_agreement=None,
+        boundary_degrees=False,
+    )  # fmt: skip
+    assert f"  verified {said}" in result.lines()[0]
 
 
 def test_weights_of_another_width_are_refused_in_one_line(plain, tmp_path, capsys):
