@@ -356,13 +356,17 @@ def _probe_decode(model: UserLinkModel | UserHeteroLinkModel, width: int) -> tor
 
 
 def _hops(args: argparse.Namespace, steps: int, called: str) -> int:
-    hops = int(args.num_hops) if args.num_hops is not None else steps
-    if hops < 1:
+    """``--num-hops``, else the message-passing steps counted; a count of 0 is not taken on
+    trust (the model may read neighbours without PyG's MessagePassing)."""
+    if args.num_hops is not None:
+        return int(args.num_hops)
+    if steps < 1:
         raise ValueError(
-            f"{called} called no message-passing layer (torch_geometric MessagePassing): give "
-            "--num-hops K, the number of hops its answer depends on"
+            f"{called} called no message-passing layer (torch_geometric MessagePassing), so its "
+            "hop count is uncertain: give --num-hops K, the number of hops its answer depends "
+            "on (--num-hops 0 for a model without message passing, such as an MLP)"
         )
-    return hops
+    return steps
 
 
 def _config(args: argparse.Namespace, loaded: Loaded, **inferred: Any) -> UserModelConfig:
@@ -491,8 +495,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.model_args_file and args.model_args != "{}":
         print("error: give --model-args or --model-args-file, not both", file=sys.stderr)
         return 1
-    if args.num_hops is not None and args.num_hops < 1:
-        print(f"error: --num-hops must be >= 1, got {args.num_hops}", file=sys.stderr)
+    if args.num_hops is not None and args.num_hops < 0:
+        print(
+            f"error: --num-hops must be >= 0 (0: a model without message passing), got "
+            f"{args.num_hops}",
+            file=sys.stderr,
+        )
         return 1
     graph_task = args.task == Task.GRAPH.value
     if graph_task != bool(args.dataset) or graph_task == bool(args.store):

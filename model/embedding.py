@@ -26,6 +26,18 @@ from torch import Tensor
 from model.architectures import NodeClassifier
 from model.link import LinkModel
 from model.served import UserNodeModel, edge_kwargs
+from model.served_hetero import HeteroNodeModel
+
+
+def has_embedding(model: torch.nn.Module) -> bool:
+    """Whether the model defines a node embedding (``return_embedding``): the user's class
+    only when its build found a message-passing layer or was given ``--embedding-method``
+    (a typed one: an embedding submodule); every preset does."""
+    if isinstance(model, UserNodeModel):
+        return bool(model.config.embedding)
+    if isinstance(model, HeteroNodeModel):
+        return model.has_embedding
+    return True
 
 
 def forward_with_embedding(

@@ -45,7 +45,7 @@ from handler.tasks.node.cold_start import (
 )
 from handler.tasks.node.new_node_rows import new_node_ego, new_node_rows
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
-from model.embedding import forward_with_embedding
+from model.embedding import forward_with_embedding, has_embedding
 from model.served import answer_rows, serving_needs
 from model.served_hetero import HeteroNodeModel
 from model.user_model import EdgeInput
@@ -99,7 +99,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         settings, schema = self.ego.settings, self.ego.store.schema
         request = parse_node_extra(item, schema, settings.max_ids_per_request)
         model = plain_module(self.ego.model)
-        if request.return_embedding and not _has_embedding(model):
+        if request.return_embedding and not has_embedding(model):
             raise BadRequest(
                 "return_embedding: this archive's model names no embedding; build it "
                 "with --embedding-method SUBMODULE (the submodule whose input is a "
@@ -204,10 +204,13 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         edge_attr = self.ego.edge_features(sub.edge, view)
         stop()
         stop = timed(times, "forward")
+        edge_index = sub.edge_index.to(self.device)
         with torch.inference_mode():
-            logits, hidden = forward_with_embedding(
-                model, x, sub.edge_index.to(self.device), degree, edge_attr
-            )
+            if has_embedding(model):
+                logits, hidden = forward_with_embedding(model, x, edge_index, degree, edge_attr)
+            else:  # scoring (a cold-start node) needs the forward alone
+                logits = model(x, edge_index, degree=degree, edge_attr=edge_attr)
+                hidden = torch.empty(logits.size(0), 0)
             probabilities = answer_rows(logits[: sub.num_seeds], self.output).cpu()
             embedding = hidden[: sub.num_seeds].float().cpu()
         stop()
@@ -285,12 +288,6 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         if self.ego.live is not None:  # every prediction of a live graph says which version
             answer["graph_version"] = self.ego.live.version
         return answer
-
-
-def _has_embedding(model: torch.nn.Module) -> bool:
-    """A typed model answers ``return_embedding`` only when its build named an embedding
-    submodule; every other node model has one (``model.embedding``)."""
-    return not isinstance(model, HeteroNodeModel) or model.has_embedding
 
 
 def _given_edge_rows(request: NewNodeRequest, edges: NewEdges) -> np.ndarray | None:

@@ -16,6 +16,9 @@ from archive_build import own_model
 from archive_build.verify import Verification, verify
 from graph_assets import GraphStore
 from handler.settings import ServingSettings
+from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.task import node_router
+from model.export import load_model
 from model.served_hetero import small_typed_input
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
 from tests.typed_graphs import fraud_store
@@ -65,7 +68,7 @@ def build(
 
 def verified(tmp_path: Path, store: GraphStore) -> Verification:
     config = json.loads((tmp_path / "model" / "model_config.json").read_text())
-    settings = ServingSettings(fanouts=(3,) * max(1, config["num_layers"]))
+    settings = ServingSettings(fanouts=(3,) * config["num_layers"])
     result = verify(tmp_path / "model", store, settings, 1e-5)
     assert isinstance(result, Verification)
     return result
@@ -126,3 +129,54 @@ def test_weights_of_another_width_are_refused_in_one_line(plain, tmp_path, capsy
     err = capsys.readouterr().err
     assert err.startswith("error: LazyMlpSage.forward(x, edge_index) failed on a small graph")
     assert f"with {FEATURES} node features" in err and "Traceback" not in err
+
+
+def test_a_model_without_message_passing_builds_at_zero_hops_and_serves_exactly(
+    plain, tmp_path, capsys
+):
+    """An MLP baseline: refused without --num-hops (its hop count is uncertain), built with
+    --num-hops 0, verified, and served on the seeds alone: predictions and a cold-start node
+    equal its forward on the node's own features."""
+    args = {"in_channels": FEATURES, "hidden": 8, "classes": CLASSES}
+    torch.manual_seed(0)
+    module = pyg_user_models.Mlp(**args).eval()
+    assert build(tmp_path, plain, module, "Mlp", args) == 1
+    err = capsys.readouterr().err
+    assert "hop count is uncertain: give --num-hops K" in err and "--num-hops 0" in err
+    assert build(tmp_path, plain, module, "Mlp", args, "--num-hops", "-1") == 1
+    assert "--num-hops must be >= 0" in capsys.readouterr().err
+    assert build(tmp_path, plain, module, "Mlp", args, "--num-hops", "0") == 0
+    assert "0 hops (given by --num-hops)" in capsys.readouterr().out
+    result = verified(tmp_path, plain)
+    assert result.passed and result.worst_abs_diff == 0.0, result
+    model, _ = load_model(tmp_path / "model")
+    settings = ServingSettings.from_yaml_section({"fanouts": []})
+    engine = NodeClassificationEngine.create(plain, model, settings, torch.device("cpu"), "1")
+    served = node_router(engine, "1")
+    x = [0.5, -1.0, 0.25, 2.0, 0.0, -0.75][:FEATURES]
+    [known, new] = served.handle(
+        [
+            {"body": {"node_ids": ["acct_0", "acct_7"]}},
+            {"body": {"new_node": {"x": x, "neighbors": ["acct_0"]}}},
+        ]
+    )
+    assert known.status == 200 and new.status == 200, (known.body, new.body)
+    with torch.no_grad():
+        own = torch.from_numpy(plain.features[plain.lookup(["acct_0", "acct_7"])].copy())
+        rows = torch.softmax(module(own, None), -1)
+        alone = torch.softmax(module(torch.tensor([x]), None), -1)
+    got = torch.tensor([p["probabilities"] for p in known.body["predictions"]])
+    assert float((got - rows).abs().max()) <= 1e-6
+    assert float((torch.tensor(new.body["probabilities"]) - alone[0]).abs().max()) <= 1e-6
+
+
+def test_a_gnn_built_at_zero_hops_is_refused_naming_the_hops(plain, tmp_path):
+    args = {"hidden": 16, "classes": CLASSES}
+    torch.manual_seed(0)
+    module = pyg_user_models.LazyMlpSage(**args)
+    with torch.no_grad():
+        module(torch.randn(4, FEATURES), torch.tensor([[0, 1], [1, 2]]))
+    assert build(tmp_path, plain, module, "LazyMlpSage", args, "--num-hops", "0") == 0
+    result = verified(tmp_path, plain)
+    assert not result.passed
+    assert "reads more than 0 hops: build with --num-hops 1" in result.cause
