@@ -13,12 +13,13 @@ import importlib.util
 import inspect
 import json
 import sys
+import types
+import typing
 import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -168,7 +169,7 @@ def import_model_class(model_class: str, model_file: Path | None) -> type[torch.
     return found
 
 
-def _load_file(path: Path) -> ModuleType:
+def _load_file(path: Path) -> types.ModuleType:
     """Imports a model file under a name of its own (so two archives' files never clash)."""
     if not path.is_file():
         raise ValueError(f"--model-file {path}: no such file")
@@ -190,9 +191,11 @@ def _load_file(path: Path) -> ModuleType:
 
 def instantiate(cls: type[torch.nn.Module], model_args: Mapping[str, Any]) -> torch.nn.Module:
     """``cls(**model_args)``; a wrong argument is named with the constructor's signature. A
-    tensor argument (PNA's ``deg``) is written ``{"tensor": [...]}`` in JSON."""
+    tensor argument (PNA's ``deg``) is a JSON list where the constructor annotates it ``Tensor``
+    (:func:`tensor_parameters`), or ``{"tensor": [...]}`` anywhere."""
+    tensors = tensor_parameters(cls)
     try:
-        return cls(**{key: _decoded(value) for key, value in model_args.items()})
+        return cls(**{key: _decoded(value, key in tensors) for key, value in model_args.items()})
     except TypeError as error:
         try:
             signature = str(inspect.signature(cls))
@@ -204,10 +207,47 @@ def instantiate(cls: type[torch.nn.Module], model_args: Mapping[str, Any]) -> to
         ) from None
 
 
-def _decoded(value: Any) -> Any:
+def _decoded(value: Any, tensor: bool) -> Any:
     if isinstance(value, dict) and set(value) == {"tensor"}:
         return torch.tensor(value["tensor"])
+    if tensor and isinstance(value, list):
+        try:
+            return torch.tensor(value)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"--model-args: a tensor argument is a list of numbers, got {value!r}: {error}"
+            ) from None
     return value
+
+
+def tensor_parameters(cls: type[torch.nn.Module]) -> set[str]:
+    """Constructor arguments annotated ``Tensor`` (``Optional[Tensor]`` too): those of
+    ``cls``, and, where ``cls`` passes ``**kwargs`` on to its layers as PyG's ``BasicGNN``
+    models do (``PNA`` to ``PNAConv``), those of the layer classes its ``init_conv`` builds."""
+    classes: list[Any] = [cls]
+    init_conv = getattr(cls, "init_conv", None)
+    code = getattr(init_conv, "__code__", None)
+    if code is not None:
+        names = getattr(init_conv, "__globals__", {})
+        classes += [names.get(name) for name in code.co_names]
+    found: set[str] = set()
+    for candidate in classes:
+        if not (inspect.isclass(candidate) and issubclass(candidate, torch.nn.Module)):
+            continue
+        try:
+            hints = typing.get_type_hints(candidate.__init__)
+        except Exception:  # an annotation that does not resolve names nothing
+            continue
+        found |= {name for name, hint in hints.items() if _is_tensor_hint(hint)}
+    return found
+
+
+def _is_tensor_hint(hint: Any) -> bool:
+    if hint is Tensor:
+        return True
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and Tensor in (
+        typing.get_args(hint)
+    )
 
 
 def read_state_dict(path: Path) -> dict[str, Tensor]:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch_geometric.nn.models import PNA
 
 from archive_build import own_model
 from archive_build.verify import Verification, verify
@@ -20,6 +21,7 @@ from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
 from model.export import load_model
 from model.served_hetero import small_typed_input
+from model.user_model import tensor_parameters
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
 from tests.typed_graphs import fraud_store
 from tests.unit.archive_build import pyg_user_models
@@ -180,3 +182,31 @@ def test_a_gnn_built_at_zero_hops_is_refused_naming_the_hops(plain, tmp_path):
     result = verified(tmp_path, plain)
     assert not result.passed
     assert "reads more than 0 hops: build with --num-hops 1" in result.cause
+
+
+def test_a_list_becomes_a_tensor_where_the_constructor_takes_one(plain, tmp_path, capsys):
+    """PNA's ``deg`` (annotated Tensor on PNAConv, which PNA passes its kwargs to) is given
+    as the plain JSON list a user would write; a list where no Tensor is taken stays a list."""
+    deg = torch.bincount(
+        torch.bincount(torch.from_numpy(plain.edge_index()[1]), minlength=plain.num_nodes)
+    ).tolist()
+    args = {
+        "in_channels": FEATURES, "hidden_channels": 8, "num_layers": 2, "out_channels": CLASSES,
+        "aggregators": ["mean", "max"], "scalers": ["identity", "amplification"], "deg": deg,
+    }  # fmt: skip
+    torch.manual_seed(0)
+    module = PNA(**{**args, "deg": torch.tensor(deg)})
+    torch.save(module.state_dict(), tmp_path / "weights.pt")
+    argv = [
+        "--store", str(plain.path), "--model-class", "torch_geometric.nn.models.PNA",
+        "--model-args", json.dumps(args), "--weights", str(tmp_path / "weights.pt"),
+        "--out", str(tmp_path / "model"), "--edge-input", "none",
+    ]  # fmt: skip
+    assert own_model.main(argv) == 0, capsys.readouterr().err
+    result = verified(tmp_path, plain)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+    assert tensor_parameters(PNA) == {"deg"}
+    bad = {**args, "deg": [[1, 2], [3]]}
+    argv[argv.index("--model-args") + 1] = json.dumps(bad)
+    assert own_model.main(argv) == 1
+    assert "--model-args: a tensor argument is a list of numbers" in capsys.readouterr().err
