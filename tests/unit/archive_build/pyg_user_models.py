@@ -1,10 +1,15 @@
 """Model classes written the way PyG's documentation writes them (loaded by the tests with
---model-file)."""
+--model-file): lazy in-channels, an MLP without message passing, HeteroConv and ``to_hetero``
+over PyG's bipartite layers, HGTConv, and the relational layers of one type (RGCNConv,
+FastRGCNConv, RGATConv, HEATConv) on a typed graph made homogeneous."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
+from torch_geometric import nn as pyg_nn
 from torch_geometric.nn import Linear, SAGEConv, to_hetero
 
 from tests.unit.archive_build.user_models import _fraud_embed, _fraud_inputs
@@ -63,3 +68,155 @@ class Mlp(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return self.mlp(x)
+
+
+# --- typed models: HeteroConv and to_hetero over bipartite layers, the relational layers ---
+
+
+def bipartite_conv(name: str, hidden: int, lazy: bool = False) -> torch.nn.Module:
+    """PyG layer ``name`` mapping ``(hidden, hidden)`` (or lazy ``(-1, -1)``) pairs to
+    ``hidden``, as a per-relation layer takes it."""
+    size: Any = (-1, -1) if lazy else (hidden, hidden)
+
+    def mlp(width: int) -> torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(width, hidden), torch.nn.ReLU())
+
+    makers: dict[str, Any] = {
+        "SAGEConv": lambda: pyg_nn.SAGEConv(size, hidden),
+        "GraphConv": lambda: pyg_nn.GraphConv(size, hidden),
+        "GATConv": lambda: pyg_nn.GATConv(
+            size, hidden, heads=2, concat=False, add_self_loops=False
+        ),
+        "GATv2Conv": lambda: pyg_nn.GATv2Conv(size, hidden, add_self_loops=False),
+        "TransformerConv": lambda: pyg_nn.TransformerConv(size, hidden, heads=2, concat=False),
+        "ResGatedGraphConv": lambda: pyg_nn.ResGatedGraphConv(size, hidden),
+        "GINConv": lambda: pyg_nn.GINConv(mlp(hidden)),
+        "MFConv": lambda: pyg_nn.MFConv(size, hidden),
+        "LEConv": lambda: pyg_nn.LEConv(size, hidden),
+        "GENConv": lambda: pyg_nn.GENConv(size, hidden),
+        "GeneralConv": lambda: pyg_nn.GeneralConv(size, hidden),
+        "FiLMConv": lambda: pyg_nn.FiLMConv(size, hidden),
+        "CGConv": lambda: pyg_nn.CGConv((hidden, hidden)),
+        "EdgeConv": lambda: pyg_nn.EdgeConv(mlp(2 * hidden)),
+        "SimpleConv": lambda: pyg_nn.SimpleConv(aggr="mean", combine_root="sum"),
+        "WLConvContinuous": lambda: pyg_nn.WLConvContinuous(),
+    }
+    return makers[name]()
+
+
+class FraudHeteroConvOf(torch.nn.Module):
+    """Two HeteroConv layers of ``conv`` on every relation, a Linear head on users."""
+
+    def __init__(self, conv: str, devices: int, hidden: int, classes: int, metadata: list) -> None:
+        super().__init__()
+        self.inputs = _fraud_inputs(hidden, devices)
+        relations = [tuple(e) for e in metadata[1]]
+        self.convs = torch.nn.ModuleList(
+            pyg_nn.HeteroConv({r: bipartite_conv(conv, hidden) for r in relations}, aggr="sum")
+            for _ in range(2)
+        )
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
+        h = _fraud_embed(self.inputs, x_dict, n_id_dict)
+        for conv in self.convs:
+            h = {**h, **{key: value.tanh() for key, value in conv(h, edge_index_dict).items()}}
+        return {"user": self.head(h["user"])}
+
+
+class _Two(torch.nn.Module):
+    def __init__(self, conv: str, hidden: int, classes: int, lazy: bool) -> None:
+        super().__init__()
+        self.conv1 = bipartite_conv(conv, hidden, lazy)
+        self.conv2 = bipartite_conv(conv, hidden, lazy)
+        self.head = Linear(-1 if lazy else hidden, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h = self.conv1(x, edge_index).tanh()
+        return self.head(self.conv2(h, edge_index).tanh())
+
+
+class FraudToHeteroOf(torch.nn.Module):
+    """``to_hetero`` over two layers of ``conv`` (lazy in-channels with ``lazy``)."""
+
+    def __init__(
+        self, conv: str, devices: int, hidden: int, classes: int, metadata: list, lazy: bool
+    ) -> None:
+        super().__init__()
+        node_types, edge_types = metadata
+        self.inputs = _fraud_inputs(hidden, devices)
+        self.gnn = to_hetero(
+            _Two(conv, hidden, classes, lazy), (node_types, [tuple(e) for e in edge_types]), "sum"
+        )
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
+        return self.gnn(_fraud_embed(self.inputs, x_dict, n_id_dict), edge_index_dict)
+
+
+class FraudHgt(torch.nn.Module):
+    """Two HGTConv layers (PyG's examples/hetero/hgt_dblp.py), a Linear head on users."""
+
+    def __init__(self, devices: int, hidden: int, classes: int, metadata: list) -> None:
+        super().__init__()
+        meta = (metadata[0], [tuple(e) for e in metadata[1]])
+        self.inputs = _fraud_inputs(hidden, devices)
+        self.convs = torch.nn.ModuleList(
+            pyg_nn.HGTConv(hidden, hidden, meta, heads=2) for _ in range(2)
+        )
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
+        h = _fraud_embed(self.inputs, x_dict, n_id_dict)
+        for conv in self.convs:
+            h = {key: value.tanh() for key, value in conv(h, edge_index_dict).items()}
+        return {"user": self.head(h["user"])}
+
+
+class FraudRelational(torch.nn.Module):
+    """A relational layer of one type (RGCNConv, FastRGCNConv, RGATConv, HEATConv) on the
+    typed graph made homogeneous, as ``HeteroData.to_homogeneous`` does: every type's rows
+    one after another, each edge's relation (and its source's type) as an index."""
+
+    def __init__(self, conv: str, devices: int, hidden: int, classes: int, metadata: list) -> None:
+        super().__init__()
+        self.conv_name = conv
+        self.node_types = list(metadata[0])
+        self.relations = [tuple(e) for e in metadata[1]]
+        self.inputs = _fraud_inputs(hidden, devices)
+        count = len(self.relations)
+        layers: dict[str, Any] = {
+            "RGCNConv": lambda: pyg_nn.RGCNConv(hidden, hidden, count),
+            "FastRGCNConv": lambda: pyg_nn.FastRGCNConv(hidden, hidden, count),
+            "RGATConv": lambda: pyg_nn.RGATConv(hidden, hidden, count),
+            "HEATConv": lambda: pyg_nn.HEATConv(
+                hidden, hidden, len(self.node_types), count, 4, 1, 4, heads=2, concat=False
+            ),
+        }
+        self.convs = torch.nn.ModuleList(layers[conv]() for _ in range(2))
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
+        h_dict = _fraud_embed(self.inputs, x_dict, n_id_dict)
+        offsets, start = {}, 0
+        for node_type in self.node_types:
+            offsets[node_type] = start
+            start += h_dict[node_type].size(0)
+        x = torch.cat([h_dict[t] for t in self.node_types])
+        node_type = torch.cat(
+            [torch.full((h_dict[t].size(0),), i) for i, t in enumerate(self.node_types)]
+        )
+        parts, kinds = [], []
+        for index, (src, rel, dst) in enumerate(self.relations):
+            edges = edge_index_dict.get((src, rel, dst), torch.empty(2, 0, dtype=torch.long))
+            shift = torch.tensor([[offsets[src]], [offsets[dst]]])
+            parts.append(edges + shift)
+            kinds.append(torch.full((edges.size(1),), index))
+        edge_index, edge_type = torch.cat(parts, dim=1), torch.cat(kinds)
+        for conv in self.convs:
+            if self.conv_name == "HEATConv":
+                ones = torch.ones(edge_index.size(1), 1)
+                x = conv(x, edge_index, node_type, edge_type, ones).tanh()
+            else:
+                x = conv(x, edge_index, edge_type).tanh()
+        users = offsets["user"]
+        return {"user": self.head(x[users : users + h_dict["user"].size(0)])}

@@ -1,7 +1,9 @@
 """Users' own models as PyG's documentation writes them, packaged by archive_build.own_model
 and verified by archive_build.verify against their own full-graph forward (<= 1e-5 with full
 neighbourhoods): lazy in-channels (``to_hetero`` over ``SAGEConv((-1, -1))``,
-``Linear(-1, ...)``)."""
+``Linear(-1, ...)``), a model without message passing at ``--num-hops 0``, tensor arguments
+given as lists, and typed models: HeteroConv and ``to_hetero`` over every bipartite layer,
+HGTConv and the relational layers."""
 
 from __future__ import annotations
 
@@ -210,3 +212,60 @@ def test_a_list_becomes_a_tensor_where_the_constructor_takes_one(plain, tmp_path
     argv[argv.index("--model-args") + 1] = json.dumps(bad)
     assert own_model.main(argv) == 1
     assert "--model-args: a tensor argument is a list of numbers" in capsys.readouterr().err
+
+
+BIPARTITE = [
+    "SAGEConv", "GraphConv", "GATConv", "GATv2Conv", "TransformerConv", "ResGatedGraphConv",
+    "GINConv", "MFConv", "LEConv", "GENConv", "GeneralConv", "FiLMConv", "CGConv", "EdgeConv",
+    "SimpleConv", "WLConvContinuous",
+]  # fmt: skip
+
+
+def typed_build(
+    tmp_path: Path, typed: GraphStore, name: str, args: dict[str, Any], lazy: bool = False
+) -> Verification:
+    """Builds ``name(**args)`` (seeded; lazy layers initialised by one forward) on the typed
+    store and verifies it with full neighbourhoods."""
+    torch.manual_seed(0)
+    module = getattr(pyg_user_models, name)(**args).eval()
+    if lazy:
+        sample = typed_sample(typed)
+        with torch.no_grad():
+            module(sample.x_dict, sample.edge_index_dict, sample.n_id_dict)
+    code = build(tmp_path, typed, module, name, args)
+    assert code == 0
+    return verified(tmp_path, typed)
+
+
+@pytest.mark.parametrize("conv", BIPARTITE)
+def test_heteroconv_over_a_bipartite_layer_serves_exactly(conv, typed, tmp_path, capsys):
+    args = {"conv": conv, "devices": DEVICES, "hidden": 8, "classes": 2}
+    result = typed_build(
+        tmp_path, typed, "FraudHeteroConvOf", {**args, "metadata": metadata(typed)}
+    )
+    assert result.passed and result.worst_abs_diff <= 1e-5, (capsys.readouterr(), result)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("conv", BIPARTITE)
+def test_to_hetero_over_a_bipartite_layer_serves_exactly(conv, lazy, typed, tmp_path, capsys):
+    if lazy and conv in ("GINConv", "CGConv", "EdgeConv", "SimpleConv", "WLConvContinuous"):
+        pytest.skip(f"{conv} takes no in-channels: nothing is lazy")
+    args = {"conv": conv, "devices": DEVICES, "hidden": 8, "classes": 2, "lazy": lazy}
+    result = typed_build(
+        tmp_path, typed, "FraudToHeteroOf", {**args, "metadata": metadata(typed)}, lazy
+    )
+    assert result.passed and result.worst_abs_diff <= 1e-5, (capsys.readouterr(), result)
+
+
+def test_hgtconv_serves_exactly(typed, tmp_path):
+    args = {"devices": DEVICES, "hidden": 8, "classes": 2, "metadata": metadata(typed)}
+    result = typed_build(tmp_path, typed, "FraudHgt", args)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+
+
+@pytest.mark.parametrize("conv", ["RGCNConv", "FastRGCNConv", "RGATConv", "HEATConv"])
+def test_relational_layers_on_the_typed_graph_made_homogeneous_serve_exactly(conv, typed, tmp_path):
+    args = {"conv": conv, "devices": DEVICES, "hidden": 8, "classes": 2}
+    result = typed_build(tmp_path, typed, "FraudRelational", {**args, "metadata": metadata(typed)})
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
