@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
 from graph_assets.stored.store import GraphStore
+from model.chebconv import check_chebconv, max_degree
 from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
 from model.graph_level import CLASSES_FILE, as_data
@@ -103,6 +105,7 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
         edge_input=edge_input,
         boundary_degrees=seen.source_degrees,
         trim=trims(module),
+        max_degree=_graph_degrees(module, store, edge_input),
         embedding=embedding,
     )
     _write(Path(args.out), loaded, config)
@@ -185,6 +188,7 @@ def package_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig
         num_layers=hops,
         edge_input=edge_input,
         boundary_degrees=seen.source_degrees,
+        max_degree=_graph_degrees(module, store, edge_input),
     )
     model = UserLinkModel(module, config).eval()
     scores = _probe_decode(model, seen.out_dim)
@@ -367,6 +371,13 @@ def _hops(args: argparse.Namespace, steps: int, called: str) -> int:
             "on (--num-hops 0 for a model without message passing, such as an MLP)"
         )
     return steps
+
+
+def _graph_degrees(module: torch.nn.Module, store: GraphStore, edge_input: EdgeInput) -> int:
+    """ChebConv is served with the graph's degrees (``model.chebconv``): refused where those
+    are not what the ego-graph carries; the largest degree where it scales by it."""
+    check_chebconv(module, store.in_degree, store.out_degree, edge_input is EdgeInput.EDGE_WEIGHT)
+    return max_degree(module, store.degree_rows(np.arange(store.num_nodes)))
 
 
 def _config(args: argparse.Namespace, loaded: Loaded, **inferred: Any) -> UserModelConfig:

@@ -57,8 +57,12 @@ def forward_with_embedding(
         if layer is None:  # a method the user named
             method = getattr(model.module, model.config.embedding.removeprefix("method:"))
             extra = edge_kwargs(model.config.edge_input, edge_attr)
-            return model(x, edge_index, edge_attr=edge_attr), method(x, edge_index, **extra)
-        return with_input_of(layer, lambda: model(x, edge_index, edge_attr=edge_attr))
+            output = model(x, edge_index, degree=degree, edge_attr=edge_attr)
+            with model.graph_degrees(degree):
+                return output, method(x, edge_index, **extra)
+        return with_input_of(
+            layer, lambda: model(x, edge_index, degree=degree, edge_attr=edge_attr)
+        )
     if not isinstance(model, NodeClassifier):
         raise TypeError(f"no node embedding is defined for {type(model).__name__}")
     return with_input_of(model.gnn.convs[-1], lambda: model(x, edge_index, degree=degree))

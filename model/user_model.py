@@ -77,6 +77,9 @@ class UserModelConfig:
         boundary_degrees: the ego-graph carries the deepest hop's full in-degrees (models that
             normalise by the degree of a message's source, such as GCNConv).
         trim: PyG ``BasicGNN`` trim-to-layer with the sampler's per-hop counts.
+        max_degree: the graph's largest degree (self-loops not counted), the scale of a
+            ChebConv without normalisation and without ``lambda_max`` (``model.chebconv``);
+            0 when no layer reads it.
         embedding: node: the module whose input is a node's embedding (the last
             message-passing layer the forward calls); graph: the last Linear layer, whose
             input is the graph's embedding, or ``""`` for none; either: ``method:<name>`` for a
@@ -101,6 +104,7 @@ class UserModelConfig:
     edge_dim: int = 0
     boundary_degrees: bool = False
     trim: bool = False
+    max_degree: int = 0
     embedding: str = ""
     hetero: dict[str, Any] | None = None
 

@@ -220,3 +220,51 @@ class FraudRelational(torch.nn.Module):
                 x = conv(x, edge_index, edge_type).tanh()
         users = offsets["user"]
         return {"user": self.head(x[users : users + h_dict["user"].size(0)])}
+
+
+class Cheb(torch.nn.Module):
+    """ChebConv(K=3): two propagation steps (2 hops); ``lambda_max`` passed to forward when
+    given, as PyG asks for normalisations other than 'sym'."""
+
+    def __init__(
+        self, in_channels: int, classes: int, normalization: str | None, lambda_max: float | None
+    ) -> None:
+        super().__init__()
+        self.conv = pyg_nn.ChebConv(in_channels, classes, K=3, normalization=normalization)
+        self.lambda_max = lambda_max
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        if self.lambda_max is None:
+            return self.conv(x, edge_index)
+        return self.conv(x, edge_index, lambda_max=self.lambda_max)
+
+
+class KHop(torch.nn.Module):
+    """A PyG layer of several propagation steps (``conv``), a Linear in front where it needs
+    ``hidden`` wide input and a Linear head."""
+
+    def __init__(self, conv: str, in_channels: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.conv_name = conv
+        self.lin = torch.nn.Linear(in_channels, hidden)
+        makers: dict[str, Any] = {
+            "TAGConv": lambda: pyg_nn.TAGConv(hidden, hidden, K=2),
+            "SSGConv": lambda: pyg_nn.SSGConv(hidden, hidden, alpha=0.1, K=2),
+            "ARMAConv": lambda: pyg_nn.ARMAConv(hidden, hidden, num_stacks=2, num_layers=2),
+            "GatedGraphConv": lambda: pyg_nn.GatedGraphConv(hidden, num_layers=2),
+            "MixHopConv": lambda: pyg_nn.MixHopConv(hidden, hidden, powers=[0, 1, 2]),
+            "AntiSymmetricConv": lambda: pyg_nn.AntiSymmetricConv(hidden, num_iters=2),
+            "GCN2Conv": lambda: pyg_nn.GCN2Conv(hidden, alpha=0.2, theta=0.5, layer=1),
+            "FAConv": lambda: pyg_nn.FAConv(hidden, eps=0.2),
+        }
+        self.conv = makers[conv]()
+        width = 3 * hidden if conv == "MixHopConv" else hidden
+        self.head = torch.nn.Linear(width, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        h = self.lin(x).relu()
+        if self.conv_name in ("GCN2Conv", "FAConv"):  # a step reads the initial rows too
+            h = self.conv(self.conv(h, h, edge_index).relu(), h, edge_index)
+        else:
+            h = self.conv(h, edge_index)
+        return self.head(h.relu())

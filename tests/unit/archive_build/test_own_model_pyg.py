@@ -11,20 +11,22 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.nn.models import PNA
 
 from archive_build import own_model
 from archive_build.verify import Verification, verify
-from graph_assets import GraphStore
+from graph_assets import GraphStore, open_store, read_graph_dir, write_store
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
+from model.chebconv import check_chebconv
 from model.export import load_model
 from model.served_hetero import small_typed_input
 from model.user_model import tensor_parameters
-from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
+from tests.edge_graph import CLASSES, FEATURES, edge_feature_store, write_edge_feature_csv
 from tests.typed_graphs import fraud_store
 from tests.unit.archive_build import pyg_user_models
 
@@ -76,6 +78,24 @@ def verified(tmp_path: Path, store: GraphStore) -> Verification:
     result = verify(tmp_path / "model", store, settings, 1e-5)
     assert isinstance(result, Verification)
     return result
+
+
+def alone_worst(model_dir: Path, store: GraphStore, nodes: list[int]) -> float:
+    """The largest difference of ``nodes``' answers, each asked alone with full
+    neighbourhoods (no other seed's ego-graph adds edges to its own), from the module's
+    full-graph forward."""
+    model, config = load_model(model_dir)
+    x = torch.from_numpy(np.array(store.features))
+    with torch.no_grad():
+        full = torch.softmax(model.module(x, torch.from_numpy(store.edge_index())), -1)
+    settings = ServingSettings(fanouts=(-1,) * config.num_layers)
+    engine = NodeClassificationEngine.create(store, model, settings, torch.device("cpu"), "1")
+    worst = 0.0
+    for node in nodes:
+        [answer] = engine.handle([{"body": {"node_ids": store.external_ids([node])}}])
+        got = torch.tensor(answer.body["predictions"][0]["probabilities"])
+        worst = max(worst, float((got - full[node]).abs().max()))
+    return worst
 
 
 def test_to_hetero_over_lazy_layers_builds_and_serves_exactly(typed, tmp_path, capsys):
@@ -269,3 +289,75 @@ def test_relational_layers_on_the_typed_graph_made_homogeneous_serve_exactly(con
     args = {"conv": conv, "devices": DEVICES, "hidden": 8, "classes": 2}
     result = typed_build(tmp_path, typed, "FraudRelational", {**args, "metadata": metadata(typed)})
     assert result.passed and result.worst_abs_diff <= 1e-5, result
+
+
+@pytest.fixture(scope="module")
+def undirected(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    """The edge graph with every edge's reverse (``--undirected``): self-loops, parallel
+    edges and a hub, each node with as many out- as in-edges."""
+    root = tmp_path_factory.mktemp("pyg_undirected")
+    write_store(read_graph_dir(write_edge_feature_csv(root / "input"), undirected=True), root / "s")
+    return open_store(root / "s")
+
+
+def cheb_build(tmp_path: Path, store: GraphStore, args: dict[str, Any], *extra: str) -> int:
+    torch.manual_seed(0)
+    return build(tmp_path, store, pyg_user_models.Cheb(**args), "Cheb", args, *extra)
+
+
+@pytest.mark.parametrize("lambda_max", [None, 2.0, 5.0])
+@pytest.mark.parametrize("normalization", [None, "sym", "rw"])
+def test_chebconv_serves_exactly_with_the_graphs_degrees(
+    normalization, lambda_max, undirected, tmp_path
+):
+    """ChebConv(K=3), 2 hops: its Laplacian reads each node's degree (and, without
+    normalisation nor lambda_max, the largest): exact on single requests, whatever else is
+    in the batch, as on the verification's batches."""
+    args = {
+        "in_channels": FEATURES, "classes": CLASSES, "normalization": normalization,
+        "lambda_max": lambda_max,
+    }  # fmt: skip
+    assert cheb_build(tmp_path, undirected, args) == 0
+    result = verified(tmp_path, undirected)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+    _, config = load_model(tmp_path / "model")
+    assert config.num_layers == 2
+    hub = int(np.argmax(undirected.in_degree))
+    assert config.max_degree == (
+        int(undirected.degree_rows(np.array([hub]))[0]) if normalization is None else 0
+    )
+    assert alone_worst(tmp_path / "model", undirected, [hub, 7, 88]) <= 1e-5
+
+
+def test_chebconv_is_refused_where_the_ego_graph_cannot_carry_its_degrees(
+    plain, undirected, tmp_path, capsys
+):
+    args = {"in_channels": FEATURES, "classes": CLASSES, "normalization": "sym", "lambda_max": None}
+    assert cheb_build(tmp_path, plain, args) == 1
+    err = capsys.readouterr().err
+    assert "holds ChebConv, which normalises by each node's out-degree" in err
+    assert "build the graph with --undirected" in err and "Traceback" not in err
+    module = pyg_user_models.Cheb(**args)
+    degrees = np.asarray(undirected.in_degree)
+    assert check_chebconv(module, degrees, np.asarray(undirected.out_degree), False) is None
+    with pytest.raises(ValueError, match=r"sum the edge weights .* --edge-input none"):
+        check_chebconv(module, degrees, degrees, edge_weight=True)
+
+
+@pytest.mark.parametrize(
+    ("conv", "hops"),
+    [
+        ("TAGConv", 2), ("SSGConv", 2), ("ARMAConv", 2), ("GatedGraphConv", 2),
+        ("MixHopConv", 2), ("AntiSymmetricConv", 2), ("GCN2Conv", 2), ("FAConv", 2),
+    ],
+)  # fmt: skip
+def test_k_hop_layers_stay_exact(conv, hops, plain, tmp_path):
+    args = {"conv": conv, "in_channels": FEATURES, "hidden": 8, "classes": CLASSES}
+    torch.manual_seed(0)
+    module = pyg_user_models.KHop(**args)
+    assert build(tmp_path, plain, module, "KHop", args) == 0
+    result = verified(tmp_path, plain)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+    assert json.loads((tmp_path / "model" / "model_config.json").read_text())["num_layers"] == hops
+    hub = int(np.argmax(plain.in_degree))
+    assert alone_worst(tmp_path / "model", plain, [hub, 3, 50]) <= 1e-5
