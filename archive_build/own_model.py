@@ -33,7 +33,7 @@ import torch
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
 from graph_assets.stored.store import GraphStore
-from model.chebconv import check_chebconv, max_degree
+from model.chebconv import chebconv_layers, check_chebconv, max_degree
 from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
 from model.graph_level import CLASSES_FILE, as_data
@@ -376,6 +376,8 @@ def _hops(args: argparse.Namespace, steps: int, called: str) -> int:
 def _graph_degrees(module: torch.nn.Module, store: GraphStore, edge_input: EdgeInput) -> int:
     """ChebConv is served with the graph's degrees (``model.chebconv``): refused where those
     are not what the ego-graph carries; the largest degree where it scales by it."""
+    if not chebconv_layers(module):
+        return 0
     check_chebconv(module, store.in_degree, store.out_degree, edge_input is EdgeInput.EDGE_WEIGHT)
     return max_degree(module, store.degree_rows(np.arange(store.num_nodes)))
 
