@@ -1,7 +1,8 @@
 """Model classes written the way PyG's documentation writes them (loaded by the tests with
---model-file): lazy in-channels, an MLP without message passing, HeteroConv and ``to_hetero``
-over PyG's bipartite layers, HGTConv, and the relational layers of one type (RGCNConv,
-FastRGCNConv, RGATConv, HEATConv) on a typed graph made homogeneous."""
+--model-file; the file imports nothing of ours, as a user's would not): lazy in-channels, an MLP
+without message passing, HeteroConv and ``to_hetero`` over PyG's bipartite layers, HGTConv, the
+relational layers of one type (RGCNConv, FastRGCNConv, RGATConv, HEATConv) on a typed graph
+made homogeneous, ChebConv, and the K-hop layers."""
 
 from __future__ import annotations
 
@@ -12,7 +13,25 @@ from torch import Tensor
 from torch_geometric import nn as pyg_nn
 from torch_geometric.nn import Linear, SAGEConv, to_hetero
 
-from tests.unit.archive_build.user_models import _fraud_embed, _fraud_inputs
+
+def _fraud_inputs(hidden: int, devices: int) -> torch.nn.ModuleDict:
+    """Users (8 features) and merchants (4) projected to ``hidden``; devices (featureless)
+    an embedding per device, indexed by ``n_id_dict`` as PyG's examples do."""
+    return torch.nn.ModuleDict(
+        {
+            "user": torch.nn.Linear(8, hidden),
+            "merchant": torch.nn.Linear(4, hidden),
+            "device": torch.nn.Embedding(devices, hidden),
+        }
+    )
+
+
+def _fraud_embed(inputs: torch.nn.ModuleDict, x_dict: dict, n_id_dict: dict) -> dict:
+    return {
+        "user": inputs["user"](x_dict["user"]),
+        "merchant": inputs["merchant"](x_dict["merchant"]),
+        "device": inputs["device"](n_id_dict["device"]),
+    }
 
 
 class _LazySage(torch.nn.Module):
