@@ -361,3 +361,17 @@ def test_k_hop_layers_stay_exact(conv, hops, plain, tmp_path):
     assert json.loads((tmp_path / "model" / "model_config.json").read_text())["num_layers"] == hops
     hub = int(np.argmax(plain.in_degree))
     assert alone_worst(tmp_path / "model", plain, [hub, 3, 50]) <= 1e-5
+
+
+def test_a_precomputed_chebconv_archive_is_exact(undirected, tmp_path):
+    """--precompute stores ChebConv's rows from in-neighbourhoods, with the graph's degrees."""
+    from model.precompute import precompute, weights_digest
+
+    args = {"in_channels": FEATURES, "classes": CLASSES, "normalization": None, "lambda_max": None}
+    assert cheb_build(tmp_path, undirected, args) == 0
+    model_dir = tmp_path / "model"
+    model, _ = load_model(model_dir)
+    rows = tmp_path / "precomputed"
+    precompute(model, undirected, rows, weights_digest(model_dir / "model.pt"), progress=False)
+    result = verify(model_dir, undirected, ServingSettings(fanouts=(3, 3)), 1e-5, rows)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
