@@ -25,6 +25,7 @@ from handler.tasks.node.task import node_router
 from model.chebconv import check_chebconv
 from model.export import load_model
 from model.served_hetero import small_typed_input
+from model.typed_graph import whole_graph_input
 from model.user_model import tensor_parameters
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store, write_edge_feature_csv
 from tests.typed_graphs import fraud_store
@@ -254,7 +255,20 @@ def typed_build(
             module(sample.x_dict, sample.edge_index_dict, sample.n_id_dict)
     code = build(tmp_path, typed, module, name, args)
     assert code == 0
-    return verified(tmp_path, typed)
+    result = verified(tmp_path, typed)
+    model, config = load_model(tmp_path / "model")
+    with torch.no_grad():
+        full = torch.softmax(model(whole_graph_input(typed)), -1)
+    settings = ServingSettings(fanouts=(-1,) * config.num_layers)
+    engine = NodeClassificationEngine.create(typed, model, settings, torch.device("cpu"), "1")
+    users = typed.schema.target_type.num_nodes
+    hub = int(np.argmax(np.asarray(typed.in_degree)[:users]))
+    for user in (hub, 5):  # alone: no other seed's ego-graph adds to its own
+        body = {"node_ids": typed.external_ids([user]), "node_type": "user"}
+        [answer] = engine.handle([{"body": body}])
+        got = torch.tensor(answer.body["predictions"][0]["probabilities"])
+        assert float((got - full[user]).abs().max()) <= 1e-5, (name, user)
+    return result
 
 
 @pytest.mark.parametrize("conv", BIPARTITE)
