@@ -240,7 +240,7 @@ def tensor_parameters(cls: type[torch.nn.Module]) -> set[str]:
             continue
         try:
             hints = typing.get_type_hints(candidate.__init__)
-        except Exception:  # an annotation that does not resolve names nothing
+        except (NameError, TypeError, AttributeError, SyntaxError):  # unresolved: names none
             continue
         found |= {name for name, hint in hints.items() if _is_tensor_hint(hint)}
     return found
