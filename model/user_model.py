@@ -199,7 +199,9 @@ def instantiate(cls: type[torch.nn.Module], model_args: Mapping[str, Any]) -> to
     (:func:`tensor_parameters`), or ``{"tensor": [...]}`` anywhere."""
     tensors = tensor_parameters(cls)
     try:
-        return cls(**{key: _decoded(value, key in tensors) for key, value in model_args.items()})
+        return cls(
+            **{key: _decoded(key, value, key in tensors) for key, value in model_args.items()}
+        )
     except TypeError as error:
         try:
             signature = str(inspect.signature(cls))
@@ -211,7 +213,7 @@ def instantiate(cls: type[torch.nn.Module], model_args: Mapping[str, Any]) -> to
         ) from None
 
 
-def _decoded(value: Any, tensor: bool) -> Any:
+def _decoded(key: str, value: Any, tensor: bool) -> Any:
     if isinstance(value, dict) and set(value) == {"tensor"}:
         return torch.tensor(value["tensor"])
     if tensor and isinstance(value, list):
@@ -219,7 +221,8 @@ def _decoded(value: Any, tensor: bool) -> Any:
             return torch.tensor(value)
         except (TypeError, ValueError, RuntimeError) as error:
             raise ValueError(
-                f"--model-args: a tensor argument is a list of numbers, got {value!r}: {error}"
+                f"--model-args {key}: a tensor argument is a list of numbers (or of equal "
+                f"lists), got {value!r}: {error}"
             ) from None
     return value
 

@@ -232,7 +232,7 @@ def test_a_list_becomes_a_tensor_where_the_constructor_takes_one(plain, tmp_path
     bad = {**args, "deg": [[1, 2], [3]]}
     argv[argv.index("--model-args") + 1] = json.dumps(bad)
     assert own_model.main(argv) == 1
-    assert "--model-args: a tensor argument is a list of numbers" in capsys.readouterr().err
+    assert "--model-args deg: a tensor argument is a list of numbers" in capsys.readouterr().err
 
 
 BIPARTITE = [
