@@ -8,7 +8,8 @@ holds the in-edges of its inner hops only, so the degrees it would count are not
 
 Served, each ChebConv's normalisation reads the degrees the ego-graph carries instead
 (``degree``: full-graph in-degrees, self-loops not counted, the ones GCN reads) and, for
-``normalization=None`` without ``lambda_max``, the graph's largest degree recorded at build.
+``normalization=None`` without ``lambda_max``, the graph's largest degree recorded at build (or
+a row's, when larger: a cold-start node's neighbour).
 That is the full-graph Laplacian where each node has as many out-edges as in-edges (an
 undirected graph, ``--undirected``), which the build checks (:func:`check_chebconv`); the
 verification then compares the answers as for any model.
@@ -118,7 +119,9 @@ def _norm_with(degree: Tensor, largest: int) -> Any:
             assert filled is not None
             weight = filled
         if lambda_max is None:  # 2 x the full graph's largest Laplacian entry
-            lambda_max = 2.0 * (float(largest) if normalization is None else 1.0)
+            # A cold-start node raises its neighbours' degrees: one may become the largest.
+            top = max(float(largest), float(deg.max())) if deg.numel() else float(largest)
+            lambda_max = 2.0 * (top if normalization is None else 1.0)
         if not isinstance(lambda_max, Tensor):
             lambda_max = torch.tensor(lambda_max, dtype=dtype, device=edge_index.device)
         if batch is not None and lambda_max.numel() > 1:

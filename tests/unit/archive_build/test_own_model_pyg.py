@@ -393,3 +393,43 @@ def test_a_precomputed_chebconv_archive_is_exact(undirected, tmp_path):
     precompute(model, undirected, rows, weights_digest(model_dir / "model.pt"), progress=False)
     result = verify(model_dir, undirected, ServingSettings(fanouts=(3, 3)), 1e-5, rows)
     assert result.passed and result.worst_abs_diff <= 1e-5, result
+
+
+@pytest.mark.parametrize("normalization", [None, "sym", "rw"])
+def test_a_chebconv_cold_start_node_with_edges_both_ways_is_exact(
+    normalization, undirected, tmp_path
+):
+    """A new node linked both ways keeps every node's out-degree equal to its in-degree, so
+    its answer is ChebConv's forward on the graph with it added (its neighbours' degrees
+    grown by one)."""
+    args = {
+        "in_channels": FEATURES, "classes": CLASSES, "normalization": normalization,
+        "lambda_max": None,
+    }  # fmt: skip
+    assert cheb_build(tmp_path, undirected, args) == 0
+    model, _ = load_model(tmp_path / "model")
+    engine = NodeClassificationEngine.create(
+        undirected, model, ServingSettings(fanouts=(-1, -1)), torch.device("cpu"), "1"
+    )
+    hub = int(np.argmax(undirected.in_degree))
+    neighbours = sorted({hub, 5, 40})
+    x_new = [0.3, -1.2, 0.8, 0.0, 0.5, -0.4][:FEATURES]
+    ids = undirected.external_ids(np.array(neighbours))
+    body = {"new_node": {"x": x_new, "neighbors": ids, "direction": "both"}}
+    [answer] = node_router(engine, "1").handle([{"body": body}])
+    assert answer.status == 200, answer.body
+    n = undirected.num_nodes
+    column = torch.tensor(neighbours)
+    edge_index = torch.cat(
+        [
+            torch.from_numpy(undirected.edge_index()),
+            torch.stack([column, torch.full_like(column, n)]),
+            torch.stack([torch.full_like(column, n), column]),
+        ],
+        dim=1,
+    )
+    x = torch.cat([torch.from_numpy(np.array(undirected.features)), torch.tensor([x_new])])
+    with torch.no_grad():
+        expected = torch.softmax(model.module(x, edge_index)[n], -1)
+    got = torch.tensor(answer.body["probabilities"])
+    assert float((got - expected).abs().max()) <= 1e-5
