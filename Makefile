@@ -39,8 +39,9 @@ stop:
 # Management shortcuts for the `make serve` server (token read from .serve/key_file.json):
 #   make register MAR=gnn_v2.0.mar   make set-default VERSION=2.0   make scale WORKERS=2
 #   make unregister VERSION=1.0      make status
+# A server on other ports: MANAGEMENT=http://127.0.0.1:9081 (gnnctl.py --management).
 MODEL ?= gnn
-GNNCTL := $(BIN)/python scripts/gnnctl.py
+GNNCTL := $(BIN)/python scripts/gnnctl.py $(if $(MANAGEMENT),--management $(MANAGEMENT))
 status:
 	$(GNNCTL) status $(MODEL)
 register:

@@ -104,7 +104,7 @@ Your own model (docs/models.md; every task)
                           or raw (values returned as they are: regression, risk scores)
   --num-hops K            the model's receptive field = hops sampled (default: inferred from
                           one forward, or link: one encode: the message-passing steps it
-                          makes, printed); node and link
+                          makes, printed; 0: a model without message passing); node and link
   --edge-input KIND       auto (default: edge_attr when forward takes it; a forward that takes
                           only edge_weight is refused on a graph with edge features: say which),
                           edge_attr, edge_weight (one edge feature) or none

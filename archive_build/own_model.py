@@ -27,11 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
 from graph_assets.stored.store import GraphStore
+from model.chebconv import chebconv_layers, check_chebconv, max_degree
 from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
 from model.graph_level import CLASSES_FILE, as_data
@@ -103,6 +105,7 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
         edge_input=edge_input,
         boundary_degrees=seen.source_degrees,
         trim=trims(module),
+        max_degree=_graph_degrees(module, store, edge_input),
         embedding=embedding,
     )
     _write(Path(args.out), loaded, config)
@@ -185,6 +188,7 @@ def package_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig
         num_layers=hops,
         edge_input=edge_input,
         boundary_degrees=seen.source_degrees,
+        max_degree=_graph_degrees(module, store, edge_input),
     )
     model = UserLinkModel(module, config).eval()
     scores = _probe_decode(model, seen.out_dim)
@@ -356,13 +360,26 @@ def _probe_decode(model: UserLinkModel | UserHeteroLinkModel, width: int) -> tor
 
 
 def _hops(args: argparse.Namespace, steps: int, called: str) -> int:
-    hops = int(args.num_hops) if args.num_hops is not None else steps
-    if hops < 1:
+    """``--num-hops``, else the message-passing steps counted; a count of 0 is not taken on
+    trust (the model may read neighbours without PyG's MessagePassing)."""
+    if args.num_hops is not None:
+        return int(args.num_hops)
+    if steps < 1:
         raise ValueError(
-            f"{called} called no message-passing layer (torch_geometric MessagePassing): give "
-            "--num-hops K, the number of hops its answer depends on"
+            f"{called} called no message-passing layer (torch_geometric MessagePassing), so its "
+            "hop count is uncertain: give --num-hops K, the number of hops its answer depends "
+            "on (--num-hops 0 for a model without message passing, such as an MLP)"
         )
-    return hops
+    return steps
+
+
+def _graph_degrees(module: torch.nn.Module, store: GraphStore, edge_input: EdgeInput) -> int:
+    """ChebConv is served with the graph's degrees (``model.chebconv``): refused where those
+    are not what the ego-graph carries; the largest degree where it scales by it."""
+    if not chebconv_layers(module):
+        return 0
+    check_chebconv(module, store.in_degree, store.out_degree, edge_input is EdgeInput.EDGE_WEIGHT)
+    return max_degree(module, store.degree_rows(np.arange(store.num_nodes)))
 
 
 def _config(args: argparse.Namespace, loaded: Loaded, **inferred: Any) -> UserModelConfig:
@@ -491,8 +508,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.model_args_file and args.model_args != "{}":
         print("error: give --model-args or --model-args-file, not both", file=sys.stderr)
         return 1
-    if args.num_hops is not None and args.num_hops < 1:
-        print(f"error: --num-hops must be >= 1, got {args.num_hops}", file=sys.stderr)
+    if args.num_hops is not None and args.num_hops < 0:
+        print(
+            f"error: --num-hops must be >= 0 (0: a model without message passing), got "
+            f"{args.num_hops}",
+            file=sys.stderr,
+        )
         return 1
     graph_task = args.task == Task.GRAPH.value
     if graph_task != bool(args.dataset) or graph_task == bool(args.store):

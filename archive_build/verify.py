@@ -111,8 +111,8 @@ class Verification(Checked):
 
     def lines(self) -> list[str]:
         lines = [
-            f"  verified {self.nodes} nodes ({RANDOM_NODES} random and the {HUB_NODES} highest "
-            f"in-degree) with full neighbourhoods: worst |served - full-graph forward| "
+            f"  verified {self.nodes} nodes ({_which_nodes(self.nodes)}) with full "
+            f"neighbourhoods: worst |served - full-graph forward| "
             f"{self.worst_abs_diff:.2e} (node {self.worst_node})"
             + (
                 f", classes agree {self.class_agreement:.1%}"
@@ -127,6 +127,16 @@ class Verification(Checked):
                 f"for {self.sampled_class_agreement:.1%} of them (info)"
             )
         return lines
+
+
+def _which_nodes(checked: int) -> str:
+    """How ``checked`` nodes were chosen (``verification_nodes``): every node answered for on
+    a graph of fewer than ``RANDOM_NODES``, else the sample and the hubs, counted once."""
+    if checked < RANDOM_NODES:
+        return "every node answered for"
+    both = RANDOM_NODES + HUB_NODES - checked
+    shared = f", {both} of them among the random ones" if both else ""
+    return f"{RANDOM_NODES} random and the {HUB_NODES} highest in-degree{shared}"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -20,7 +20,10 @@ _CHECKSUM = re.compile(r"[0-9a-f]{64}")
 
 
 def default_fanouts(num_layers: int) -> tuple[int, ...]:
-    """25 neighbours at the first hop and 10 at each later one, one hop per model layer."""
+    """25 neighbours at the first hop and 10 at each later one, one hop per model layer (none
+    for a model without message passing)."""
+    if num_layers == 0:
+        return ()
     return (DEFAULT_FANOUTS[0],) + (DEFAULT_FANOUTS[1],) * (num_layers - 1)
 
 
@@ -300,11 +303,13 @@ def parse_relation_fanouts(value: object) -> dict[str, tuple[int, ...]]:
 
 
 def parse_fanouts(value: object) -> tuple[int, ...]:
-    """Accepts ``[25, 10]`` or ``"25,10"``; each entry a positive int or -1 (all neighbours)."""
+    """Accepts ``[25, 10]`` or ``"25,10"``; each entry a positive int or -1 (all neighbours);
+    ``[]``: no hop, for a model without message passing (its ego-graph is its seeds)."""
     items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items:
+    if not isinstance(items, (list, tuple)):
         raise ValueError(
-            f"fanouts must be a non-empty list like [25, 10] or '-1,-1'; got {value!r}"
+            f"fanouts must be a list like [25, 10] or '-1,-1' ([] for a model without "
+            f"message passing); got {value!r}"
         )
     try:
         fanouts = tuple(int(str(item).strip()) for item in items)

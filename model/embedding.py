@@ -26,6 +26,18 @@ from torch import Tensor
 from model.architectures import NodeClassifier
 from model.link import LinkModel
 from model.served import UserNodeModel, edge_kwargs
+from model.served_hetero import HeteroNodeModel
+
+
+def has_embedding(model: torch.nn.Module) -> bool:
+    """Whether the model defines a node embedding (``return_embedding``): the user's class
+    only when its build found a message-passing layer or was given ``--embedding-method``
+    (a typed one: an embedding submodule); every preset does."""
+    if isinstance(model, UserNodeModel):
+        return bool(model.config.embedding)
+    if isinstance(model, HeteroNodeModel):
+        return model.has_embedding
+    return True
 
 
 def forward_with_embedding(
@@ -45,8 +57,12 @@ def forward_with_embedding(
         if layer is None:  # a method the user named
             method = getattr(model.module, model.config.embedding.removeprefix("method:"))
             extra = edge_kwargs(model.config.edge_input, edge_attr)
-            return model(x, edge_index, edge_attr=edge_attr), method(x, edge_index, **extra)
-        return with_input_of(layer, lambda: model(x, edge_index, edge_attr=edge_attr))
+            output = model(x, edge_index, degree=degree, edge_attr=edge_attr)
+            with model.graph_degrees(degree):
+                return output, method(x, edge_index, **extra)
+        return with_input_of(
+            layer, lambda: model(x, edge_index, degree=degree, edge_attr=edge_attr)
+        )
     if not isinstance(model, NodeClassifier):
         raise TypeError(f"no node embedding is defined for {type(model).__name__}")
     return with_input_of(model.gnn.convs[-1], lambda: model(x, edge_index, degree=degree))

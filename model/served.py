@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
+from model.chebconv import chebconv_layers, graph_degrees
 from model.trimmed import known_hop_edges, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig
 
@@ -83,6 +85,7 @@ class UserNodeModel(torch.nn.Module):
             and trims_by_rows(module)
             and config.edge_input is not EdgeInput.EDGE_WEIGHT
         )
+        self._chebconv = bool(chebconv_layers(module))
 
     def forward(
         self,
@@ -94,8 +97,8 @@ class UserNodeModel(torch.nn.Module):
         hop_edges: Sequence[int] | None = None,
     ) -> Tensor:
         """The module's rows; ``degree`` is not the user's business (boundary degrees come in
-        the ego-graph's edges), ``level_sizes`` (and ``hop_edges``) trim a ``BasicGNN`` layer
-        by layer."""
+        the ego-graph's edges) except for ChebConv's Laplacian (``model.chebconv``),
+        ``level_sizes`` (and ``hop_edges``) trim a ``BasicGNN`` layer by layer."""
         module = self.module
         if level_sizes is not None and self._by_rows:
             assert isinstance(module, BasicGNN)
@@ -109,13 +112,21 @@ class UserNodeModel(torch.nn.Module):
                 edge_index, level_sizes, hop_edges
             )
             rows = level_sizes[0]  # trimmed: the seeds' rows come first, the rest may not
-        out = module(x, edge_index, **kwargs)
+        with self.graph_degrees(degree):
+            out = module(x, edge_index, **kwargs)
         if not isinstance(out, Tensor) or out.dim() != 2 or out.size(0) < rows:
             raise ValueError(
                 f"{type(self.module).__name__}.forward must return one row per node, a "
                 f"[{x.size(0)}, C] tensor; it returned {_shape(out)}"
             )
         return out
+
+    def graph_degrees(self, degree: Tensor | None) -> AbstractContextManager[None]:
+        """Where the module reads the graph's degrees rather than the ego-graph's (ChebConv's
+        Laplacian, ``model.chebconv``), ``degree`` (one per row) within the block."""
+        if degree is None or not self._chebconv:
+            return nullcontext()
+        return graph_degrees(self.module, degree, self.config.max_degree)
 
     def embedding_module(self) -> torch.nn.Module | None:
         """The module whose input is a node's embedding (None for a named method)."""

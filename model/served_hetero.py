@@ -254,7 +254,10 @@ def probe_hetero(
         how = f"{steps} calls of one relation's layers in one forward"
     else:
         steps = len(called)
-        how = f"{steps} message-passing layers called in one forward"
+        how = (
+            f"{steps} message-passing layers called in one forward, an uncertain count (layers "
+            "side by side count twice, a neighbour read outside MessagePassing not at all)"
+        )
     return HeteroProbe(steps=steps, how=how, out_dim=int(out.size(1)))
 
 

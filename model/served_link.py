@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from model.chebconv import chebconv_layers, graph_degrees
 from model.link import SCORE_CHUNK_ROWS
 from model.served import ServingNeeds, edge_kwargs
 from model.user_model import UserModelConfig
@@ -67,7 +68,12 @@ class UserLinkModel(torch.nn.Module):
         business (boundary degrees come in the ego-graph's edges) and ``encode`` is not
         trimmed, so ``level_sizes`` changes nothing."""
         encode = method_of(self.module, "encode")
-        z = encode(x, edge_index, **edge_kwargs(self.config.edge_input, edge_attr))
+        kwargs = edge_kwargs(self.config.edge_input, edge_attr)
+        if degree is not None and chebconv_layers(self.module):  # model.chebconv
+            with graph_degrees(self.module, degree, self.config.max_degree):
+                z = encode(x, edge_index, **kwargs)
+        else:
+            z = encode(x, edge_index, **kwargs)
         if not isinstance(z, Tensor) or z.dim() != 2 or z.size(0) != x.size(0):
             raise ValueError(
                 f"{type(self.module).__name__}.encode must return one embedding per node, a "

@@ -13,12 +13,13 @@ import importlib.util
 import inspect
 import json
 import sys
+import types
+import typing
 import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -76,6 +77,9 @@ class UserModelConfig:
         boundary_degrees: the ego-graph carries the deepest hop's full in-degrees (models that
             normalise by the degree of a message's source, such as GCNConv).
         trim: PyG ``BasicGNN`` trim-to-layer with the sampler's per-hop counts.
+        max_degree: the graph's largest degree (self-loops not counted), the scale of a
+            ChebConv without normalisation and without ``lambda_max`` (``model.chebconv``);
+            0 when no layer reads it.
         embedding: node: the module whose input is a node's embedding (the last
             message-passing layer the forward calls); graph: the last Linear layer, whose
             input is the graph's embedding, or ``""`` for none; either: ``method:<name>`` for a
@@ -100,6 +104,7 @@ class UserModelConfig:
     edge_dim: int = 0
     boundary_degrees: bool = False
     trim: bool = False
+    max_degree: int = 0
     embedding: str = ""
     hetero: dict[str, Any] | None = None
 
@@ -168,7 +173,7 @@ def import_model_class(model_class: str, model_file: Path | None) -> type[torch.
     return found
 
 
-def _load_file(path: Path) -> ModuleType:
+def _load_file(path: Path) -> types.ModuleType:
     """Imports a model file under a name of its own (so two archives' files never clash)."""
     if not path.is_file():
         raise ValueError(f"--model-file {path}: no such file")
@@ -190,9 +195,13 @@ def _load_file(path: Path) -> ModuleType:
 
 def instantiate(cls: type[torch.nn.Module], model_args: Mapping[str, Any]) -> torch.nn.Module:
     """``cls(**model_args)``; a wrong argument is named with the constructor's signature. A
-    tensor argument (PNA's ``deg``) is written ``{"tensor": [...]}`` in JSON."""
+    tensor argument (PNA's ``deg``) is a JSON list where the constructor annotates it ``Tensor``
+    (:func:`tensor_parameters`), or ``{"tensor": [...]}`` anywhere."""
+    tensors = tensor_parameters(cls)
     try:
-        return cls(**{key: _decoded(value) for key, value in model_args.items()})
+        return cls(
+            **{key: _decoded(key, value, key in tensors) for key, value in model_args.items()}
+        )
     except TypeError as error:
         try:
             signature = str(inspect.signature(cls))
@@ -204,10 +213,48 @@ def instantiate(cls: type[torch.nn.Module], model_args: Mapping[str, Any]) -> to
         ) from None
 
 
-def _decoded(value: Any) -> Any:
+def _decoded(key: str, value: Any, tensor: bool) -> Any:
     if isinstance(value, dict) and set(value) == {"tensor"}:
         return torch.tensor(value["tensor"])
+    if tensor and isinstance(value, list):
+        try:
+            return torch.tensor(value)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"--model-args {key}: a tensor argument is a list of numbers (or of equal "
+                f"lists), got {value!r}: {error}"
+            ) from None
     return value
+
+
+def tensor_parameters(cls: type[torch.nn.Module]) -> set[str]:
+    """Constructor arguments annotated ``Tensor`` (``Optional[Tensor]`` too): those of
+    ``cls``, and, where ``cls`` passes ``**kwargs`` on to its layers as PyG's ``BasicGNN``
+    models do (``PNA`` to ``PNAConv``), those of the layer classes its ``init_conv`` builds."""
+    classes: list[Any] = [cls]
+    init_conv = getattr(cls, "init_conv", None)
+    code = getattr(init_conv, "__code__", None)
+    if code is not None:
+        names = getattr(init_conv, "__globals__", {})
+        classes += [names.get(name) for name in code.co_names]
+    found: set[str] = set()
+    for candidate in classes:
+        if not (inspect.isclass(candidate) and issubclass(candidate, torch.nn.Module)):
+            continue
+        try:
+            hints = typing.get_type_hints(candidate.__init__)
+        except (NameError, TypeError, AttributeError, SyntaxError):  # unresolved: names none
+            continue
+        found |= {name for name, hint in hints.items() if _is_tensor_hint(hint)}
+    return found
+
+
+def _is_tensor_hint(hint: Any) -> bool:
+    if hint is Tensor:
+        return True
+    return typing.get_origin(hint) in (typing.Union, types.UnionType) and Tensor in (
+        typing.get_args(hint)
+    )
 
 
 def read_state_dict(path: Path) -> dict[str, Tensor]:

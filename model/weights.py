@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.nn.parameter import is_lazy
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,17 @@ class KeyMismatch:
 
 
 def key_mismatch(module: torch.nn.Module, state_dict: Mapping[str, object]) -> KeyMismatch:
-    """How ``state_dict`` differs from ``module.state_dict()`` in keys and shapes."""
+    """How ``state_dict`` differs from ``module.state_dict()`` in keys and shapes. A lazy
+    parameter (PyG's ``Linear(-1, ...)``, ``SAGEConv((-1, -1), ...)``, their ``to_hetero``
+    copies) has no shape yet: any tensor fits it, and PyG's load hook takes the saved one."""
     expected = module.state_dict()
     mis_shaped = []
     for key in sorted(set(expected) & set(state_dict)):
         value = state_dict[key]
         if not isinstance(value, Tensor):
             mis_shaped.append(f"{key} (a {type(value).__name__}, not a tensor)")
+        elif is_lazy(expected[key]):
+            continue
         elif value.shape != expected[key].shape:
             mis_shaped.append(
                 f"{key} {tuple(value.shape)} (the model has {tuple(expected[key].shape)})"

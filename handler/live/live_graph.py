@@ -66,6 +66,10 @@ from handler.settings import ServingSettings
 logger = logging.getLogger(__name__)
 
 UPDATE_KEY_HEADER = "x-gnnserve-update-key"
+UPDATES_DISABLED = (
+    "updates are disabled for this archive (gnn.updates_enabled is false): rebuild it with "
+    "./build_mar.sh --enable-updates"
+)
 # The state directory when the archive names none: in TorchServe's (private) temp directory.
 STATE_DIR = "gnnserve-state"
 # After a failed replay the follower waits this long before it tries the same record again, so a
@@ -140,7 +144,7 @@ def read_secret(env_name: str, secret_file: str) -> str:
 def parse_update(body: dict[str, Any], key: str | None, policy: UpdatePolicy) -> UpdateRequest:
     """Checks the update key before anything else, then the shape of the operation list."""
     if not policy.enabled:
-        raise Forbidden("updates are disabled for this archive (gnn.updates_enabled is false)")
+        raise Forbidden(UPDATES_DISABLED)
     if key is None or not hmac.compare_digest(key.encode(), (policy.secret or "").encode()):
         raise Forbidden(f"updates need the update key in the {UPDATE_KEY_HEADER} header")
     operations = body.get("operations")
@@ -328,7 +332,7 @@ class LiveGraph:
         update is applied, whatever a listener of the overlay does (``Applied.rows_rebuilding``).
         """
         if self.log is None:
-            raise Forbidden("updates are disabled for this archive")
+            raise Forbidden(UPDATES_DISABLED)
         try:  # decoded once, here: the overlay and the log see typed operations only
             operations = decode_operations(request.operations, self.store)
         except UpdateRejected as refused:
@@ -573,7 +577,7 @@ def answer_update(
     try:
         request = parse_update(body, key, policy)
         if live is None:
-            raise Forbidden("updates are disabled for this archive")
+            raise Forbidden(UPDATES_DISABLED)
         applied = live.update(request)
     except ApiError as error:
         logger.info("update refused: %s %s", error.status, error.type_name)

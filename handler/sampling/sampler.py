@@ -392,6 +392,8 @@ class NeighbourSampler:
             edge_parts.append(edges)
             self._check_limits(total_nodes + len(boundary_rows), total_edges + len(neighbours))
             levels.append(boundary_rows)
+        if not edge_parts:  # no hop (a model without message passing): the seeds alone
+            src_parts = dst_parts = edge_parts = [ops.of_ints([])]
         edge_index = ops.stack([ops.cat(src_parts), ops.cat(dst_parts)])
         return SampledSubgraph(
             node=ops.to_torch(ops.cat(levels)),

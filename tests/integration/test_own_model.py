@@ -1,6 +1,7 @@
 """A user's own model class through build_mar.sh and TorchServe: the model file travels in the
 archive, edge features reach the model, the served answers equal the model's full-graph forward,
-describe shows the build-time verification, and bad models are refused at build in one line."""
+describe shows the build-time verification, and bad models are refused at build in one line; PyG's
+heterogeneous recipe with lazy layers builds and answers a cold-start node."""
 
 from __future__ import annotations
 
@@ -19,10 +20,15 @@ import torch
 
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
+from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
+from model.export import load_model
 from model.served import answer_rows
+from model.served_hetero import small_typed_input
+from model.typed_graph import whole_graph_input
 from model.user_model import Output, import_model_class, instantiate
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, write_edge_feature_csv
-from tests.unit.archive_build import user_models
+from tests.typed_cold_start_reference import with_new_node
+from tests.unit.archive_build import pyg_user_models, user_models
 
 from .archives import ROOT
 
@@ -233,3 +239,74 @@ def test_bad_models_are_refused_in_one_line(built, tmp_path, options, says):
     assert len(errors) == 1 and says in errors[0], result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.mar"))
+
+
+# PyG's heterogeneous recipe, to_hetero over SAGEConv((-1, -1)) and Linear(-1, ...), on the
+# fraud graph with its reverses; built without --embedding-method.
+LAZY = {"devices": 60, "hidden": 8, "classes": 2}
+PAYS, REV_PAYS = ("user", "pays", "merchant"), ("merchant", "rev_pays", "user")
+USES, REV_USES = ("user", "uses", "device"), ("device", "rev_uses", "user")
+FRAUD_METADATA = [
+    ["user", "merchant", "device"],
+    [list(t) for t in (PAYS, REV_PAYS, USES, REV_USES)],
+]
+
+
+@pytest.fixture(scope="module")
+def lazy_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """lazy.mar from the user's model file by itself, its lazy layers initialised by one
+    forward on a small sample as PyG's docs do."""
+    root = tmp_path_factory.mktemp("own_lazy")
+    graph = write_fraud_graph_csv(fraud_graph(150, 25, 60, 500, seed=4), root / "graph")
+    shutil.copy(pyg_user_models.__file__, root / "lazy_model.py")
+    args = {**LAZY, "metadata": FRAUD_METADATA}
+    torch.manual_seed(0)
+    module = pyg_user_models.FraudLazyToHetero(**args)
+    widths = {"user": 8, "merchant": 4, "device": 0}
+    sample = small_typed_input(widths, {(*e,): 0 for e in FRAUD_METADATA[1]})
+    with torch.no_grad():
+        module(sample.x_dict, sample.edge_index_dict, sample.n_id_dict)
+    torch.save(module.state_dict(), root / "lazy.pt")
+    result = build(
+        "--graph", str(graph), "--undirected", "--export-path", str(root / "store"),
+        "--name", "lazy", "--model-file", str(root / "lazy_model.py"),
+        "--model-class", "FraudLazyToHetero", "--model-args", json.dumps(args),
+        "--weights", str(root / "lazy.pt"), "--fanouts", "-1,-1", "--batch-size", "4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "2 hops (inferred: 2 calls of one relation's layers" in result.stdout
+    assert "worst |served - full-graph forward|" in result.stdout
+    return root
+
+
+def test_a_lazy_to_hetero_model_builds_and_scores_a_new_node(serve, lazy_built):
+    """Served by TorchServe: a new user (no --embedding-method) is answered as the model's
+    forward on the graph with it added; return_embedding is a 400 naming the option."""
+    work = lazy_built / "unpacked"
+    zipfile.ZipFile(lazy_built / "store" / "lazy.mar").extractall(work)
+    store = open_store(work / "graph")
+    model, _ = load_model(work)
+    x = [0.4, -0.3, 0.2, 0.0, 1.1, -0.6, 0.3, 0.5]
+    neighbors = {"user__pays__merchant": [1000, 1003], "user__uses__device": ["d1"]}
+    amounts = {"user__pays__merchant": [[75.0, 14.0], [12.5, 2.0]]}
+    body = {"new_node": {"node_type": "user", "x": x, "neighbors": neighbors, "edge_attr": amounts}}
+    with serve(lazy_built / "store", "lazy=lazy.mar", name="own_lazy") as server:
+        response = post(server, "lazy", body)
+        refused = post(server, "lazy", {**body, "return_embedding": True})
+    assert response.status_code == 200, response.text
+    assert response.json()["new_node"] == {"neighbors": 3}
+    assert refused.status_code == 400 and "--embedding-method" in refused.json()["message"]
+    edges = []
+    for (end, node_id), attr in zip(
+        [("merchant", 1000), ("merchant", 1003), ("device", "d1")],
+        [*amounts["user__pays__merchant"], None],
+        strict=True,
+    ):
+        at = int(store.lookup([node_id], node_type=end)[0]) - store.schema.node_type(end).offset
+        pair = (PAYS, REV_PAYS) if end == "merchant" else (USES, REV_USES)
+        edges += [(pair[0], at, False, attr), (pair[1], at, True, attr)]
+    augmented, new = with_new_node(whole_graph_input(store), store.schema, x, edges)
+    with torch.no_grad():
+        expected = torch.softmax(model(augmented)[new], dim=-1)
+    served = torch.tensor(response.json()["probabilities"])
+    assert float((served - expected).abs().max()) <= 1e-5

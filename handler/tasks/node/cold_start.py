@@ -295,7 +295,7 @@ def sample_with_new_node(
     ``boundary`` the last sampler's hop (every in-edge) comes from one zero-feature row per
     source type (``handler.sampling.sampler.boundary_node``), as the node sampler's boundary
     does."""
-    device = samplers[0].indptr.device
+    device = samplers[0].indptr.device if samplers else torch.device("cpu")
     edges = view.edges
     other = torch.from_numpy(edges.node).to(device)
     inward = torch.from_numpy(edges.inward).to(device)
@@ -324,6 +324,8 @@ def sample_with_new_node(
             raise SubgraphTooLarge(total_nodes, total_edges, max_nodes, max_edges)
         levels.append(next_level)
         offset = next_offset
+    if not samplers:  # a model without message passing: the new node alone
+        src_parts = dst_parts = edge_parts = [torch.empty(0, dtype=torch.int64, device=device)]
     return SampledSubgraph(
         node=torch.cat(levels),
         edge_index=torch.stack([torch.cat(src_parts), torch.cat(dst_parts)]),

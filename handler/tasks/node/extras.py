@@ -45,7 +45,7 @@ from handler.tasks.node.cold_start import (
 )
 from handler.tasks.node.new_node_rows import new_node_ego, new_node_rows
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
-from model.embedding import forward_with_embedding
+from model.embedding import forward_with_embedding, has_embedding
 from model.served import answer_rows, serving_needs
 from model.served_hetero import HeteroNodeModel
 from model.user_model import EdgeInput
@@ -98,16 +98,15 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
     def parse(self, item: Any) -> Resolved:
         settings, schema = self.ego.settings, self.ego.store.schema
         request = parse_node_extra(item, schema, settings.max_ids_per_request)
+        model = plain_module(self.ego.model)
+        if request.return_embedding and not has_embedding(model):
+            raise BadRequest(
+                "return_embedding: this archive's model names no embedding; build it "
+                "with --embedding-method SUBMODULE (the submodule whose input is a "
+                "node's embedding)"
+            )
         if isinstance(request, EmbeddingRequest):
             self.ego.check_node_type(request.node_type)
-            model = plain_module(self.ego.model)
-            typed = isinstance(model, HeteroNodeModel)
-            if request.return_embedding and typed and not model.has_embedding:
-                raise BadRequest(
-                    "return_embedding: this archive's model names no embedding; build it "
-                    "with --embedding-method SUBMODULE (the submodule whose input is a "
-                    "node's embedding)"
-                )
             return Resolved(request, self.ego.lookup(list(request.node_ids)))
         if serving_needs(self.ego.model).edge_input is not EdgeInput.NONE:
             for name, ids in request.neighbors.items():
@@ -190,12 +189,14 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         if isinstance(model, HeteroNodeModel):
             stop = timed(times, "forward")
             with torch.inference_mode():
+                # Scoring needs the forward alone; a model without an embedding answers none.
                 rows, vectors = typed_answer(
-                    self.ego.store, view, model, sub, self.device, embedding=True
+                    self.ego.store, view, model, sub, self.device, embedding=model.has_embedding
                 )
-                assert vectors is not None
                 probabilities = answer_rows(rows, self.output).cpu()
-                embedding = vectors.float().cpu()
+                embedding = (
+                    vectors.float().cpu() if vectors is not None else torch.empty(len(rows), 0)
+                )
             stop()
             return probabilities, embedding
         stop = timed(times, "gather")
@@ -203,10 +204,13 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         edge_attr = self.ego.edge_features(sub.edge, view)
         stop()
         stop = timed(times, "forward")
+        edge_index = sub.edge_index.to(self.device)
         with torch.inference_mode():
-            logits, hidden = forward_with_embedding(
-                model, x, sub.edge_index.to(self.device), degree, edge_attr
-            )
+            if has_embedding(model):
+                logits, hidden = forward_with_embedding(model, x, edge_index, degree, edge_attr)
+            else:  # scoring (a cold-start node) needs the forward alone
+                logits = model(x, edge_index, degree=degree, edge_attr=edge_attr)
+                hidden = torch.empty(logits.size(0), 0)
             probabilities = answer_rows(logits[: sub.num_seeds], self.output).cpu()
             embedding = hidden[: sub.num_seeds].float().cpu()
         stop()

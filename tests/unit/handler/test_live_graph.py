@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
+from handler.live.live_graph import (
+    LiveGraph,
+    UpdatePolicy,
+    UpdateRequest,
+    answer_update,
+    parse_update,
+)
 from handler.protocol.errors import ApiError
 from handler.sampling.arrays import TorchOps
 from handler.sampling.sampler import NeighbourSampler
@@ -111,8 +117,11 @@ def test_removed_nodes_answer_404(int_store, tmp_path):
 def test_update_authorisation():
     policy = UpdatePolicy(secret="s" * 20, max_operations=2)
     body = {"op": "update", "operations": [{"type": "remove_node", "id": 1}]}
-    with pytest.raises(ApiError, match="disabled"):
+    with pytest.raises(ApiError, match="disabled") as disabled:
         parse_update(body, "s" * 20, UpdatePolicy(secret=None, max_operations=2))
+    assert disabled.value.status == 403 and "--enable-updates" in str(disabled.value)
+    status, answer = answer_update(body, "s" * 20, None, policy)
+    assert status == 403 and answer["message"].endswith("./build_mar.sh --enable-updates")
     for key in (None, "wrong", "s" * 19):
         with pytest.raises(ApiError) as refused:
             parse_update(body, key, policy)

@@ -169,11 +169,19 @@ def test_limits_raise_before_building():
         sampler.sample(torch.tensor([1]))
 
 
-@pytest.mark.parametrize("fanouts", [[], [0, 2], [-2]])
+@pytest.mark.parametrize("fanouts", [[0, 2], [-2]])
 def test_bad_fanouts_are_refused(fanouts):
     indptr, indices = random_csc(10, 20, seed=1)
     with pytest.raises(ValueError, match="fanout"):
         make_sampler(indptr, indices, fanouts)
+
+
+def test_no_hop_samples_the_seeds_alone():
+    """A model without message passing: its ego-graph is its seeds, no edge."""
+    indptr, indices = random_csc(10, 20, seed=1)
+    sub = make_sampler(indptr, indices, []).sample(torch.tensor([7, 2]))
+    assert sub.node.tolist() == [7, 2] and sub.level_sizes == (2,) and sub.num_seeds == 2
+    assert tuple(sub.edge_index.shape) == (2, 0) and sub.edge.numel() == 0
 
 
 def test_int32_structure_is_accepted():

@@ -13,19 +13,26 @@ from handler.settings import ServingSettings, default_fanouts, parse_fanouts, wo
 
 @pytest.mark.parametrize(
     ("given", "expected"),
-    [("-1,-1", (-1, -1)), ("25, 10", (25, 10)), ([5, -1, 3], (5, -1, 3)), ("7", (7,))],
+    [
+        ("-1,-1", (-1, -1)),
+        ("25, 10", (25, 10)),
+        ([5, -1, 3], (5, -1, 3)),
+        ("7", (7,)),
+        ([], ()),  # a model without message passing samples no hop
+    ],
 )
 def test_fanouts_parse(given, expected):
     assert parse_fanouts(given) == expected
 
 
-@pytest.mark.parametrize("given", ["", [], "0,5", "-2", "a,b", [1.5], None, "5,,5"])
+@pytest.mark.parametrize("given", ["", "0,5", "-2", "a,b", [1.5], None, "5,,5"])
 def test_bad_fanouts_are_refused_with_the_value(given):
     with pytest.raises(ValueError, match="fanout"):
         parse_fanouts(given)
 
 
 def test_default_fanouts_follow_the_layer_count():
+    assert default_fanouts(0) == ()
     assert default_fanouts(1) == (25,)
     assert default_fanouts(3) == (25, 10, 10)
 

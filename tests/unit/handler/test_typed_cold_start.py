@@ -385,3 +385,38 @@ def test_a_new_user_on_a_precomputed_archive_equals_the_forward_with_it_added(
     assert status == 200, answer
     inputs = whole_graph_input(store)
     check(answer, *expected(model, inputs, store.schema, x, edges, stored_positions(store)))
+
+
+def test_a_user_model_without_an_embedding_scores_a_new_node_with_its_forward(store):
+    """A user's typed model built without --embedding-method: the new node's answer is the
+    forward on its ego-graph (no embedding needed); asking for the embedding is a 400."""
+    torch.manual_seed(0)
+    module = user_models.FraudToHetero(
+        devices=DEVICES,
+        hidden=8,
+        classes=2,
+        metadata=[
+            list(store.schema.node_type_names),
+            [list(r.edge_type.triple) for r in store.schema.relations],
+        ],
+    )
+    model = UserHeteroModel(module, store.schema.target).eval()
+    assert not model.has_embedding
+    body, edges, x = payment_request(store)
+    del body["return_embedding"]
+    served = router(store, model)
+    [(status, answer)] = ask(served, body)
+    assert status == 200, answer
+    assert "embedding" not in answer and answer["new_node"] == {"neighbors": 5}
+    located = [
+        (t, stored_positions(store)(t, node_id, into), into, attr)
+        for t, node_id, into, attr in edges
+    ]
+    augmented, new = with_new_node(whole_graph_input(store), store.schema, x, located)
+    with torch.no_grad():
+        probabilities = torch.softmax(model(augmented)[new], -1)
+    assert float((torch.tensor(answer["probabilities"]) - probabilities).abs().max()) <= 1e-5
+    [(status, refused)] = ask(served, {**body, "return_embedding": True})
+    assert status == 400 and "--embedding-method" in refused["message"], refused
+    [(status, again)] = ask(served, body)
+    assert status == 200 and again["probabilities"] == answer["probabilities"]

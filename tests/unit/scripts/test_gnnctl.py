@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -49,7 +51,7 @@ class Recorder(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(json.dumps(body).encode())
 
-    do_PUT = do_GET
+    do_PUT = do_POST = do_GET
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -120,3 +122,21 @@ def test_any_other_error_is_not_retried(server, tmp_path):
     with pytest.raises(SystemExit, match="failed with 500: something else"):
         gnnctl.run(args)
     assert len(management.seen) == 1
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_register_reaches_a_server_on_other_ports(server, tmp_path):
+    """``make register MANAGEMENT=...`` calls the management API at that address."""
+    management = server(200, {"status": "Model registered"})
+    key_file = tmp_path / "key_file.json"
+    key_file.write_text(json.dumps({"management": {"key": "management-key-2"}}))
+    done = subprocess.run(
+        ["make", "--no-print-directory", "register", "MAR=gnn_v2.0.mar",
+         f"MANAGEMENT={management.url}"],
+        cwd=GNNCTL.parents[1], env={"GNNSERVE_KEY_FILE": str(key_file), "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ((line, headers),) = management.seen
+    assert line.startswith("POST /models?url=gnn_v2.0.mar&initial_workers=1&synchronous=true ")
+    assert headers["Authorization"] == "Bearer management-key-2"
