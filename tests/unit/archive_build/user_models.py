@@ -349,3 +349,54 @@ class FraudToHetero(torch.nn.Module):
 
     def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
         return self.gnn(_fraud_embed(self.inputs, x_dict, n_id_dict), edge_index_dict)
+
+
+# --- models that a build must refuse, each for a cause it names ---
+
+
+class CachedCentre(torch.nn.Module):
+    """State kept between calls: centres every input on the mean of its first call's input."""
+
+    def __init__(self, in_channels: int, classes: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, classes)
+        self.centre: Tensor | None = None
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        if self.centre is None:
+            self.centre = x.mean(dim=0, keepdim=True)
+        return self.conv(x - self.centre, edge_index)
+
+
+class RowCountScaled(torch.nn.Module):
+    """An answer that depends on the input's row count (its scores divided by it)."""
+
+    def __init__(self, in_channels: int, classes: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv(x, edge_index) * (100.0 / x.size(0))
+
+
+class LogOfConv(torch.nn.Module):
+    """NaN answers: the log of a SAGEConv's output, negative for some nodes."""
+
+    def __init__(self, in_channels: int, classes: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return torch.log(self.conv(x, edge_index))
+
+
+class FlippedSecondLayer(torch.nn.Module):
+    """Reads out-neighbours: the second SAGEConv runs on the reversed edges."""
+
+    def __init__(self, in_channels: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.conv1 = SAGEConv(in_channels, hidden)
+        self.conv2 = SAGEConv(hidden, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index.flip(0))

@@ -1,0 +1,88 @@
+"""Build-time verification cannot be passed without being correct: a model that keeps state
+between calls, one whose answer depends on its batch, one that gives NaN and one that reads
+out-neighbours are each refused in one line naming the cause; the table of modules known not to
+be local names the first offender with its path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch_geometric.nn import HANConv, LayerNorm, SAGEConv
+from torch_geometric.nn.norm import InstanceNorm
+
+from archive_build import verify as verification
+from graph_assets import GraphStore
+from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
+from tests.unit.archive_build import user_models
+from tests.unit.archive_build.test_own_model import package_and_verify
+
+ARGS = {"in_channels": FEATURES, "classes": CLASSES}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    return edge_feature_store(tmp_path_factory.mktemp("verify"))
+
+
+def refused(tmp_path: Path, store: GraphStore, name: str, args: dict) -> verification.Verification:
+    torch.manual_seed(0)
+    result = package_and_verify(tmp_path, store, getattr(user_models, name)(**args), name, args)
+    assert isinstance(result, verification.Verification)
+    assert not result.passed, result
+    assert result.cause and "\n" not in result.cause
+    return result
+
+
+def test_a_statistic_cached_on_the_first_call_is_refused(store, tmp_path):
+    """The full-graph forward runs on a copy of its own: it cannot prime the served model."""
+    result = refused(tmp_path, store, "CachedCentre", ARGS)
+    assert result.worst_abs_diff > 1e-3
+    assert result.cause.startswith("the model keeps state between calls")
+
+
+def test_an_answer_that_depends_on_the_row_count_is_refused(store, tmp_path):
+    result = refused(tmp_path, store, "RowCountScaled", ARGS)
+    assert result.cause.startswith("the model is not local: an answer depends on the other nodes")
+
+
+def test_nan_answers_are_refused_naming_them(store, tmp_path, capsys):
+    result = refused(tmp_path, store, "LogOfConv", ARGS)
+    assert result.worst_abs_diff == float("inf")
+    assert result.cause.startswith("the model gives NaN or inf in its full-graph forward")
+    yaml = tmp_path / "model-config.yaml"
+    yaml.write_text("gnn:\n  fanouts: [-1]\n")
+    argv = ["--store", str(store.path), "--model-dir", str(tmp_path / "model")]
+    argv += ["--model-config-yaml", str(yaml), "--out", str(tmp_path / "verification.json")]
+    capsys.readouterr()
+    assert verification.main(argv) == 1
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and "likely cause: the model gives NaN" in errors[0], errors
+    written = json.loads((tmp_path / "verification.json").read_text())
+    assert written["passed"] is False and written["cause"] == result.cause
+
+
+def test_a_forward_that_flips_edge_index_is_refused_naming_the_layer(store, tmp_path):
+    args = {"in_channels": FEATURES, "hidden": 8, "classes": CLASSES}
+    result = refused(tmp_path, store, "FlippedSecondLayer", args)
+    assert "SAGEConv at conv2 reads out-neighbours" in result.cause
+
+
+def test_the_table_names_the_first_non_local_module_with_its_path() -> None:
+    model = torch.nn.ModuleDict(
+        {
+            "conv": SAGEConv(4, 4),
+            "local": torch.nn.ModuleList(
+                [LayerNorm(4, mode="node"), InstanceNorm(4, track_running_stats=True)]
+            ),
+            "norms": torch.nn.ModuleList([LayerNorm(4), LayerNorm(4)]),
+        }
+    )
+    assert verification.non_local_module(model) == (
+        "LayerNorm(mode='graph') at norms.0 normalises over the whole graph"
+    )
+    han = HANConv(4, 4, metadata=(["a"], [("a", "to", "a")]))
+    assert verification.non_local_module(torch.nn.Sequential(han)).startswith("HANConv at 0 ")
+    assert verification.non_local_module(model["local"]) == ""
