@@ -414,7 +414,7 @@ def served_compositions(
     ]
     ids = store.external_ids(alone)
     spread = max(
-        spread_of(np.array([rows[node_id] for node_id in ids]), np.array(list(answers.values())))
+        spread_of(np.array([rows[i] for i in ids]), np.array([answers[i] for i in ids]))
         for rows in compositions[1:]
     )
     worst = max(results, key=lambda result: result.worst)
