@@ -18,6 +18,7 @@ from graph_assets import GraphStore
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
 from tests.unit.archive_build import user_models
 from tests.unit.archive_build.test_own_model import package_and_verify
+from tests.unit.archive_build.test_own_model_tasks import LINK_ARGS, package, verify_link
 
 ARGS = {"in_channels": FEATURES, "classes": CLASSES}
 
@@ -86,3 +87,14 @@ def test_the_table_names_the_first_non_local_module_with_its_path() -> None:
     han = HANConv(4, 4, metadata=(["a"], [("a", "to", "a")]))
     assert verification.non_local_module(torch.nn.Sequential(han)).startswith("HANConv at 0 ")
     assert verification.non_local_module(model["local"]) == ""
+
+
+def test_a_link_model_caching_a_statistic_is_refused(store, tmp_path):
+    """Pairs are served alone and in two batch compositions on a copy apart from the one
+    that gives decode(encode(whole graph))."""
+    torch.manual_seed(0)
+    module = user_models.CachedCentreLink(**LINK_ARGS)
+    assert package(tmp_path, "link", store.path, module, LINK_ARGS) == 0
+    result = verify_link(tmp_path, store)
+    assert not result.passed and result.worst_abs_diff > 1e-3
+    assert result.cause.startswith("the model keeps state between calls"), result.cause

@@ -400,3 +400,17 @@ class FlippedSecondLayer(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return self.conv2(self.conv1(x, edge_index).relu(), edge_index.flip(0))
+
+
+class CachedCentreLink(SageLink):
+    """State kept between calls, in a link model: encode centres every input on the mean of
+    its first call's input."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int) -> None:
+        super().__init__(in_channels, hidden, out_channels)
+        self.centre: Tensor | None = None
+
+    def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        if self.centre is None:
+            self.centre = x.mean(dim=0, keepdim=True)
+        return super().encode(x - self.centre, edge_index)
