@@ -15,10 +15,21 @@ from torch_geometric.nn.norm import InstanceNorm
 
 from archive_build import verify as verification
 from graph_assets import GraphStore
+from graph_assets.input.graph_dataset import (
+    generate_graph_dataset,
+    open_graph_dataset,
+    write_graph_dataset,
+)
+from handler.settings import ServingSettings
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
 from tests.unit.archive_build import user_models
 from tests.unit.archive_build.test_own_model import package_and_verify
-from tests.unit.archive_build.test_own_model_tasks import LINK_ARGS, package, verify_link
+from tests.unit.archive_build.test_own_model_tasks import (
+    GRAPH_ARGS,
+    LINK_ARGS,
+    package,
+    verify_link,
+)
 
 ARGS = {"in_channels": FEATURES, "classes": CLASSES}
 
@@ -98,3 +109,16 @@ def test_a_link_model_caching_a_statistic_is_refused(store, tmp_path):
     result = verify_link(tmp_path, store)
     assert not result.passed and result.worst_abs_diff > 1e-3
     assert result.cause.startswith("the model keeps state between calls"), result.cause
+
+
+def test_a_graph_model_giving_nan_is_refused_naming_the_graph(tmp_path):
+    path = tmp_path / "dataset"
+    write_graph_dataset(generate_graph_dataset(40, seed=3), path)
+    args = {"in_channels": GRAPH_ARGS["in_channels"], "classes": GRAPH_ARGS["classes"]}
+    torch.manual_seed(0)
+    assert package(tmp_path, "graph", path, user_models.LogGraph(**args), args) == 0
+    result = verification.verify_graphs(
+        tmp_path / "model", open_graph_dataset(path), ServingSettings(task="graph"), 1e-5
+    )
+    assert not result.passed and result.worst_abs_diff == float("inf")
+    assert result.cause.startswith(f"the model gives NaN or inf for graph {result.worst_graph}")

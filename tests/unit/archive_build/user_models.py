@@ -414,3 +414,12 @@ class CachedCentreLink(SageLink):
         if self.centre is None:
             self.centre = x.mean(dim=0, keepdim=True)
         return super().encode(x - self.centre, edge_index)
+
+
+class LogGraph(PooledConv):
+    """NaN answers for a graph: the log of mean-pooled SAGEConv scores, negative for some."""
+
+    def forward(
+        self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None
+    ) -> Tensor:
+        return torch.log(super().forward(x, edge_index, batch))
