@@ -26,6 +26,7 @@ from tests.unit.archive_build.pyg_catalogue import (
     EXACT,
     FIXED_SEPARATELY,
     NOT_APPLICABLE,
+    SOURCE_DEGREES,
     WEIGHT_DIM,
     Case,
 )
@@ -89,6 +90,7 @@ def test_each_layer_is_served_exactly_or_refused_naming_why(
         assert result.passed, result
         assert result.worst_abs_diff <= 1e-5
         assert result.nodes == store.num_nodes
+        assert result.boundary_degrees == (case.why == SOURCE_DEGREES)  # the table says so
         return
     if isinstance(result, str):  # refused while packaging, before any forward on the graph
         line = result.strip()
