@@ -12,9 +12,13 @@ in process and compared with the model's own answer, for every task:
 - graph: dataset graphs answered in TorchServe-sized batches by the graph engine, against each
   graph's own forward alone: the locality that batching inline graphs relies on.
 
-Answers are compared as served (probabilities for class outputs, sigmoid of link logits,
-values for raw outputs). Above the tolerance the build stops with one line naming the worst
-node, pair or graph, its difference and the likely cause; the figures go into
+Node and pair answers are served on the loaded model, a sample each alone first, then all in
+the archive's batches and again in differently composed ones; the reference comes from a fresh
+copy, so that neither a call's batch nor an earlier call can make the two agree. Answers are
+compared as served (probabilities for class outputs, sigmoid of link logits, values for raw
+outputs); a NaN never passes. Above the tolerance the build stops with one line naming the
+worst node, pair or graph, its difference and the likely cause (a module known not to be
+local is named with its path, ``NON_LOCAL``); the figures go into
 ``build_info.json``. The node, pair and graph checks share the reference machinery (the whole
 graph's forward, or for a large graph the forward of the checked nodes' in-neighbourhood), the
 batch sizes and the retry with boundary degrees.
