@@ -129,7 +129,8 @@ class Verification(Checked):
     def lines(self) -> list[str]:
         lines = [
             f"  verified {self.nodes} nodes ({RANDOM_NODES} random and the {HUB_NODES} highest "
-            f"in-degree) with full neighbourhoods: worst |served - full-graph forward| "
+            f"in-degree; {ALONE_NODES} also alone, all in two batch compositions) with full "
+            "neighbourhoods: worst |served - full-graph forward| "
             f"{self.worst_abs_diff:.2e} (node {self.worst_node})"
             + (
                 f", classes agree {self.class_agreement:.1%}"
@@ -167,8 +168,8 @@ class LinkVerification(Checked):
         relation = f"{self.target_edge_type} " if self.target_edge_type else ""
         return [
             f"  verified {self.pairs} {relation}pairs ({RANDOM_PAIRS} random and "
-            f"{2 * HUB_NODES} touching the {HUB_NODES} highest in-degree nodes) with full "
-            "neighbourhoods and the hubs' "
+            f"{2 * HUB_NODES} touching the {HUB_NODES} highest in-degree nodes; {ALONE_NODES} "
+            "also alone, all in two batch compositions) with full neighbourhoods and the hubs' "
             f"top-{TOP_K} ({self.top_k_pairs} pairs): worst |served - decode(encode(whole "
             f"graph))| {self.worst_abs_diff:.2e} (pair {src}, {dst}); {self.seconds:.1f} s"
         ]
