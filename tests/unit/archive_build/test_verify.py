@@ -122,3 +122,12 @@ def test_a_graph_model_giving_nan_is_refused_naming_the_graph(tmp_path):
     )
     assert not result.passed and result.worst_abs_diff == float("inf")
     assert result.cause.startswith(f"the model gives NaN or inf for graph {result.worst_graph}")
+
+
+def test_a_link_encoder_on_reversed_edges_is_refused_naming_the_layer(store, tmp_path):
+    torch.manual_seed(0)
+    module = user_models.FlippedLink(**LINK_ARGS)
+    assert package(tmp_path, "link", store.path, module, LINK_ARGS) == 0
+    result = verify_link(tmp_path, store)
+    assert not result.passed
+    assert "SAGEConv at encoder.convs.0 reads out-neighbours" in result.cause, result.cause

@@ -423,3 +423,10 @@ class LogGraph(PooledConv):
         self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None
     ) -> Tensor:
         return torch.log(super().forward(x, edge_index, batch))
+
+
+class FlippedLink(SageLink):
+    """Reads out-neighbours, in a link model: encode runs on the reversed edges."""
+
+    def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return super().encode(x, edge_index.flip(0))
