@@ -1,7 +1,7 @@
-"""Build-time verification cannot be passed without being correct: a model that keeps state
-between calls, one whose answer depends on its batch, one that gives NaN and one that reads
+"""Build-time verification cannot be passed without being correct: node, link and graph models
+that keep state between calls, whose answer depends on its batch, that give NaN or that read
 out-neighbours are each refused in one line naming the cause; the table of modules known not to
-be local names the first offender with its path."""
+be local names the first offender with its path (HANConv in a typed model too)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from torch_geometric.nn import HANConv, LayerNorm, SAGEConv
 from torch_geometric.nn.norm import InstanceNorm
 
+from archive_build import own_model
 from archive_build import verify as verification
 from graph_assets import GraphStore
 from graph_assets.input.graph_dataset import (
@@ -22,6 +23,7 @@ from graph_assets.input.graph_dataset import (
 )
 from handler.settings import ServingSettings
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
+from tests.typed_graphs import fraud_store
 from tests.unit.archive_build import user_models
 from tests.unit.archive_build.test_own_model import package_and_verify
 from tests.unit.archive_build.test_own_model_tasks import (
@@ -30,6 +32,7 @@ from tests.unit.archive_build.test_own_model_tasks import (
     package,
     verify_link,
 )
+from tests.unit.archive_build.test_own_model_typed import DEVICES, METADATA
 
 ARGS = {"in_channels": FEATURES, "classes": CLASSES}
 
@@ -131,3 +134,19 @@ def test_a_link_encoder_on_reversed_edges_is_refused_naming_the_layer(store, tmp
     result = verify_link(tmp_path, store)
     assert not result.passed
     assert "SAGEConv at encoder.convs.0 reads out-neighbours" in result.cause, result.cause
+
+
+def test_a_typed_model_with_hanconv_is_refused_naming_it(tmp_path):
+    store = fraud_store(tmp_path / "store", 100, 20, DEVICES, 300, 5)
+    args = {"devices": DEVICES, "hidden": 8, "classes": 2, "metadata": METADATA}
+    torch.manual_seed(0)
+    torch.save(user_models.FraudHan(**args).state_dict(), tmp_path / "weights.pt")
+    argv = [
+        "--store", str(store.path), "--model-class", "FraudHan", "--model-file",
+        user_models.__file__, "--model-args", json.dumps(args), "--weights",
+        str(tmp_path / "weights.pt"), "--out", str(tmp_path / "model"),
+    ]  # fmt: skip
+    assert own_model.main(argv) == 0
+    result = verification.verify(tmp_path / "model", store, ServingSettings(fanouts=(-1,)), 1e-5)
+    assert not result.passed
+    assert "HANConv at han weighs" in result.cause, result.cause

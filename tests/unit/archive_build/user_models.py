@@ -13,6 +13,7 @@ from torch_geometric.nn import (
     GCNConv,
     GINEConv,
     GraphConv,
+    HANConv,
     HeteroConv,
     ResGatedGraphConv,
     SAGEConv,
@@ -430,3 +431,19 @@ class FlippedLink(SageLink):
 
     def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return super().encode(x, edge_index.flip(0))
+
+
+class FraudHan(torch.nn.Module):
+    """Not local: HANConv weighs the relations into users by an attention averaged over all
+    users of its input."""
+
+    def __init__(self, devices: int, hidden: int, classes: int, metadata: list) -> None:
+        super().__init__()
+        node_types, edge_types = metadata
+        self.inputs = _fraud_inputs(hidden, devices)
+        self.han = HANConv(hidden, hidden, (node_types, [tuple(e) for e in edge_types]), heads=2)
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
+        h = self.han(_fraud_embed(self.inputs, x_dict, n_id_dict), edge_index_dict)
+        return {"user": self.head(h["user"])}
