@@ -802,10 +802,10 @@ def likely_cause(
     )
 
 
-def nonfinite(rows: torch.Tensor) -> str:
-    """``3`` (how many answer rows hold a NaN or an infinity)."""
+def nonfinite(rows: torch.Tensor) -> int:
+    """How many answer rows hold a NaN or an infinity."""
     bad = ~torch.isfinite(rows)
-    return str(int(bad.reshape(len(rows), -1).any(dim=1).sum()))
+    return int(bad.reshape(len(rows), -1).any(dim=1).sum())
 
 
 @dataclass(frozen=True)
@@ -861,12 +861,12 @@ NON_LOCAL = (
 )
 
 
+_ADAPTERS = (UserNodeModel, UserLinkModel, UserGraphModel, UserHeteroModel, UserHeteroLinkModel)
+
+
 def user_module(model: torch.nn.Module) -> torch.nn.Module:
     """The user's own module behind a served-model adapter, or the preset itself."""
-    adapters = UserNodeModel | UserLinkModel | UserGraphModel | UserHeteroModel
-    if isinstance(model, adapters | UserHeteroLinkModel):
-        return model.module
-    return model
+    return model.module if isinstance(model, _ADAPTERS) else model
 
 
 def non_local_module(top: torch.nn.Module) -> str:
@@ -901,7 +901,7 @@ def out_neighbour_reader(model: torch.nn.Module, store: GraphStore) -> str:
         def hook(_module: torch.nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
             edge_index = kw.get("edge_index", args[1] if len(args) > 1 else None)
             if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2:
-                return
+                return  # a SparseTensor or an adjacency of another shape: nothing to read
             edges = set(map(tuple, edge_index.t().tolist()))
             if any(
                 (dst, src) in edges and (dst, src) not in forward_edges
