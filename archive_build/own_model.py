@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from archive_build.verify import non_local_module
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
 from graph_assets.stored.store import GraphStore
@@ -38,7 +39,7 @@ from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
 from model.graph_level import CLASSES_FILE, as_data
 from model.link_assets import LINK_DIR, write_link_assets
-from model.served import choose_edge_input, probe, trims
+from model.served import Probe, choose_edge_input, probe, trims
 from model.served_graph import UserGraphModel, probe_graph
 from model.served_hetero import UserHeteroModel, probe_hetero, small_typed_input
 from model.served_hetero_link import UserHeteroLinkModel
@@ -92,7 +93,7 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     loaded = load(args)
     module, name = loaded.module, loaded.name
     edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input)
-    seen = probe(module, store.feature_dim, store.edge_feature_dim, edge_input)
+    seen = _probed(name, module, store.feature_dim, store.edge_feature_dim, edge_input)
     hops = _hops(args, seen.steps, f"{name}.forward")
     checked_output(args, name, seen.out_dim, store.num_classes, "node", "the graph")
     embedding = embedding_source(args, module, name, seen.last_layer)
@@ -112,6 +113,18 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     _print_model(args, name, hops, seen.steps)
     _print_output(config, store, f"{seen.out_dim} per node", seen.source_degrees)
     return config
+
+
+def _probed(name: str, module: torch.nn.Module, *probe_args: Any) -> Probe:
+    """``probe(module, ...)``; when it fails on a model holding a module known not to be
+    local (LINKX sizes its weights by the graph's node count), the refusal names that module."""
+    try:
+        return probe(module, *probe_args)
+    except ValueError:
+        named = non_local_module(module)
+        if not named:
+            raise
+        raise ValueError(f"{name} is not local: {named}, which no ego-graph can serve") from None
 
 
 def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
@@ -178,7 +191,7 @@ def package_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig
     module, name = loaded.module, loaded.name
     check_link_methods(module)
     edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input, "encode")
-    seen = probe(module, store.feature_dim, store.edge_feature_dim, edge_input, "encode")
+    seen = _probed(name, module, store.feature_dim, store.edge_feature_dim, edge_input, "encode")
     hops = _hops(args, seen.steps, f"{name}.encode")
     config = _config(
         args,

@@ -12,9 +12,13 @@ in process and compared with the model's own answer, for every task:
 - graph: dataset graphs answered in TorchServe-sized batches by the graph engine, against each
   graph's own forward alone: the locality that batching inline graphs relies on.
 
-Answers are compared as served (probabilities for class outputs, sigmoid of link logits,
-values for raw outputs). Above the tolerance the build stops with one line naming the worst
-node, pair or graph, its difference and the likely cause; the figures go into
+Node and pair answers are served on the loaded model, a sample each alone first, then all in
+the archive's batches and again in differently composed ones; the reference comes from a fresh
+copy, so that neither a call's batch nor an earlier call can make the two agree. Answers are
+compared as served (probabilities for class outputs, sigmoid of link logits, values for raw
+outputs); a NaN never passes. Above the tolerance the build stops with one line naming the
+worst node, pair or graph, its difference and the likely cause (a module known not to be
+local is named with its path, ``NON_LOCAL``); the figures go into
 ``build_info.json``. The node, pair and graph checks share the reference machinery (the whole
 graph's forward, or for a large graph the forward of the checked nodes' in-neighbourhood), the
 batch sizes and the retry with boundary degrees.
@@ -23,10 +27,13 @@ batch sizes and the retry with boundary degrees.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
+import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from torch_geometric.nn import MessagePassing
 
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
@@ -71,6 +79,12 @@ GRAPHS = 64  # dataset graphs checked (graph archives)
 IDS_PER_REQUEST = 34
 PRECOMPUTED_BUG = "the precomputed rows are not the model's full-graph forward (a bug: report it)"
 REQUESTS_PER_BATCH = 8
+# Served alone (one ID, one request, one batch each) before any batch of many nodes, and then
+# again in batches of this other composition (IDs per request, requests per batch): a model
+# whose answer depends on its batch or on an earlier call (a statistic cached on the first
+# call, the input's row count) gives a node different answers.
+ALONE_NODES = 8
+OTHER_COMPOSITION = (7, 3)
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,9 @@ class Comparison:
     worst_node: Any  # external ID (a pair's: [src, dst])
     classes_agree: int  # node class answers only
     nodes: int  # nodes (pairs) compared
+    # Largest difference between one node's answers alone and in differently composed batches
+    # (0.0 where only one composition was served): a local model's answer depends on neither.
+    between_batches: float = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,8 +128,9 @@ class Verification(Checked):
 
     def lines(self) -> list[str]:
         lines = [
-            f"  verified {self.nodes} nodes ({_which_nodes(self.nodes)}) with full "
-            f"neighbourhoods: worst |served - full-graph forward| "
+            f"  verified {self.nodes} nodes ({_which_nodes(self.nodes)}; {ALONE_NODES} also "
+            "alone, all in two batch compositions) with full neighbourhoods: worst "
+            "|served - full-graph forward| "
             f"{self.worst_abs_diff:.2e} (node {self.worst_node})"
             + (
                 f", classes agree {self.class_agreement:.1%}"
@@ -160,8 +178,8 @@ class LinkVerification(Checked):
         relation = f"{self.target_edge_type} " if self.target_edge_type else ""
         return [
             f"  verified {self.pairs} {relation}pairs ({RANDOM_PAIRS} random and "
-            f"{2 * HUB_NODES} touching the {HUB_NODES} highest in-degree nodes) with full "
-            "neighbourhoods and the hubs' "
+            f"{2 * HUB_NODES} touching the {HUB_NODES} highest in-degree nodes; {ALONE_NODES} "
+            "also alone, all in two batch compositions) with full neighbourhoods and the hubs' "
             f"top-{TOP_K} ({self.top_k_pairs} pairs): worst |served - decode(encode(whole "
             f"graph))| {self.worst_abs_diff:.2e} (pair {src}, {dst}); {self.seconds:.1f} s"
         ]
@@ -334,21 +352,23 @@ def served_rows(
     settings: ServingSettings,
     nodes: np.ndarray,
     precomputed: Precomputed | None = None,
+    composition: tuple[int, int] = (IDS_PER_REQUEST, REQUESTS_PER_BATCH),
 ) -> dict[Any, list[float]]:
     """Each node's answer row through the archive's node engine, in TorchServe-sized batches
-    (from its stored rows when ``precomputed`` is given, as a ``--precompute`` archive serves)."""
+    of ``composition`` (IDs per request, requests per batch; in the order of ``nodes``), from
+    its stored rows when ``precomputed`` is given, as a ``--precompute`` archive serves."""
     engine = NodeClassificationEngine.create(
         store, model, settings, torch.device("cpu"), model_version="verify", precomputed=precomputed
     )
     ids = store.external_ids(nodes)
+    per_request, per_batch = composition
     requests = [
-        {"body": {"node_ids": ids[i : i + IDS_PER_REQUEST]}}
-        for i in range(0, len(ids), IDS_PER_REQUEST)
+        {"body": {"node_ids": ids[i : i + per_request]}} for i in range(0, len(ids), per_request)
     ]
     answers: dict[Any, list[float]] = {}
     field = "output" if serving_needs(model).output is Output.RAW else "probabilities"
-    for start in range(0, len(requests), REQUESTS_PER_BATCH):
-        for response in engine.handle(requests[start : start + REQUESTS_PER_BATCH]):
+    for start in range(0, len(requests), per_batch):
+        for response in engine.handle(requests[start : start + per_batch]):
             if response.status != 200:
                 raise ValueError(f"the serving path answered {response.status}: {response.body}")
             for prediction in response.body["predictions"]:
@@ -362,21 +382,75 @@ def compare(
     store: GraphStore,
     nodes: np.ndarray,
 ) -> Comparison:
+    """``served`` against ``expected_rows`` (one per node of ``nodes``); a NaN on either side
+    counts as an infinite difference, so it can never pass."""
     ids = store.external_ids(nodes)
     expected = expected_rows.double()
     got = torch.tensor([served[node_id] for node_id in ids], dtype=torch.float64)
-    diff = (got - expected).abs().amax(dim=1)
+    diff = (got - expected).abs().nan_to_num(nan=float("inf")).amax(dim=1)
     worst = int(diff.argmax())
     agree = int((got.argmax(dim=1) == expected.argmax(dim=1)).sum())
     return Comparison(float(diff[worst]), ids[worst], agree, len(ids))
 
 
-def _answered(engine: Any, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The engine's answers to ``requests``, ``REQUESTS_PER_BATCH`` to a batch; a refusal
-    stops the check."""
+def alone_sample(nodes: np.ndarray, seed: int = 0) -> np.ndarray:
+    """``ALONE_NODES`` of the checked ``nodes`` (a seeded random choice, sorted), each to be
+    served in a batch of its own."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(nodes, size=min(ALONE_NODES, len(nodes)), replace=False))
+
+
+def served_compositions(
+    model: torch.nn.Module,
+    store: GraphStore,
+    settings: ServingSettings,
+    nodes: np.ndarray,
+    full: torch.Tensor,
+) -> Comparison:
+    """The checked ``nodes`` served three ways, against their full-graph rows ``full``: a
+    sample each alone first (so no batch of many nodes primes the model), then all of them in
+    the archive's batches, then in the reverse order in smaller, differently composed ones. The
+    worst of the three, with the largest difference between one node's answers
+    (``between_batches``): a local model's answer depends neither on its batch nor on the calls
+    before it."""
+    alone = alone_sample(nodes)
+    answers = {}
+    for node in alone:
+        answers.update(served_rows(model, store, settings, np.array([node]), composition=(1, 1)))
+    compositions = [
+        answers,
+        served_rows(model, store, settings, nodes),
+        served_rows(model, store, settings, nodes[::-1], composition=OTHER_COMPOSITION),
+    ]
+    checked = [alone, nodes, nodes]
+    results = [
+        compare(full[np.searchsorted(nodes, subset)], rows, store, subset)
+        for subset, rows in zip(checked, compositions, strict=True)
+    ]
+    ids = store.external_ids(alone)
+    spread = max(
+        spread_of(np.array([rows[i] for i in ids]), np.array([answers[i] for i in ids]))
+        for rows in compositions[1:]
+    )
+    worst = max(results, key=lambda result: result.worst)
+    return dataclasses.replace(
+        results[1], worst=worst.worst, worst_node=worst.worst_node, between_batches=spread
+    )
+
+
+def spread_of(one: np.ndarray, other: np.ndarray) -> float:
+    """The largest difference of two servings of the same rows (NaN: infinite)."""
+    return float(np.nan_to_num(np.abs(one - other), nan=np.inf).max(initial=0.0))
+
+
+def _answered(
+    engine: Any, requests: list[dict[str, Any]], per_batch: int = REQUESTS_PER_BATCH
+) -> list[dict[str, Any]]:
+    """The engine's answers to ``requests``, ``per_batch`` to a batch; a refusal stops the
+    check."""
     bodies = []
-    for start in range(0, len(requests), REQUESTS_PER_BATCH):
-        for response in engine.handle(requests[start : start + REQUESTS_PER_BATCH]):
+    for start in range(0, len(requests), per_batch):
+        for response in engine.handle(requests[start : start + per_batch]):
             if response.status != 200:
                 raise ValueError(f"the serving path answered {response.status}: {response.body}")
             bodies.append(response.body)
@@ -389,15 +463,16 @@ def served_scores(
     assets: LinkAssets,
     settings: ServingSettings,
     pairs: np.ndarray,
+    composition: tuple[int, int] = (IDS_PER_REQUEST // 2, REQUESTS_PER_BATCH),
     precomputed: Precomputed | None = None,
 ) -> np.ndarray:
-    """Each pair's score through the archive's link engine (``pairs`` requests of
-    ``IDS_PER_REQUEST`` IDs), in TorchServe-sized batches; from its stored rows when
+    """Each pair's score through the archive's link engine, in TorchServe-sized batches of
+    ``composition`` (pairs per request, requests per batch); from its stored rows when
     ``precomputed`` is given."""
     ego = EgoGraphs.create(store, model, settings, torch.device("cpu"), precomputed=precomputed)
     engine = LinkEngine(ego, assets, "verify")
     ids = store.external_ids(pairs.ravel())
-    per_request = IDS_PER_REQUEST // 2
+    per_request, per_batch = composition
     requests = [
         {"body": {"pairs": [ids[i : i + 2] for i in range(2 * start, 2 * stop, 2)]}}
         for start, stop in (
@@ -405,7 +480,9 @@ def served_scores(
             for start in range(0, len(pairs), per_request)
         )
     ]
-    scores = [p["score"] for body in _answered(engine, requests) for p in body["predictions"]]
+    scores = [
+        p["score"] for body in _answered(engine, requests, per_batch) for p in body["predictions"]
+    ]
     return np.array(scores, dtype=np.float64)
 
 
@@ -465,19 +542,30 @@ def verify(
         return verify_link(model_dir, model, store, settings, config.num_layers, tolerance, rows)
     hops = config.num_layers
     nodes = verification_nodes(store)
-    full = reference_rows(model, store, nodes, hops)
+    # The reference is a fresh copy's, the served answers the loaded model's: a model that
+    # keeps something from one call to the next cannot make the two agree by priming both.
+    pristine = copy.deepcopy(model)
+    full = reference_rows(copy.deepcopy(pristine), store, nodes, hops)
 
     def served(candidate: torch.nn.Module, hops: int = hops) -> Comparison:
-        rows = served_rows(candidate, store, exact_settings(settings, hops), nodes)
-        return compare(full, rows, store, nodes)
+        exact = exact_settings(settings, hops)
+        return served_compositions(candidate, store, exact, nodes, full)
 
     model, result, boundary = served_with_boundary_retry(model_dir, model, served, tolerance)
     cause = ""
     if result.worst > tolerance:
         cause = likely_cause(
-            reference_rows(model, store, nodes, hops),
-            full,
-            served(model, hops + 1),
+            Evidence(
+                full=full,
+                again=reference_rows(copy.deepcopy(pristine), store, nodes, hops),
+                after_serving=reference_rows(model, store, nodes, hops),
+                between_batches=result.between_batches,
+                worst=f"node {result.worst_node}",
+                worst_diff=result.worst,
+            ),
+            model,
+            store,
+            lambda: served(model, hops + 1),
             hops,
             tolerance,
         )
@@ -530,31 +618,55 @@ def verify_link(
     ``decode(encode(whole graph))``; with precomputed ``rows``, pair scores and top-k from
     them too, as the archive answers."""
     started = time.perf_counter()
+    pristine = copy.deepcopy(model)  # the reference's fresh copies (see verify)
     assets = open_link_assets(model_dir / LINK_DIR, store)
     exact = exact_settings(settings, hops)
-    top_pairs, top_scores = served_top_k(model, store, assets, exact)
     ends = LinkEnds.of(store, model)
     pairs = verification_pairs(store, ends)
+    alone = alone_sample(np.arange(len(pairs)))
+    top_pairs, top_scores = served_top_k(model, store, assets, exact)
     checked = np.concatenate([pairs, top_pairs])
-    full = reference_scores(model, store, checked, hops).double().numpy()
+    full = reference_scores(copy.deepcopy(pristine), store, checked, hops).double().numpy()
 
-    def against_full(scores: np.ndarray, top: np.ndarray) -> Comparison:
-        diff = np.abs(np.concatenate([scores, top]) - full)
+    def against_full(scores: np.ndarray, at: np.ndarray, spread: float = 0.0) -> Comparison:
+        diff = np.nan_to_num(np.abs(scores - full[at]), nan=np.inf)
         worst = int(diff.argmax())
-        return Comparison(float(diff[worst]), store.external_ids(checked[worst]), 0, len(pairs))
+        ids = store.external_ids(checked[at[worst]])
+        return Comparison(float(diff[worst]), ids, 0, len(pairs), between_batches=spread)
 
     def served(candidate: torch.nn.Module, hops: int = hops) -> Comparison:
-        scores = served_scores(candidate, store, assets, exact_settings(settings, hops), pairs)
-        return against_full(scores, top_scores)
+        """Pairs alone, then all in the archive's batches, then reversed in other ones."""
+        exact = exact_settings(settings, hops)
+        one = np.array(
+            [served_scores(candidate, store, assets, exact, pairs[[p]], (1, 1))[0] for p in alone]
+        )
+        scores = served_scores(candidate, store, assets, exact, pairs)
+        other = served_scores(candidate, store, assets, exact, pairs[::-1], OTHER_COMPOSITION)
+        spread = max(spread_of(scores[alone], one), spread_of(scores, other[::-1]))
+        everything = np.arange(len(checked))
+        results = [
+            against_full(one, alone, spread),
+            against_full(np.concatenate([scores, top_scores]), everything, spread),
+            against_full(np.concatenate([other[::-1], top_scores]), everything, spread),
+        ]
+        return max(results, key=lambda result: result.worst)
 
     model, result, boundary = served_with_boundary_retry(model_dir, model, served, tolerance)
     cause = ""
     if result.worst > tolerance:
-        again = reference_scores(model, store, checked, hops).double().numpy()
+        src, dst = result.worst_node
         cause = likely_cause(
-            torch.from_numpy(again),
-            torch.from_numpy(full),
-            served(model, hops + 1),
+            Evidence(
+                full=torch.from_numpy(full),
+                again=reference_scores(copy.deepcopy(pristine), store, checked, hops).double(),
+                after_serving=reference_scores(model, store, checked, hops).double(),
+                between_batches=result.between_batches,
+                worst=f"pair ({src}, {dst})",
+                worst_diff=result.worst,
+            ),
+            model,
+            store,
+            lambda: served(model, hops + 1),
             hops,
             tolerance,
         )
@@ -570,7 +682,8 @@ def verify_link(
         if not np.array_equal(stored_pairs, top_pairs):  # a near tie ordered the other way
             full[len(pairs) :] = reference_scores(model, store, stored_pairs, hops).double().numpy()
             checked[len(pairs) :] = stored_pairs
-        stored = against_full(served_scores(model, store, assets, exact, pairs, rows), stored_top)
+        stored_scores = served_scores(model, store, assets, exact, pairs, precomputed=rows)
+        stored = against_full(np.concatenate([stored_scores, stored_top]), np.arange(len(checked)))
         if stored.worst > result.worst:
             result = stored
         if stored.worst > tolerance:
@@ -628,23 +741,206 @@ def served_with_boundary_retry(
     return with_boundary, retried, True
 
 
+@dataclass(frozen=True)
+class Evidence:
+    """What a failed comparison leaves to tell its cause: the full-graph answers of a fresh
+    copy (``full``), of another fresh copy (``again``) and of the copy that served
+    (``after_serving``); the largest difference between one answer's servings alone and in
+    batches; the worst node or pair, as a message names it, and its difference."""
+
+    full: torch.Tensor
+    again: torch.Tensor
+    after_serving: torch.Tensor
+    between_batches: float
+    worst: str
+    worst_diff: float
+
+
 def likely_cause(
-    again: torch.Tensor, full: torch.Tensor, deeper: Comparison, hops: int, tolerance: float
+    evidence: Evidence,
+    model: torch.nn.Module,
+    store: GraphStore,
+    deeper: Callable[[], Comparison],
+    hops: int,
+    tolerance: float,
 ) -> str:
-    """Why the served answer is not the full-graph one: randomness (a second full-graph
-    forward, ``again``, differs), a deeper receptive field than the archive samples (one more
-    hop, ``deeper``, passes), or a model that is not local."""
-    if not torch.equal(again, full):
+    """Why the served answer is not the full-graph one, the most specific cause first: NaN,
+    randomness (two fresh copies differ), state kept between calls (the copy that served
+    answers differently afterwards), a module known not to be local (named with its path), a
+    layer that reads out-neighbours, a deeper receptive field than the archive samples (one
+    more hop, ``deeper``, passes), an answer that depends on its batch, or a model that is not
+    local."""
+    full = evidence.full
+    if not bool(torch.isfinite(full).all()):
+        return (
+            f"the model gives NaN or inf in its full-graph forward ({nonfinite(full)} of the "
+            "checked answers): check the weights and the forward for a division by zero or "
+            "the log of a non-positive value"
+        )
+    if math.isinf(evidence.worst_diff):
+        return (
+            f"the served answer for {evidence.worst} is NaN or inf while the full-graph "
+            "forward's is finite: a layer divides by a count or a norm that can be zero on an "
+            "ego-graph"
+        )
+    if not torch.equal(evidence.again, full):
         return (
             "the model is not deterministic in eval mode (randomness in forward, e.g. dropout "
             "with training=True)"
         )
-    if deeper.worst <= tolerance:
+    if not torch.equal(evidence.after_serving, full):
+        return (
+            "the model keeps state between calls: after serving, its full-graph forward "
+            "differs from a fresh copy's (e.g. a statistic cached on the first call), so an "
+            "answer depends on the requests before it"
+        )
+    named = non_local_module(user_module(model)) or out_neighbour_reader(model, store)
+    if named:
+        return f"the model is not local: {named}, which no ego-graph of in-edges can serve"
+    if deeper().worst <= tolerance:
         return f"the model reads more than {hops} hops: build with --num-hops {hops + 1} or more"
+    if evidence.between_batches > tolerance:
+        return (
+            "the model is not local: an answer depends on the other nodes served with it (the "
+            f"same answer alone and in batches differs by {evidence.between_batches:.3g}), "
+            "e.g. through the input's row count or a statistic over all its rows"
+        )
     return (
         "the model is not local: an answer depends on more than the node's k-hop neighbourhood "
         "(whole-graph pooling or normalisation, batch statistics such as BatchNorm in training "
         "mode or GraphNorm), which no ego-graph can serve"
+    )
+
+
+def nonfinite(rows: torch.Tensor) -> int:
+    """How many answer rows hold a NaN or an infinity."""
+    bad = ~torch.isfinite(rows)
+    return int(bad.reshape(len(rows), -1).any(dim=1).sum())
+
+
+@dataclass(frozen=True)
+class NonLocal:
+    """A module kind whose output for a node reads more than the node's in-neighbourhood."""
+
+    kind: str  # the class name
+    shown: str  # how a message names it
+    why: str  # what it reads
+    applies: Callable[[torch.nn.Module], bool] = lambda _module: True
+
+
+# The module kinds known not to be local (in eval mode), looked up by class name so that a
+# layer PyG moves between modules is still found. Norms with running statistics (BatchNorm,
+# DiffGroupNorm, InstanceNorm with track_running_stats=True) use them in eval mode: local.
+NON_LOCAL = (
+    NonLocal(
+        "LayerNorm",
+        "LayerNorm(mode='graph')",
+        "normalises over the whole graph",
+        lambda module: getattr(module, "mode", "node") == "graph",
+    ),
+    NonLocal("GraphNorm", "GraphNorm", "normalises over the whole graph"),
+    NonLocal(
+        "InstanceNorm",
+        "InstanceNorm(track_running_stats=False)",
+        "normalises over the whole graph",
+        lambda module: not getattr(module, "track_running_stats", False),
+    ),
+    NonLocal("PairNorm", "PairNorm", "centres and scales over the whole graph"),
+    NonLocal("MeanSubtractionNorm", "MeanSubtractionNorm", "subtracts the whole graph's mean"),
+    NonLocal("GraphSizeNorm", "GraphSizeNorm", "divides by the whole graph's node count"),
+    NonLocal(
+        "BatchNorm1d",
+        "BatchNorm1d(track_running_stats=False)",
+        "normalises over every row of its input in eval mode too",
+        lambda module: not getattr(module, "track_running_stats", True),
+    ),
+    NonLocal("GPSConv", "GPSConv", "attends over every node of the graph (global attention)"),
+    NonLocal(
+        "HANConv",
+        "HANConv",
+        "weighs its metapaths by a semantic attention averaged over all nodes",
+    ),
+    NonLocal("LINKX", "LINKX", "indexes its weights by node ID (a column per node)"),
+    NonLocal("TopKPooling", "TopKPooling", "keeps the top-scoring nodes of the whole graph"),
+    NonLocal("SAGPooling", "SAGPooling", "keeps the top-scoring nodes of the whole graph"),
+    NonLocal(
+        "DirGNNConv",
+        "DirGNNConv",
+        "reads out-neighbours too (its conv_out runs on the reversed edges)",
+    ),
+)
+
+
+_ADAPTERS = (UserNodeModel, UserLinkModel, UserGraphModel, UserHeteroModel, UserHeteroLinkModel)
+
+
+def user_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The user's own module behind a served-model adapter, or the preset itself."""
+    return model.module if isinstance(model, _ADAPTERS) else model
+
+
+def non_local_module(top: torch.nn.Module) -> str:
+    """``LayerNorm(mode='graph') at norms.0 normalises over the whole graph``: the first
+    module of ``top`` (in ``named_modules`` order) of a kind in ``NON_LOCAL``, or ``""``."""
+    for path, module in top.named_modules():
+        for known in NON_LOCAL:
+            if type(module).__name__ == known.kind and known.applies(module):
+                return f"{known.shown} at {path or 'the top'} {known.why}"
+    return ""
+
+
+def out_neighbour_reader(model: torch.nn.Module, store: GraphStore) -> str:
+    """``SAGEConv at conv2 reads out-neighbours (...)``: the first message-passing layer that
+    gets a reversed edge in one forward on a small directed ring (``forward``, a link model's
+    ``encode``), or ``""`` (also for a model that cannot be probed so: a typed one, a
+    preset)."""
+    module = user_module(model)
+    if module is model or isinstance(model, HeteroNodeModel | HeteroLinkModel):
+        return ""
+    nodes = 8
+    ring = torch.tensor([list(range(nodes)), [(i + 1) % nodes for i in range(nodes)]])
+    forward_edges = set(map(tuple, ring.t().tolist()))
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(nodes, store.feature_dim, generator=generator)
+    edge_attr = torch.rand(nodes, max(store.edge_feature_dim, 1), generator=generator)
+    needs = serving_needs(model)
+    kwargs = edge_kwargs(needs.edge_input, edge_attr[:, : store.edge_feature_dim])
+    found: list[str] = []
+
+    def check(path: str) -> Callable[..., None]:
+        def hook(_module: torch.nn.Module, args: tuple[Any, ...], kw: dict[str, Any]) -> None:
+            edge_index = kw.get("edge_index", args[1] if len(args) > 1 else None)
+            if not isinstance(edge_index, torch.Tensor) or edge_index.dim() != 2:
+                return  # a SparseTensor or an adjacency of another shape: nothing to read
+            edges = set(map(tuple, edge_index.t().tolist()))
+            if any(
+                (dst, src) in edges and (dst, src) not in forward_edges
+                for src, dst in forward_edges
+            ):
+                found.append(path)
+
+        return hook
+
+    handles = [
+        sub.register_forward_pre_hook(check(path), with_kwargs=True)
+        for path, sub in module.named_modules()
+        if isinstance(sub, MessagePassing)
+    ]
+    try:
+        with torch.inference_mode():
+            call = method_of(module, "encode") if isinstance(model, UserLinkModel) else module
+            call(x, ring, **kwargs)
+    except Exception:  # a probe of the cause only: the comparison has already failed
+        return ""
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not found:
+        return ""
+    kind = type(module.get_submodule(found[0])).__name__
+    return (
+        f"{kind} at {found[0]} reads out-neighbours (its edge_index holds the graph's edges "
+        "reversed)"
     )
 
 
@@ -692,7 +988,12 @@ def verify_graphs(
     diff = [graph_difference(got, expected) for got, expected in zip(batched, alone, strict=True)]
     worst = int(np.argmax(diff))
     cause = ""
-    if diff[worst] > tolerance:
+    if not all(np.isfinite(part).all() for part in alone[worst]):
+        cause = (
+            f"the model gives NaN or inf for graph {int(chosen[worst])} alone: check the "
+            "weights and the forward for a division by zero or the log of a non-positive value"
+        )
+    elif diff[worst] > tolerance:
         again = graph_alone(model, *graphs[worst])
         cause = (
             "the model is not deterministic in eval mode (randomness in forward, e.g. dropout "
@@ -741,12 +1042,13 @@ def graph_alone(
 
 def graph_difference(got: Answer, expected: Answer) -> float:
     """The largest difference of the answer rows, and of the embeddings relative to their
-    size where it exceeds 1 (an unnormalised sum pooling's rounding grows with it)."""
-    rows = float(np.abs(got[0] - expected[0]).max())
+    size where it exceeds 1 (an unnormalised sum pooling's rounding grows with it); a NaN
+    counts as an infinite difference."""
+    rows = spread_of(got[0], expected[0])
     if not expected[1].size:
         return rows
     scale = np.maximum(1.0, np.abs(expected[1]))
-    return max(rows, float((np.abs(got[1] - expected[1]) / scale).max()))
+    return max(rows, spread_of(got[1] / scale, expected[1] / scale))
 
 
 def summary(result: Checked) -> list[str]:

@@ -28,7 +28,7 @@ from model.typed_graph import whole_graph_input
 from model.user_model import Output, import_model_class, instantiate
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, write_edge_feature_csv
 from tests.typed_cold_start_reference import with_new_node
-from tests.unit.archive_build import pyg_user_models, user_models
+from tests.unit.archive_build import pyg_catalogue, pyg_user_models, user_models
 
 from .archives import ROOT
 
@@ -44,6 +44,13 @@ MATRIX: dict[str, tuple[str, dict[str, object]]] = {
     "appnp": ("Appnp", {"in_channels": FEATURES, "hidden": 16, "classes": CLASSES, "k": 3}),
     "gated": ("GatedGraphConv", {"in_channels": FEATURES, "hidden": 16, "classes": CLASSES}),
 }
+# A sample of PyG's catalogue (tests/unit/archive_build/test_pyg_catalogue.py serves all of it
+# in process), on the catalogue's graph: archive name -> (the catalogue's case, its hops).
+CATALOGUE_SAMPLE = {
+    "cat_gine": ("GINEConv", 1),
+    "cat_sage_bn": ("GraphSAGE(norm='batch_norm')", 2),
+}
+CATALOGUE = {case.name: case for case in pyg_catalogue.CATALOGUE}
 
 
 def build(*options: str) -> subprocess.CompletedProcess[str]:
@@ -98,16 +105,42 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--fanouts", ",".join(["-1"] * (3 if name in ("gin", "appnp") else 2)),
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
+    catalogue_graph = pyg_catalogue.write_graph(root / "catalogue", pyg_catalogue.ATTR_DIM)
+    for name, (case, hops) in CATALOGUE_SAMPLE.items():
+        result = build_catalogue_case(catalogue_graph, root / "store", name, CATALOGUE[case], hops)
+        assert result.returncode == 0, result.stderr
     return root
 
 
+def build_catalogue_case(
+    graph: Path, export: Path, name: str, case: pyg_catalogue.Case, hops: int
+) -> subprocess.CompletedProcess[str]:
+    """``case`` built as a user's model with its catalogue norm statistics, full fanouts."""
+    torch.manual_seed(0)
+    module = instantiate(
+        import_model_class(case.model_class, model_file(case.model_class)), case.args
+    )
+    weights = export.parent / f"{name}.pt"
+    torch.save(pyg_catalogue.with_statistics(module).state_dict(), weights)
+    where = () if "." in case.model_class else ("--model-file", str(pyg_catalogue.__file__))
+    return build(
+        "--graph", str(graph), "--export-path", str(export), "--batch-size", "4",
+        "--name", name, "--model-class", case.model_class, *where,
+        "--model-args", json.dumps(case.args), "--weights", str(weights),
+        "--edge-input", case.edge, "--output", "raw", "--fanouts", ",".join(["-1"] * hops),
+    )  # fmt: skip
+
+
 def model_file(model_class: str) -> Path | None:
+    if model_class == "Catalogued":
+        return Path(pyg_catalogue.__file__)
     return None if "." in model_class else Path(user_models.__file__)
 
 
 @pytest.fixture(scope="module")
 def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    models = ",".join(f"{name}={name}.mar" for name in ("fraud", "risk", *MATRIX))
+    names = ("fraud", "risk", *MATRIX, *CATALOGUE_SAMPLE)
+    models = ",".join(f"{name}={name}.mar" for name in names)
     with serve(built / "store", models, name="own_model") as started:
         yield started
 
@@ -163,6 +196,27 @@ def test_the_matrix_serves_each_models_full_graph_answer(server, built, name):
         assert response.status_code == 200, response.text
         got += [p["probabilities"] for p in response.json()["predictions"]]
     assert float((torch.tensor(got) - expected).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("name", sorted(CATALOGUE_SAMPLE))
+def test_a_sample_of_pyg_catalogue_serves_its_full_graph_answer(server, built, name):
+    ids, expected = full_graph(built, name, Output.RAW)
+    got = []
+    for start in range(0, len(ids), 10):
+        response = post(server, name, {"node_ids": ids[start : start + 10]})
+        assert response.status_code == 200, response.text
+        got += [p["output"] for p in response.json()["predictions"]]
+    assert float((torch.tensor(got) - expected).abs().max()) <= 1e-5
+
+
+def test_a_non_local_catalogue_model_is_refused_naming_its_module(built, tmp_path):
+    case = CATALOGUE["GraphSAGE(norm='layer_norm')"]
+    result = build_catalogue_case(built / "catalogue", tmp_path / "out", "cat_ln", case, 2)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and case.why in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").glob("*.mar"))
 
 
 def test_raw_outputs_are_returned_as_they_are(server, built):

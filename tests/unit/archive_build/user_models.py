@@ -13,6 +13,7 @@ from torch_geometric.nn import (
     GCNConv,
     GINEConv,
     GraphConv,
+    HANConv,
     HeteroConv,
     ResGatedGraphConv,
     SAGEConv,
@@ -349,3 +350,100 @@ class FraudToHetero(torch.nn.Module):
 
     def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
         return self.gnn(_fraud_embed(self.inputs, x_dict, n_id_dict), edge_index_dict)
+
+
+# --- models that a build must refuse, each for a cause it names ---
+
+
+class CachedCentre(torch.nn.Module):
+    """State kept between calls: centres every input on the mean of its first call's input."""
+
+    def __init__(self, in_channels: int, classes: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, classes)
+        self.centre: Tensor | None = None
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        if self.centre is None:
+            self.centre = x.mean(dim=0, keepdim=True)
+        return self.conv(x - self.centre, edge_index)
+
+
+class RowCountScaled(torch.nn.Module):
+    """An answer that depends on the input's row count (its scores divided by it)."""
+
+    def __init__(self, in_channels: int, classes: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv(x, edge_index) * (100.0 / x.size(0))
+
+
+class LogOfConv(torch.nn.Module):
+    """NaN answers: the log of a SAGEConv's output, negative for some nodes."""
+
+    def __init__(self, in_channels: int, classes: int) -> None:
+        super().__init__()
+        self.conv = SAGEConv(in_channels, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return torch.log(self.conv(x, edge_index))
+
+
+class FlippedSecondLayer(torch.nn.Module):
+    """Reads out-neighbours: the second SAGEConv runs on the reversed edges."""
+
+    def __init__(self, in_channels: int, hidden: int, classes: int) -> None:
+        super().__init__()
+        self.conv1 = SAGEConv(in_channels, hidden)
+        self.conv2 = SAGEConv(hidden, classes)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv2(self.conv1(x, edge_index).relu(), edge_index.flip(0))
+
+
+class CachedCentreLink(SageLink):
+    """State kept between calls, in a link model: encode centres every input on the mean of
+    its first call's input."""
+
+    def __init__(self, in_channels: int, hidden: int, out_channels: int) -> None:
+        super().__init__(in_channels, hidden, out_channels)
+        self.centre: Tensor | None = None
+
+    def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        if self.centre is None:
+            self.centre = x.mean(dim=0, keepdim=True)
+        return super().encode(x - self.centre, edge_index)
+
+
+class LogGraph(PooledConv):
+    """NaN answers for a graph: the log of mean-pooled SAGEConv scores, negative for some."""
+
+    def forward(
+        self, x: Tensor, edge_index: Tensor, batch: Tensor, edge_attr: Tensor | None = None
+    ) -> Tensor:
+        return torch.log(super().forward(x, edge_index, batch))
+
+
+class FlippedLink(SageLink):
+    """Reads out-neighbours, in a link model: encode runs on the reversed edges."""
+
+    def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return super().encode(x, edge_index.flip(0))
+
+
+class FraudHan(torch.nn.Module):
+    """Not local: HANConv weighs the relations into users by an attention averaged over all
+    users of its input."""
+
+    def __init__(self, devices: int, hidden: int, classes: int, metadata: list) -> None:
+        super().__init__()
+        node_types, edge_types = metadata
+        self.inputs = _fraud_inputs(hidden, devices)
+        self.han = HANConv(hidden, hidden, (node_types, [tuple(e) for e in edge_types]), heads=2)
+        self.head = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x_dict: dict, edge_index_dict: dict, n_id_dict: dict) -> dict:
+        h = self.han(_fraud_embed(self.inputs, x_dict, n_id_dict), edge_index_dict)
+        return {"user": self.head(h["user"])}
