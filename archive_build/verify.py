@@ -353,7 +353,7 @@ def served_rows(
     nodes: np.ndarray,
     precomputed: Precomputed | None = None,
     composition: tuple[int, int] = (IDS_PER_REQUEST, REQUESTS_PER_BATCH),
-) -> dict[Any, list[float]]:
+) -> dict[Any, list[float] | None]:
     """Each node's answer row through the archive's node engine, in TorchServe-sized batches
     of ``composition`` (IDs per request, requests per batch; in the order of ``nodes``), from
     its stored rows when ``precomputed`` is given, as a ``--precompute`` archive serves."""
@@ -365,10 +365,14 @@ def served_rows(
     requests = [
         {"body": {"node_ids": ids[i : i + per_request]}} for i in range(0, len(ids), per_request)
     ]
-    answers: dict[Any, list[float]] = {}
+    answers: dict[Any, list[float] | None] = {}
     field = "output" if serving_needs(model).output is Output.RAW else "probabilities"
     for start in range(0, len(requests), per_batch):
-        for response in engine.handle(requests[start : start + per_batch]):
+        batch = requests[start : start + per_batch]
+        for request, response in zip(batch, engine.handle(batch), strict=True):
+            if _non_finite(response):  # NaN rows, which compare() counts as infinitely off
+                answers.update(dict.fromkeys(request["body"]["node_ids"]))
+                continue
             if response.status != 200:
                 raise ValueError(f"the serving path answered {response.status}: {response.body}")
             for prediction in response.body["predictions"]:
@@ -376,17 +380,25 @@ def served_rows(
     return answers
 
 
+def _non_finite(response: Any) -> bool:
+    """The serving path refused its own answer as NaN or infinite (``NonFiniteOutput``): the
+    verification counts it as a NaN answer, the cause it then names."""
+    return response.status == 500 and response.body.get("type") == "NonFiniteOutput"
+
+
 def compare(
     expected_rows: torch.Tensor,
-    served: dict[Any, list[float]],
+    served: dict[Any, list[float] | None],
     store: GraphStore,
     nodes: np.ndarray,
 ) -> Comparison:
-    """``served`` against ``expected_rows`` (one per node of ``nodes``); a NaN on either side
-    counts as an infinite difference, so it can never pass."""
+    """``served`` against ``expected_rows`` (one per node of ``nodes``; None: an answer refused
+    as NaN); a NaN on either side counts as an infinite difference, so it can never pass."""
     ids = store.external_ids(nodes)
     expected = expected_rows.double()
-    got = torch.tensor([served[node_id] for node_id in ids], dtype=torch.float64)
+    nan_row = [math.nan] * expected.shape[1]
+    rows = [served[node_id] for node_id in ids]
+    got = torch.tensor([nan_row if row is None else row for row in rows], dtype=torch.float64)
     diff = (got - expected).abs().nan_to_num(nan=float("inf")).amax(dim=1)
     worst = int(diff.argmax())
     agree = int((got.argmax(dim=1) == expected.argmax(dim=1)).sum())
@@ -428,10 +440,12 @@ def served_compositions(
         for subset, rows in zip(checked, compositions, strict=True)
     ]
     ids = store.external_ids(alone)
-    spread = max(
-        spread_of(np.array([rows[i] for i in ids]), np.array([answers[i] for i in ids]))
-        for rows in compositions[1:]
-    )
+    nan_row = [math.nan] * full.shape[1]
+
+    def as_array(rows: dict[Any, list[float] | None]) -> np.ndarray:
+        return np.array([nan_row if rows[i] is None else rows[i] for i in ids], dtype=np.float64)
+
+    spread = max(spread_of(as_array(rows), as_array(answers)) for rows in compositions[1:])
     worst = max(results, key=lambda result: result.worst)
     return dataclasses.replace(
         results[1], worst=worst.worst, worst_node=worst.worst_node, between_batches=spread
@@ -445,12 +459,16 @@ def spread_of(one: np.ndarray, other: np.ndarray) -> float:
 
 def _answered(
     engine: Any, requests: list[dict[str, Any]], per_batch: int = REQUESTS_PER_BATCH
-) -> list[dict[str, Any]]:
-    """The engine's answers to ``requests``, ``per_batch`` to a batch; a refusal stops the
+) -> list[dict[str, Any] | None]:
+    """The engine's answers to ``requests``, ``per_batch`` to a batch (None: an answer the
+    serving path refused as NaN, which the caller counts as NaN); any other refusal stops the
     check."""
-    bodies = []
+    bodies: list[dict[str, Any] | None] = []
     for start in range(0, len(requests), per_batch):
         for response in engine.handle(requests[start : start + per_batch]):
+            if _non_finite(response):
+                bodies.append(None)
+                continue
             if response.status != 200:
                 raise ValueError(f"the serving path answered {response.status}: {response.body}")
             bodies.append(response.body)
@@ -480,9 +498,12 @@ def served_scores(
             for start in range(0, len(pairs), per_request)
         )
     ]
-    scores = [
-        p["score"] for body in _answered(engine, requests, per_batch) for p in body["predictions"]
-    ]
+    scores: list[float] = []
+    for request, body in zip(requests, _answered(engine, requests, per_batch), strict=True):
+        if body is None:
+            scores += [math.nan] * len(request["body"]["pairs"])
+        else:
+            scores += [p["score"] for p in body["predictions"]]
     return np.array(scores, dtype=np.float64)
 
 
@@ -504,6 +525,8 @@ def served_top_k(
     ]
     pairs, scores = [], []
     for hub, body in zip(hubs, _answered(engine, requests), strict=True):
+        if body is None:  # a NaN score: the pair check refuses the model for it
+            continue
         found = store.lookup([r["dst"] for r in body["recommendations"]], engine.ends.dst_type)
         pairs.append(np.stack([np.full(len(found), hub), found], axis=1))
         scores += [r["score"] for r in body["recommendations"]]
@@ -980,11 +1003,13 @@ def verify_graphs(
     ]
     engine = GraphEngine(model, None, settings, torch.device("cpu"), "verify")
     field = "output" if serving_needs(model).output is Output.RAW else "probabilities"
-    batched = [
-        (np.array(body[field]), np.array(body.get("embedding", [])))
-        for body in _answered(engine, requests)
-    ]
     alone = [graph_alone(model, *graph) for graph in graphs]
+    batched: list[tuple[np.ndarray, np.ndarray]] = [
+        (np.full(np.shape(expected[0]), np.nan), np.full(np.shape(expected[1]), np.nan))
+        if body is None
+        else (np.array(body[field]), np.array(body.get("embedding", [])))
+        for body, expected in zip(_answered(engine, requests), alone, strict=True)
+    ]
     diff = [graph_difference(got, expected) for got, expected in zip(batched, alone, strict=True)]
     worst = int(np.argmax(diff))
     cause = ""

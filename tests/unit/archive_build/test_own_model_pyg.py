@@ -121,16 +121,16 @@ def test_lazy_linear_on_a_graph_of_one_type_builds_and_serves_exactly(plain, tmp
     assert build(tmp_path, plain, module, "LazyMlpSage", args) == 0
     result = verified(tmp_path, plain)
     assert result.passed and result.worst_abs_diff <= 1e-5, result
-    assert result.lines()[0].startswith("  verified 90 nodes (every node answered for) with full")
+    assert result.lines()[0].startswith("  verified 90 nodes (every node answered for; 8 also")
 
 
 @pytest.mark.parametrize(
     ("checked", "said"),
     [
-        (255, "255 nodes (every node answered for)"),
+        (255, "255 nodes (every node answered for; 8 also alone"),
         (256, "256 nodes (256 random and the 16 highest in-degree, 16 of them among the random"),
         (265, "265 nodes (256 random and the 16 highest in-degree, 7 of them among the random"),
-        (272, "272 nodes (256 random and the 16 highest in-degree) with"),
+        (272, "272 nodes (256 random and the 16 highest in-degree; 8 also alone"),
     ],
 )
 def test_the_verified_line_counts_the_nodes_it_checked(checked: int, said: str) -> None:
@@ -173,7 +173,8 @@ def test_a_model_without_message_passing_builds_at_zero_hops_and_serves_exactly(
     assert build(tmp_path, plain, module, "Mlp", args, "--num-hops", "0") == 0
     assert "0 hops (given by --num-hops)" in capsys.readouterr().out
     result = verified(tmp_path, plain)
-    assert result.passed and result.worst_abs_diff == 0.0, result
+    # Alone and in batches the rows' matmuls may round differently: within float32's ulp.
+    assert result.passed and result.worst_abs_diff <= 1e-6, result
     model, _ = load_model(tmp_path / "model")
     settings = ServingSettings.from_yaml_section({"fanouts": []})
     engine = NodeClassificationEngine.create(plain, model, settings, torch.device("cpu"), "1")
