@@ -29,7 +29,7 @@ from handler.core.typed_ego import typed_answer
 from handler.live.live_graph import LiveGraph
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import batch_error
-from handler.protocol.errors import ApiError, InternalError, NodeNotFound
+from handler.protocol.errors import ApiError, InternalError, NotFound
 from handler.protocol.kserve_v2 import v2_response
 from handler.settings import ServingSettings
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
@@ -40,7 +40,7 @@ from model.served_hetero import HeteroNodeModel
 logger = logging.getLogger(__name__)
 
 
-def _resolved(request: NodeRequest, nodes: np.ndarray) -> ResolvedRequest | NodeNotFound:
+def _resolved(request: NodeRequest, nodes: np.ndarray) -> ResolvedRequest | NotFound:
     return missing_nodes(request.node_ids, nodes) or ResolvedRequest(request=request, nodes=nodes)
 
 
