@@ -22,7 +22,7 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
-from handler.core.batch import Response, StageTimes
+from handler.core.batch import StageTimes
 from handler.core.graph_source import open_graph
 from handler.core.metrics import GAUGES, BatchMetrics
 from handler.core.precomputed import RefreshStats
@@ -43,6 +43,7 @@ from handler.protocol.kserve_v2 import (
     is_v2_body,
     v2_error,
 )
+from handler.protocol.response import Response
 from handler.settings import ServingSettings, worker_settings
 from handler.tasks.registry import describe, start_task
 from handler.tasks.spec import Archive, StartedTask

@@ -22,10 +22,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from handler.core.batch import DeviceFailure, Response, StageTimes
+from handler.core.batch import DeviceFailure, StageTimes
 from handler.protocol.body import Kind, as_request
 from handler.protocol.error_table import batch_error
 from handler.protocol.errors import ApiError, InternalError
+from handler.protocol.response import Response
 
 logger = logging.getLogger(__name__)
 

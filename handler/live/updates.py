@@ -12,12 +12,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from handler.core.batch import Response
 from handler.live.errors import UpdatesDisabled
 from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, parse_update
 from handler.protocol.body import as_request
 from handler.protocol.error_table import api_error
 from handler.protocol.errors import ApiError, InternalError
+from handler.protocol.response import Response
 
 logger = logging.getLogger(__name__)
 

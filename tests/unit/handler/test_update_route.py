@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 from ts.context import RequestProcessor
 
-from handler.core.batch import Response
 from handler.core.router import PREDICT, Router, predict_or_explain
 from handler.live.live_graph import LiveGraph
 from handler.protocol.body import Kind, Request, as_request
 from handler.protocol.errors import BadRequest
+from handler.protocol.response import Response
 
 from .conftest import started
 
