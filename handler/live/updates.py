@@ -46,6 +46,7 @@ class UpdateEngine:
         return [self._apply(update) for update in parsed]
 
     def respond(self, answers: list[Response]) -> list[Response]:
+        """One answer per update, in request order (``run`` formed them)."""
         return answers
 
     def _apply(self, update: UpdateRequest | ApiError) -> Response:

@@ -1,5 +1,5 @@
-"""The one table from the domain's errors to the API's: the graph and the sampler say what went
-wrong, this module says which status and body a client gets for it."""
+"""The one table from the domain's errors to the API's: the graph, the live graph and the sampler
+say what went wrong, this module says which status and body a client gets for it."""
 
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ _REJECTIONS: dict[Rejection, type[ApiError]] = {
     Rejection.CONFLICT: Conflict,
     Rejection.LIMIT: TooLarge,
 }
-# Why the live graph refused an update (UpdatesDisabled: its own message, which says how to turn
-# updates on). A halted worker, or one that kept losing the race for the next seq, may take the
-# update later or another replica may: 503, with Retry-After.
+# Why the live graph refused an update (UpdatesDisabled is 403 with UPDATES_DISABLED, which says
+# how to turn updates on). A halted worker, or one that kept losing the race for the next seq,
+# may take the update later, or another replica may: 503, with Retry-After.
 _UPDATE_REFUSALS: dict[type[UpdateRefused], type[ApiError]] = {
     UpdateKeyRejected: Forbidden,
     MalformedUpdate: BadRequest,
