@@ -24,14 +24,14 @@ from ts.torch_handler.base_handler import BaseHandler
 
 from handler.graph.graph_source import open_graph
 from handler.graph.precomputed import RefreshStats
-from handler.live.live_graph import UPDATE_KEY_HEADER, LiveGraph, answer_update, update_body
+from handler.live.live_graph import UPDATE_KEY_HEADER, LiveGraph
 from handler.live.min_version import (
     MIN_VERSION_FIELD,
     MIN_VERSION_HEADER,
     RETRY_AFTER_S,
     split_min_version,
 )
-from handler.pipeline.batch import Response, StageTimes
+from handler.pipeline.batch import StageTimes
 from handler.pipeline.metrics import GAUGES, BatchMetrics
 from handler.pipeline.router import RoutedBatch, RoutedResult, Router
 from handler.protocol.body import Request, as_request
@@ -43,6 +43,7 @@ from handler.protocol.kserve_v2 import (
     is_v2_body,
     v2_error,
 )
+from handler.protocol.response import Response
 from handler.settings import ServingSettings, worker_settings
 from handler.tasks.registry import describe, start_task
 from handler.tasks.spec import Archive, StartedTask
@@ -113,7 +114,7 @@ class GNNHandler(BaseHandler):
         )
         task = start_task(archive, open_graph=lambda: open_graph(archive.model_dir, settings))
         self.task, self.engine, self.router = task, task.engine, task.router
-        self.live, self.update_policy = task.live, task.update_policy
+        self.live = task.live
         if context.metrics is not None and not isinstance(context.metrics, HeldTimes):
             context.metrics = HeldTimes(context.metrics)
         self.context = context
@@ -162,13 +163,14 @@ class GNNHandler(BaseHandler):
         return self.postprocess(self.inference(self.preprocess(requests)))
 
     def _at_the_edge(self, data: list[Any], context: Context) -> list[Request]:
-        """Each request decoded once, for the update path and the task alike, with the graph
-        version it asks for (``min_graph_version``) taken out of it."""
+        """Each request decoded once, for the update route and the task alike: its kind (an
+        update keeps its key header), and the graph version it asks for (``min_graph_version``)
+        taken out of it."""
         requests: list[Request] = []
         self._wants = []
         self._headers = [lowercase_headers(context, index) for index in range(len(data))]
         for raw, headers in zip(data, self._headers, strict=True):
-            request = as_request(raw)
+            request = as_request(raw, update_key=headers.get(UPDATE_KEY_HEADER))
             if BINARY_HEADER in headers:
                 request = Request(error=binary_extension_refusal())
             want: int | ApiError | None
@@ -196,51 +198,31 @@ class GNNHandler(BaseHandler):
         return header == "True" and len(data) == 1 and not data[0]
 
     def preprocess(self, data: list[Any]) -> RoutedBatch:
-        """Applies the batch's graph updates first (in order), answers the predictions that ask
-        for a graph version this worker does not hold, then validates each other request alone
-        and samples one ego-graph for the batch's seeds."""
-        self._answered: dict[int, Response] = {}
-        predictions = []
-        for index, item in enumerate(data):
-            body = update_body(item)
-            if body is not None:
-                key = self._headers[index].get(UPDATE_KEY_HEADER)
-                status, answer = answer_update(body, key, self.live, self.update_policy)
-                self._answered[index] = Response(status=status, body=answer)
-                continue
-            refusal = self._version_refusal(self._wants[index])
-            if refusal is not None:
-                self._answered[index] = refusal
-                continue
-            predictions.append(item)
-        # TorchServe marks each /explanations request with an "explain" header, per request.
-        explain = [
-            self._headers[index].get("explain") == "True"
-            for index in range(len(data))
-            if index not in self._answered
-        ]
-        return self._router().prepare(predictions, explain=explain)
+        """The router applies the batch's updates first (in order), then refuses the requests
+        that ask for a graph version this worker does not hold, validates each other request
+        alone and samples one ego-graph for the batch's seeds. TorchServe marks each
+        /explanations request with an "explain" header, per request."""
+        explain = [headers.get("explain") == "True" for headers in self._headers]
+        return self._router().prepare(data, explain=explain, gate=self._version_refusal)
 
-    def _version_refusal(self, want: int | ApiError | None) -> Response | None:
+    def _version_refusal(self, index: int) -> ApiError | None:
         """400 for a malformed ``min_graph_version``, 503 with ``Retry-After`` for one this
-        worker has not reached in time; None when the request can be answered."""
-        if want is None:
-            return None
-        if isinstance(want, ApiError):
-            return Response(want.status, want.body())
+        worker has not reached in time; None when the request can be answered. Asked after the
+        batch's updates are applied, so a version one of them made is held."""
+        want = self._wants[index]
+        if want is None or isinstance(want, ApiError):
+            return want
         if self.live is None:
-            error: ApiError = BadRequest(
+            return BadRequest(
                 f"{MIN_VERSION_FIELD} applies to archives that take updates; this one does not"
             )
-            return Response(error.status, error.body())
         if self.live.seq >= want:
             return None
-        error = Unavailable(
+        return Unavailable(
             f"this replica serves graph version {self.live.version}, before the requested "
             f"+{want}, and did not reach it within {self.settings.min_version_wait_ms:g} ms; "
             f"retry (this or another replica)"
         )
-        return Response(error.status, error.body())
 
     def inference(self, data: RoutedBatch, *args: Any, **kwargs: Any) -> RoutedResult:
         """One forward pass for the batch, under ``torch.inference_mode()`` (in the engine)."""
@@ -249,10 +231,6 @@ class GNNHandler(BaseHandler):
     def postprocess(self, data: RoutedResult) -> list[bytes]:
         """One JSON body per request, in order, each with its own HTTP status."""
         responses = self._router().respond(data)
-        if self._answered:
-            answered = iter(responses)
-            total = len(responses) + len(self._answered)
-            responses = [self._answered.get(i) or next(answered) for i in range(total)]
         errors = sum(1 for response in responses if response.status >= 400)
         self._answered_batch = (data.batch.times, errors)
         responses = [self._in_kind(index, response) for index, response in enumerate(responses)]
@@ -347,8 +325,8 @@ class GNNHandler(BaseHandler):
     def explain_handle(self, data_preprocess: RoutedBatch, raw_data: list[Any]) -> list[bytes]:
         """TorchServe's ``/explanations`` path (``BaseHandler.handle`` takes it when the batch's
         first request is an explanation). ``preprocess`` already routed every request by its
-        own header, so a batch mixing explanations and predictions is answered the same way
-        whichever comes first."""
+        kind and its own header, so a batch mixing explanations and predictions is answered the
+        same way whichever comes first."""
         return self.postprocess(self.inference(data_preprocess))
 
     def describe_handle(self) -> str:

@@ -24,7 +24,7 @@ from handler.graph.graph_source import ServedGraph
 from handler.graph.precomputed import DRAIN_ROWS, PrecomputedRows
 from handler.live.live_graph import LiveGraph
 from handler.protocol.body import NodeId, show
-from handler.protocol.errors import BadRequest, NodeNotFound
+from handler.protocol.errors import BadRequest, NotFound
 from handler.sampling.sampler import NeighbourSampler, SampledSubgraph, sampler_for
 from handler.settings import ServingSettings
 from model.device import to_serving_device
@@ -142,7 +142,7 @@ class EgoGraphs:
         return nodes
 
     def lookup(self, node_ids: Sequence[NodeId], node_type: str | None = None) -> np.ndarray:
-        """Internal indices of ``node_ids`` (of ``node_type``, as :meth:`find`); NodeNotFound
+        """Internal indices of ``node_ids`` (of ``node_type``, as :meth:`find`); NotFound
         lists the IDs the graph lacks (naming ``node_type`` when given)."""
         nodes = self.find(node_ids, node_type)
         error = missing_nodes(node_ids, nodes, node_type)
@@ -278,7 +278,7 @@ def on_device(sub: SampledSubgraph, device: torch.device) -> SampledSubgraph:
 
 def missing_nodes(
     node_ids: Sequence[NodeId], nodes: np.ndarray, node_type: str | None = None
-) -> NodeNotFound | None:
+) -> NotFound | None:
     """The 404 for the IDs ``find`` did not find, listing the first few (and the type they
     were looked up in, when named); None if none."""
     if nodes.size == 0 or nodes.min() >= 0:
@@ -288,7 +288,7 @@ def missing_nodes(
     more = len(missing) - _MAX_LISTED_MISSING
     suffix = f" and {more} more" if more > 0 else ""
     kind = "node(s)" if node_type is None else f"{node_type} node(s)"
-    return NodeNotFound(f"{kind} not in the graph: {listed}{suffix}")
+    return NotFound(f"{kind} not in the graph: {listed}{suffix}")
 
 
 def seed_rows(seeds: torch.Tensor, nodes: np.ndarray) -> list[int]:

@@ -36,14 +36,11 @@ from graph_assets.errors import (
     UpdateLogCorrupt,
     UpdateLogMismatch,
     UpdateLogUnavailable,
-    UpdateLogWriteFailed,
-    UpdateNotReplicated,
 )
 from graph_assets.live.log_lineage import Lineage, open_update_log, update_log_path
 from graph_assets.live.operations import (
     DecodingGraph,
     Operation,
-    UpdateRejected,
     decode_operations,
     encode_operations,
 )
@@ -51,25 +48,19 @@ from graph_assets.live.overlay import GraphOverlay, ListenerFailed, OverlayBase
 from graph_assets.live.redis_log import RedisLogConfig, RedisUpdateLog, open_redis_update_log
 from graph_assets.live.update_log import LogRecord, UpdateLog, check_next
 from graph_assets.private_dir import ensure_private_dir
-from handler.protocol.body import as_request
-from handler.protocol.error_table import api_error
-from handler.protocol.errors import (
-    ApiError,
-    BadRequest,
-    Forbidden,
-    InternalError,
-    TooLarge,
-    Unavailable,
+from handler.live.errors import (
+    MalformedUpdate,
+    TooManyOperations,
+    UpdateKeyRejected,
+    UpdateRaceLost,
+    UpdatesDisabled,
+    UpdatesHalted,
 )
 from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
 
 UPDATE_KEY_HEADER = "x-gnnserve-update-key"
-UPDATES_DISABLED = (
-    "updates are disabled for this archive (gnn.updates_enabled is false): rebuild it with "
-    "./build_mar.sh --enable-updates"
-)
 # The state directory when the archive names none: in TorchServe's (private) temp directory.
 STATE_DIR = "gnnserve-state"
 # After a failed replay the follower waits this long before it tries the same record again, so a
@@ -144,19 +135,19 @@ def read_secret(env_name: str, secret_file: str) -> str:
 def parse_update(body: dict[str, Any], key: str | None, policy: UpdatePolicy) -> UpdateRequest:
     """Checks the update key before anything else, then the shape of the operation list."""
     if not policy.enabled:
-        raise Forbidden(UPDATES_DISABLED)
+        raise UpdatesDisabled()
     if key is None or not hmac.compare_digest(key.encode(), (policy.secret or "").encode()):
-        raise Forbidden(f"updates need the update key in the {UPDATE_KEY_HEADER} header")
+        raise UpdateKeyRejected(f"updates need the update key in the {UPDATE_KEY_HEADER} header")
     operations = body.get("operations")
     if not isinstance(operations, list) or not operations:
-        raise BadRequest('an update carries a non-empty "operations" list')
+        raise MalformedUpdate('an update carries a non-empty "operations" list')
     if len(operations) > policy.max_operations:
-        raise TooLarge(
+        raise TooManyOperations(
             f"{len(operations)} operations in one update; the limit is {policy.max_operations}"
         )
     extra = sorted(set(body) - {"op", "operations"})
     if extra:
-        raise BadRequest(f"unknown field(s) {extra} in an update")
+        raise MalformedUpdate(f"unknown field(s) {extra} in an update")
     return UpdateRequest(operations=operations)
 
 
@@ -327,23 +318,22 @@ class LiveGraph:
         """Validates, logs durably (fsync), then applies; returns the new graph version number
         (``Applied.seq``).
 
-        Refused with 503 while a replay failure stands, and with 507 (nothing applied, nothing
-        left in the log) when the record cannot be written. Once the record is written the
-        update is applied, whatever a listener of the overlay does (``Applied.rows_rebuilding``).
+        Refused (``UpdatesHalted``) while a replay failure stands, and with
+        ``UpdateLogWriteFailed`` (nothing applied, nothing left in the log) when the record
+        cannot be written. Once the record is written the update is applied, whatever a
+        listener of the overlay does (``Applied.rows_rebuilding``).
         """
         if self.log is None:
-            raise Forbidden(UPDATES_DISABLED)
-        try:  # decoded once, here: the overlay and the log see typed operations only
-            operations = decode_operations(request.operations, self.store)
-        except UpdateRejected as refused:
-            raise api_error(refused) or BadRequest(str(refused)) from None
+            raise UpdatesDisabled()
+        # Decoded once, here: the overlay and the log see typed operations only.
+        operations = decode_operations(request.operations, self.store)
         catch_up = self.log.catch_up_before_append
         for _ in range(MAX_CONFLICT_RETRIES):
             try:
                 return self._update_once(self.log, operations, catch_up)
             except UpdateLogConflict:
                 catch_up = True  # another server wrote that seq first: catch up, validate again
-        raise Unavailable(
+        raise UpdateRaceLost(
             f"{MAX_CONFLICT_RETRIES} other updates were written first while this one was being "
             "validated; nothing was applied, send it again"
         )
@@ -353,7 +343,7 @@ class LiveGraph:
             if self.failure is None and catch_up:
                 self._read_and_apply(locked=True, raise_unreachable=True)
             if self.failure is not None:
-                raise Unavailable(self._refusal())
+                raise UpdatesHalted(self._refusal())
             seq, at = self.overlay.seq + 1, self._offset
 
             def persist() -> None:
@@ -368,16 +358,10 @@ class LiveGraph:
                 return Applied(seq, rows_rebuilding=True)
             except UpdateLogMismatch as lost:
                 self._fail(lost, self._offset, None)
-                raise Unavailable(self._refusal()) from None
-            except (
-                UpdateRejected,
-                UpdateLogWriteFailed,
-                UpdateLogUnavailable,
-                UpdateNotReplicated,
-            ) as refused:
-                if isinstance(refused, UpdateLogUnavailable):
-                    self._lost(refused)
-                raise api_error(refused) or Unavailable(str(refused)) from None
+                raise UpdatesHalted(self._refusal()) from None
+            except UpdateLogUnavailable as unreachable:
+                self._lost(unreachable)
+                raise
         return Applied(seq)
 
     def close(self) -> None:
@@ -454,7 +438,7 @@ class LiveGraph:
         except UpdateLogUnavailable as error:
             self._lost(error)
             if raise_unreachable:
-                raise Unavailable(str(error)) from None
+                raise
             return
         except Exception as error:
             self._fail(error, start, None)
@@ -559,40 +543,6 @@ def _follow(graph: weakref.ref[LiveGraph], stop: threading.Event, interval_s: fl
         del live
         if failed:
             stop.wait(FOLLOWER_RETRY_S)
-
-
-def update_body(item: Any) -> dict[str, Any] | None:
-    """The body of a request if it is an update (``"op": "update"``), else None."""
-    try:
-        body = as_request(item).json()
-    except ApiError:
-        return None
-    return body if isinstance(body, dict) and body.get("op") == "update" else None
-
-
-def answer_update(
-    body: dict[str, Any], key: str | None, live: LiveGraph | None, policy: UpdatePolicy
-) -> tuple[int, dict[str, Any]]:
-    """Status and JSON body for one update request; a failure never raises."""
-    try:
-        request = parse_update(body, key, policy)
-        if live is None:
-            raise Forbidden(UPDATES_DISABLED)
-        applied = live.update(request)
-    except ApiError as error:
-        logger.info("update refused: %s %s", error.status, error.type_name)
-        return error.status, error.body()
-    except Exception:  # one update's failure is its own answer, never the batch's
-        logger.exception("an update failed inside the handler; nothing was applied")
-        failed = InternalError("the update failed inside the handler; nothing was applied")
-        return failed.status, failed.body()
-    return 200, {
-        "status": "applied",
-        "operations": len(request.operations),
-        "graph_version": live.version,
-        "seq": applied.seq,
-        "rows_rebuilding": applied.rows_rebuilding,
-    }
 
 
 def open_live_graph(

@@ -33,6 +33,7 @@ from handler.protocol.error_table import (
     is_out_of_memory,
 )
 from handler.protocol.errors import ApiError, InternalError
+from handler.protocol.response import Response
 from handler.settings import ServingSettings
 
 logger = logging.getLogger(__name__)
@@ -112,15 +113,6 @@ class StageTimes:
         self.remote_cache_hits += after.cache_hits - before.cache_hits
         self.remote_cache_misses += after.cache_misses - before.cache_misses
         self.remote_read += after.read_seconds - before.read_seconds
-
-
-@dataclass(frozen=True)
-class Response:
-    """One request's answer: HTTP status, JSON body, and any headers of its own."""
-
-    status: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -1,6 +1,12 @@
 """Which engine answers which request: each task builds one router over its engines (its
 predictions, its extras, its explanations; ``handler.tasks``) with a rule that picks the engine
-from a request's decoded body and its ``explain`` flag.
+from a request's decoded body and its ``explain`` flag. Updates take a route of their own, which
+every task's router gets the same way (:meth:`Router.take_updates`): the edge decided each
+request's kind when it decoded it (``handler.protocol.body``), so the task's rule never sees one.
+
+The update route is prepared and run first, its updates applied in request order, before any
+other request of the batch is checked against a graph version, parsed or sampled: a prediction
+reads every update sent before it in its batch (read-your-writes), and after it too.
 
 A TorchServe batch may mix requests for several engines (and explanation requests with
 predictions: TorchServe batches both from one queue and marks each explanation request with an
@@ -16,14 +22,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
-from handler.pipeline.batch import DeviceFailure, Response, StageTimes
-from handler.protocol.body import as_request
+from handler.pipeline.batch import DeviceFailure, StageTimes
+from handler.protocol.body import Kind, as_request
 from handler.protocol.error_table import batch_error
 from handler.protocol.errors import ApiError, InternalError
+from handler.protocol.response import Response
 
 logger = logging.getLogger(__name__)
 
-PREDICT, EXTRAS, EXPLAIN = "predict", "extras", "explain"
+PREDICT, EXTRAS, EXPLAIN, UPDATE = "predict", "extras", "explain", "update"
+REFUSED = "refused"  # a request its gate refused: its part holds the answer, no engine runs
 _SUMMED = tuple(item.name for item in fields(StageTimes) if item.name != "batch_size")
 
 
@@ -46,6 +54,7 @@ class _Part:
     prepared: Any = None
     result: Any = None
     error: ApiError | None = None
+    ran: bool = False
 
 
 @dataclass
@@ -75,6 +84,9 @@ class RoutedResult:
 
 
 Chooser = Callable[[Any, bool], str]
+# The refusal, if any, of the request at a position, asked once the batch's updates are applied
+# (the handler's: a ``min_graph_version`` this worker does not hold).
+Gate = Callable[[int], ApiError | None]
 
 
 class Router:
@@ -84,43 +96,77 @@ class Router:
         self.engines = engines
         self.choose = choose
 
-    def prepare(self, items: Sequence[Any], explain: Sequence[bool] | None = None) -> RoutedBatch:
+    def take_updates(self, engine: TaskEngine) -> None:
+        """Sends every update to ``engine`` (``handler.live.updates.UpdateEngine``). A router
+        without one hands updates to the task's rule, whose engines refuse them as bodies."""
+        self.engines[UPDATE] = engine
+
+    def prepare(
+        self,
+        items: Sequence[Any],
+        explain: Sequence[bool] | None = None,
+        gate: Gate | None = None,
+    ) -> RoutedBatch:
+        """Splits the batch by route; applies its updates (prepared and run, in request order)
+        before ``gate`` is asked about any other request and before any other route prepares."""
         flags = list(explain) if explain is not None else [False] * len(items)
-        routed: dict[str, list[tuple[int, Any]]] = {}
+        updates: list[tuple[int, Any]] = []
+        others: list[tuple[int, Any, bool]] = []
         for position, (item, flag) in enumerate(zip(items, flags, strict=True)):
             request = as_request(item)  # decoded once: the engine parses this same value
-            routed.setdefault(self.choose(request.body, flag), []).append((position, request))
+            if request.kind is Kind.UPDATE and UPDATE in self.engines:
+                updates.append((position, request))
+            else:
+                others.append((position, request, flag))
         batch = RoutedBatch(size=len(items))
-        for route, entries in routed.items():
-            part = _Part(route, [position for position, _ in entries])
-            try:
-                part.prepared = self.engines[route].prepare([item for _, item in entries])
-            except DeviceFailure:
-                raise
-            except Exception as error:
-                part.error = _shared(error, route) or InternalError(
-                    "the request could not be prepared; see the server log"
-                )
-                if isinstance(part.error, InternalError):
-                    logger.exception("the %s engine failed to prepare its requests", route)
+        if updates:
+            part = self._prepared(UPDATE, updates)
+            self._run(part)
             batch.parts.append(part)
+        routed: dict[str, list[tuple[int, Any]]] = {}
+        for position, request, flag in others:
+            refusal = gate(position) if gate is not None else None
+            if refusal is not None:
+                batch.parts.append(_Part(REFUSED, [position], error=refusal))
+                continue
+            routed.setdefault(self.choose(request.body, flag), []).append((position, request))
+        batch.parts.extend(self._prepared(route, entries) for route, entries in routed.items())
         return batch
+
+    def _prepared(self, route: str, entries: list[tuple[int, Any]]) -> _Part:
+        part = _Part(route, [position for position, _ in entries])
+        try:
+            part.prepared = self.engines[route].prepare([item for _, item in entries])
+        except DeviceFailure:
+            raise
+        except Exception as error:
+            part.error = _shared(error, route) or InternalError(
+                "the request could not be prepared; see the server log"
+            )
+            if isinstance(part.error, InternalError):
+                logger.exception("the %s engine failed to prepare its requests", route)
+        return part
 
     def run(self, batch: RoutedBatch) -> RoutedResult:
         for part in batch.parts:
-            if part.error is not None:
-                continue
-            try:
-                part.result = self.engines[part.route].run(part.prepared)
-            except DeviceFailure:
-                raise
-            except Exception as error:
-                part.error = _shared(error, part.route) or InternalError(
-                    "the computation failed; the error is in the server log"
-                )
-                if isinstance(part.error, InternalError):
-                    logger.exception("the %s engine failed on its requests", part.route)
+            self._run(part)
         return RoutedResult(batch=batch)
+
+    def _run(self, part: _Part) -> None:
+        """Runs a part once (the update route already ran in ``prepare``)."""
+        if part.error is not None or part.ran:
+            return
+        part.ran = True
+        try:
+            part.result = self.engines[part.route].run(part.prepared)
+        except DeviceFailure:
+            raise
+        except Exception as error:
+            part.error = _shared(error, part.route) or InternalError(
+                "the computation failed; the error is in the server log"
+            )
+            if isinstance(part.error, InternalError):
+                logger.exception("the %s engine failed on its requests", part.route)
 
     def respond(self, result: RoutedResult) -> list[Response]:
         batch = result.batch
@@ -144,9 +190,11 @@ class Router:
             raise AssertionError(f"the batch has {batch.size} requests but {missing} got no answer")
         return [answer for answer in answers if answer is not None]
 
-    def handle(self, items: Sequence[Any], explain: Sequence[bool] | None = None) -> list[Response]:
+    def handle(
+        self, items: Sequence[Any], explain: Sequence[bool] | None = None, gate: Gate | None = None
+    ) -> list[Response]:
         """``prepare``, ``run`` and ``respond`` in one call (tests, benchmarks)."""
-        return self.respond(self.run(self.prepare(items, explain)))
+        return self.respond(self.run(self.prepare(items, explain, gate)))
 
 
 def _shared(error: Exception, route: str) -> ApiError | None:

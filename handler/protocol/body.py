@@ -2,15 +2,18 @@
 
 TorchServe hands every request over as ``{"body": ...}`` (or ``"data"``) holding bytes, text or an
 already-decoded object. The handler turns each one into a ``Request`` before anything else looks
-at it, so the update path, the router and the task's parser all read the same decoded value; a
+at it, so the update route, the router and the task's parser all read the same decoded value; a
 body that cannot be decoded carries its 400 along and is answered as that request's own error.
+What a request asks for (:class:`Kind`) is decided here too, once: nothing later asks a
+prediction whether it is an update.
 """
 
 from __future__ import annotations
 
 import json
 import reprlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from handler.protocol.errors import ApiError, BadRequest, TooLarge
@@ -28,12 +31,26 @@ def show(value: Any) -> str:
     return _SHOW.repr(value)
 
 
+UPDATE_OP = "update"  # {"op": "update", ...}: docs/api.md, Live updates
+
+
+class Kind(Enum):
+    """What a request asks for: the router sends updates to its update route, every other
+    request (predictions, extras, explanations) to the task's rule."""
+
+    PREDICTION = "prediction"
+    UPDATE = "update"
+
+
 @dataclass(frozen=True)
 class Request:
-    """One request's decoded JSON value, or the error that decoding it raised."""
+    """One request's decoded JSON value, or the error that decoding it raised; its kind, and
+    for an update the update key its header carried (``None``: no header)."""
 
     body: Any = None
     error: ApiError | None = None
+    kind: Kind = Kind.PREDICTION
+    update_key: str | None = field(default=None, repr=False)  # a secret: never in a log line
 
     def json(self) -> Any:
         """The decoded value; the decoding error, raised, if there is none."""
@@ -51,14 +68,19 @@ class Request:
         return body
 
 
-def as_request(item: Any) -> Request:
-    """``item`` decoded (a ``Request`` is passed through: nothing is decoded twice)."""
+def as_request(item: Any, update_key: str | None = None) -> Request:
+    """``item`` decoded, with its kind: an object whose ``"op"`` is ``"update"`` is an update
+    and keeps ``update_key``; anything else is a prediction, an ``"op"`` field or not. A
+    ``Request`` is passed through: nothing is decoded twice."""
     if isinstance(item, Request):
         return item
     try:
-        return Request(body=decode_body(body_of(item)))
+        body = decode_body(body_of(item))
     except ApiError as error:
         return Request(error=error)
+    if isinstance(body, dict) and body.get("op") == UPDATE_OP:
+        return Request(body=body, kind=Kind.UPDATE, update_key=update_key)
+    return Request(body=body)
 
 
 def _reject_constant(name: str) -> None:

@@ -1,5 +1,5 @@
-"""The one table from the domain's errors to the API's: the graph and the sampler say what went
-wrong, this module says which status and body a client gets for it."""
+"""The one table from the domain's errors to the API's: the graph, the live graph and the sampler
+say what went wrong, this module says which status and body a client gets for it."""
 
 from __future__ import annotations
 
@@ -16,10 +16,20 @@ from graph_assets.errors import (
 from graph_assets.live.operations import Rejection, UpdateRejected
 from graph_assets.live.overlay import ListenerBehind
 from graph_assets.remote.errors import RemoteDataCorrupt, RemoteDataLost, RemoteUnavailable
+from handler.live.errors import (
+    MalformedUpdate,
+    TooManyOperations,
+    UpdateKeyRejected,
+    UpdateRaceLost,
+    UpdateRefused,
+    UpdatesDisabled,
+    UpdatesHalted,
+)
 from handler.protocol.errors import (
     ApiError,
     BadRequest,
     Conflict,
+    Forbidden,
     InsufficientStorage,
     InternalError,
     NotFound,
@@ -33,6 +43,20 @@ _REJECTIONS: dict[Rejection, type[ApiError]] = {
     Rejection.CONFLICT: Conflict,
     Rejection.LIMIT: TooLarge,
 }
+# Why the live graph refused an update (UpdatesDisabled is 403 with UPDATES_DISABLED, which says
+# how to turn updates on). A halted worker, or one that kept losing the race for the next seq,
+# may take the update later, or another replica may: 503, with Retry-After.
+_UPDATE_REFUSALS: dict[type[UpdateRefused], type[ApiError]] = {
+    UpdateKeyRejected: Forbidden,
+    MalformedUpdate: BadRequest,
+    TooManyOperations: TooLarge,
+    UpdatesHalted: Unavailable,
+    UpdateRaceLost: Unavailable,
+}
+UPDATES_DISABLED = (
+    "updates are disabled for this archive; build it with ./build_mar.sh --enable-updates "
+    "(and give its workers an update secret) to take them"
+)
 # A write that failed for lack of space is the operator's to fix (507); any other I/O error 503.
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 # Graph data in Redis that a request needs and cannot be answered from: 503 for the requests
@@ -53,6 +77,10 @@ def api_error(error: Exception) -> ApiError | None:
         return shared
     if isinstance(error, UpdateRejected):
         return _REJECTIONS[error.kind](str(error))
+    if isinstance(error, UpdatesDisabled):
+        return Forbidden(UPDATES_DISABLED)
+    if isinstance(error, UpdateRefused):
+        return _UPDATE_REFUSALS[type(error)](str(error))
     if isinstance(error, SubgraphTooLarge):
         return TooLarge(
             f"{error}; request fewer nodes, or lower the fanouts or raise "

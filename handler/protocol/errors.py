@@ -50,13 +50,8 @@ class Conflict(ApiError):
 
 
 class NotFound(ApiError):
-    """404: the update names a node or edge the graph does not have."""
-
-    status = 404
-
-
-class NodeNotFound(ApiError):
-    """404: a requested node ID is not in the graph; the message lists the missing IDs."""
+    """404: a node a request names, or a node or edge an update names, is not in the graph (or
+    was removed); the message lists what is missing."""
 
     status = 404
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from handler.explain.ego_explain import METHOD
 from handler.graph.graph_source import ServedGraph
+from handler.live.updates import UpdateEngine
 from handler.tasks.graph.task import TASK as GRAPH
 from handler.tasks.link.task import TASK as LINK
 from handler.tasks.node.task import TASK as NODE
@@ -25,7 +26,8 @@ TASKS: dict[str, TaskSpec] = {
 
 
 def start_task(archive: Archive, open_graph: Callable[[], ServedGraph]) -> StartedTask:
-    """Loads the model (and the graph, if the task serves one) and starts the archive's task."""
+    """Loads the model (and the graph, if the task serves one) and starts the archive's task,
+    its router with the update route (``handler.live.updates``)."""
     task = archive.settings.task
     spec = TASKS[task]
     store = open_graph() if spec.stored_graph else None
@@ -41,7 +43,11 @@ def start_task(archive: Archive, open_graph: Callable[[], ServedGraph]) -> Start
             archive.model_dir, store, archive.settings.verify_checksum
         )
     loaded = Loaded(model=model, config=config, store=store, precomputed=precomputed)
-    return spec.start(archive, loaded)
+    started = spec.start(archive, loaded)
+    # Every task's router takes updates the same way: applied where the task has a live graph,
+    # refused (403, saying how to turn them on) where it has none.
+    started.router.take_updates(UpdateEngine(started.live, started.update_policy))
+    return started
 
 
 def build_record(model_dir: Path) -> dict[str, Any]:

@@ -237,7 +237,7 @@ class LoadDriver:
             return ("ok", status, "")
         if status in (400, 401) and body.get("type") == "InvalidKeyException":
             return ("refused", status, "stale token")
-        if status in (404, 503) and body.get("type") != "NodeNotFound":
+        if status in (404, 503) and body.get("type") != "NotFound":
             return ("refused", status, str(body.get("message", ""))[:200])  # model not loaded
         return ("failed", status, json.dumps(body)[:300])
 

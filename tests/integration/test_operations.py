@@ -263,7 +263,7 @@ def test_errors_are_logged_with_index_and_reason_but_not_the_body(ops_server):
         timeout=60,
     )
     assert bad.status_code == 400
-    log = ops_server.wait_for_log(r"request \d+: 404 NodeNotFound", r"request \d+: 400 BadRequest")
+    log = ops_server.wait_for_log(r"request \d+: 404 NotFound", r"request \d+: 400 BadRequest")
     assert SECRET not in log
 
 

@@ -74,7 +74,7 @@ def test_served_answers_equal_the_full_graph_forward(server, tmp_path):
         ({"node_id": 1.5}, None, 400, "BadRequest"),
         ({"node_id": "acct_5", "node_ids": ["acct_5"]}, None, 400, "BadRequest"),
         ({"node_ids": []}, None, 400, "BadRequest"),
-        ({"node_id": "nobody"}, None, 404, "NodeNotFound"),
+        ({"node_id": "nobody"}, None, 404, "NotFound"),
         ({"node_ids": ["acct_1"] * 17}, None, 413, "TooLarge"),
     ],
 )

@@ -120,7 +120,7 @@ def test_invalid_update_names_the_item_and_changes_nothing(live_server):
 def test_removed_node_answers_404(live_server):
     assert update(live_server, [{"type": "remove_node", "id": "acct_9"}]).status_code == 200
     gone = predict(live_server, "acct_9")
-    assert gone.status_code == 404 and gone.json()["type"] == "NodeNotFound"
+    assert gone.status_code == 404 and gone.json()["type"] == "NotFound"
 
 
 def test_after_compaction_neither_version_loses_an_update(live_server, updates_store, tmp_path):

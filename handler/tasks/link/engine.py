@@ -35,7 +35,7 @@ from handler.graph.ego import EgoGraphs, OnEgoGraphs, plain_module, seed_rows
 from handler.graph.typed_ego import typed_answer
 from handler.pipeline.batch import Batch, BatchEngine, Group, timed
 from handler.protocol.body import NodeId
-from handler.protocol.errors import ApiError, NodeNotFound
+from handler.protocol.errors import ApiError, NotFound
 from handler.protocol.kserve_v2 import ids_datatype, inference_response, output
 from handler.sampling.arrays import readonly_tensor
 from handler.sampling.sampler import SampledSubgraph
@@ -113,8 +113,8 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             return self.ego.lookup(ids)
         try:
             return self.ego.lookup(ids, node_type)
-        except NodeNotFound as error:
-            raise NodeNotFound(f"{error.message} ({self.ends.hint})") from None
+        except NotFound as error:
+            raise NotFound(f"{error.message} ({self.ends.hint})") from None
 
     def plan(
         self, positions: list[int], outcomes: list[ResolvedLink | ApiError]

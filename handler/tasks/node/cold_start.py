@@ -44,7 +44,7 @@ from handler.sampling.sampler import (
 )
 from handler.tasks.node.requests import NewNodeRequest
 
-# Internal indices of IDs of a node type (None: the type the archive answers for); NodeNotFound
+# Internal indices of IDs of a node type (None: the type the archive answers for); NotFound
 # for the missing ones (``EgoGraphs.lookup``).
 Lookup = Callable[[Sequence[NodeId], str | None], np.ndarray]
 

@@ -29,7 +29,7 @@ from handler.pipeline.batch import (
 )
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import batch_error
-from handler.protocol.errors import ApiError, InternalError, NodeNotFound
+from handler.protocol.errors import ApiError, InternalError, NotFound
 from handler.protocol.kserve_v2 import v2_response
 from handler.sampling.sampler import NeighbourSampler, SampledSubgraph
 from handler.settings import ServingSettings
@@ -41,7 +41,7 @@ from model.served_hetero import HeteroNodeModel
 logger = logging.getLogger(__name__)
 
 
-def _resolved(request: NodeRequest, nodes: np.ndarray) -> ResolvedRequest | NodeNotFound:
+def _resolved(request: NodeRequest, nodes: np.ndarray) -> ResolvedRequest | NotFound:
     return missing_nodes(request.node_ids, nodes) or ResolvedRequest(request=request, nodes=nodes)
 
 

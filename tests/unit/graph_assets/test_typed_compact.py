@@ -17,9 +17,10 @@ import torch
 from graph_assets import GraphStore, open_store
 from graph_assets.compact import compact, main, replay
 from graph_assets.live.log_lineage import update_log_path
+from graph_assets.live.operations import UpdateRejected
 from graph_assets.live.overlay import GraphOverlay
 from handler.live.live_graph import LiveGraph, UpdateRequest
-from handler.protocol.errors import ApiError
+from handler.protocol.error_table import api_error
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from tests.typed_graphs import fraud_store, node_recipe
@@ -162,13 +163,14 @@ def test_the_compacted_store_continues_the_lineage_log(store, tmp_path):
     again = compacted(new_store, state, tmp_path / "v4")
     assert again.was_removed(merchant, "merchant")
     follower = LiveGraph(again, update_log_path(again, state))
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(UpdateRejected) as refused:
         follower.update(
             UpdateRequest(
                 [{"type": "add_node", "id": merchant, "x": [0.0] * 4, "node_type": "merchant"}]
             )
         )
-    assert refused.value.status == 409 and "IDs are not reused" in str(refused.value)
+    answer = api_error(refused.value)
+    assert answer is not None and answer.status == 409 and "IDs are not reused" in answer.message
     for graph in (old, new, follower):
         graph.close()
 

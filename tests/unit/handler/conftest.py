@@ -17,7 +17,11 @@ from graph_assets import GraphStore, open_store, read_graph_dir, write_store
 from graph_assets.input.graph_dataset import generate_graph_dataset
 from handler.gnn_handler import GNNHandler
 from handler.graph.ego import EgoGraphs
-from handler.live.live_graph import LiveGraph
+from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest
+from handler.live.updates import UpdateEngine
+from handler.protocol.body import as_request
+from handler.protocol.error_table import api_error
+from handler.protocol.errors import ApiError
 from handler.settings import ServingSettings
 from handler.tasks.graph.engine import GraphEngine
 from handler.tasks.link.engine import LinkEngine
@@ -157,6 +161,26 @@ def link_engine(store, tmp_path, arch="sage", decoder="dot", **settings) -> Link
     serving = ServingSettings.from_yaml_section({"task": "link", **settings})
     ego = EgoGraphs.create(store, model, serving, torch.device("cpu"))
     return LinkEngine(ego, open_link_assets(tmp_path / "link", store), "1.0")
+
+
+def refused_update(live: LiveGraph, operations: list[Any]) -> ApiError:
+    """What a client gets for an update the live graph refuses: its domain error, through the
+    error table (``handler.protocol.error_table``)."""
+    with pytest.raises(Exception) as raised:
+        live.update(UpdateRequest(operations))
+    answer = api_error(raised.value)
+    assert answer is not None, f"not a refusal: {raised.value!r}"
+    return answer
+
+
+def answer_update(
+    body: dict[str, Any], key: str | None, live: LiveGraph | None, policy: UpdatePolicy
+) -> tuple[int, dict[str, Any]]:
+    """One update through the update route, as a router hands it over: status and JSON body."""
+    engine = UpdateEngine(live, policy)
+    request = as_request({"body": body}, update_key=key)
+    (answer,) = engine.respond(engine.run(engine.prepare([request])))
+    return answer.status, answer.body
 
 
 def live_engine(store, log, model, fanouts=(-1, -1)):

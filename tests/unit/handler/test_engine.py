@@ -116,8 +116,8 @@ BAD_REQUESTS = [
     ({"nodes": [1]}, 400, "BadRequest"),
     ({}, 400, "BadRequest"),
     (b'{"node_id": NaN}', 400, "BadRequest"),
-    ({"node_id": 1}, 404, "NodeNotFound"),  # int IDs are multiples of 3
-    ({"node_ids": [0, "acct_0", 2**70]}, 404, "NodeNotFound"),
+    ({"node_id": 1}, 404, "NotFound"),  # int IDs are multiples of 3
+    ({"node_ids": [0, "acct_0", 2**70]}, 404, "NotFound"),
     ({"node_ids": list(range(0, 3 * 40, 3))}, 413, "TooLarge"),
 ]
 

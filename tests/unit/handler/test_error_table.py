@@ -15,6 +15,16 @@ from graph_assets.errors import (
 from graph_assets.live.operations import Rejection, UpdateRejected
 from graph_assets.live.overlay import ListenerBehind
 from graph_assets.remote.errors import RemoteDataCorrupt, RemoteDataLost
+from handler.live.errors import (
+    MalformedUpdate,
+    TooManyOperations,
+    UpdateKeyRejected,
+    UpdateRaceLost,
+    UpdateRefused,
+    UpdatesDisabled,
+    UpdatesHalted,
+)
+from handler.protocol import errors
 from handler.protocol.error_table import api_error, batch_error, internal_error
 
 
@@ -99,3 +109,53 @@ def test_lost_or_corrupt_graph_data_is_its_requests_503_not_the_batchs(error, wh
     assert answer.message.endswith("; the server log names the key and how to restore it")
     assert "10.0.0.5" not in answer.message and "{g:" not in answer.message
     assert batch_error(error) is None
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "type_name", "message"),
+    [
+        (
+            UpdatesDisabled(),
+            403,
+            "Forbidden",
+            "updates are disabled for this archive; build it with ./build_mar.sh "
+            "--enable-updates (and give its workers an update secret) to take them",
+        ),
+        (UpdateKeyRejected("the key"), 403, "Forbidden", "the key"),
+        (MalformedUpdate("the shape"), 400, "BadRequest", "the shape"),
+        (TooManyOperations("3 operations"), 413, "TooLarge", "3 operations"),
+        (UpdatesHalted("could not apply seq 4"), 503, "Unavailable", "could not apply seq 4"),
+        (UpdateRaceLost("50 other updates"), 503, "Unavailable", "50 other updates"),
+    ],
+)
+def test_each_refused_update_has_its_status_and_message(error, status, type_name, message):
+    answer = api_error(error)
+    assert answer is not None
+    assert answer.body() == {
+        "code": status,
+        "type": type_name,
+        "message": message,
+        "error": message,
+    }
+
+
+def test_every_kind_of_refused_update_is_in_the_table():
+    kinds = UpdateRefused.__subclasses__()
+    assert len(kinds) == 6
+    for kind in kinds:
+        error = kind() if kind is UpdatesDisabled else kind("why")
+        answer = api_error(error)
+        assert answer is not None and 400 <= answer.status < 600, kind
+
+
+def test_the_live_graphs_errors_name_no_status():
+    for kind in (UpdateRefused, *UpdateRefused.__subclasses__()):
+        assert not hasattr(kind, "status") and not hasattr(kind, "body"), kind
+        assert not issubclass(kind, errors.ApiError), kind
+
+
+def test_one_not_found_for_a_requested_node_and_an_updates_node_or_edge():
+    assert not hasattr(errors, "NodeNotFound")
+    missing_edge = api_error(UpdateRejected(Rejection.MISSING, 0, "no edge 3 -> 6"))
+    assert type(missing_edge) is errors.NotFound and missing_edge.status == 404
+    assert missing_edge.body()["type"] == "NotFound"

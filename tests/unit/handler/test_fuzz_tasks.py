@@ -11,14 +11,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from graph_assets.schema import GraphSchema
-from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update
+from handler.live.live_graph import LiveGraph, UpdatePolicy
 from handler.protocol.errors import ApiError
 from handler.tasks.graph.requests import parse_graph_request
 from handler.tasks.link.requests import parse_link_request
 from handler.tasks.node.requests import parse_node_extra
 from tests.strategies import json_values
 
-from .conftest import FEATURES
+from .conftest import FEATURES, answer_update
 
 FUZZ = settings(
     max_examples=150,

@@ -35,7 +35,7 @@ def test_mixed_batch_gets_one_status_and_body_per_request(model_dir):
     statuses = [context.get_response_status(i)[0] for i in range(4)]
     assert statuses == [200, 400, 404, 200]
     assert bodies[0]["node_id"] == 0 and bodies[0]["model_version"] == "1.0"
-    assert bodies[1]["type"] == "BadRequest" and bodies[2]["type"] == "NodeNotFound"
+    assert bodies[1]["type"] == "BadRequest" and bodies[2]["type"] == "NotFound"
     assert [p["node_id"] for p in bodies[3]["predictions"]] == [3, 6]
     assert all(context.get_response_content_type(i) == "application/json" for i in range(4))
     recorded = dict(context.metrics.recorded)

@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from graph_assets.errors import UpdateLogWriteFailed
 from graph_assets.live import update_log
 from graph_assets.live.update_log import UpdateLog, check_next
 from handler.live.live_graph import LiveGraph, UpdateRequest
+from handler.protocol.error_table import api_error
 from handler.protocol.errors import InsufficientStorage
 
 LOG_LIMIT = 400_000  # bytes the log may grow to: the "disk" fills part-way through the run
@@ -68,7 +70,9 @@ def writer(store, log_path: str, work: str, name: int, stall: bool) -> None:
         try:
             seq = live.update(request).seq
             os.write(acks, f"{tag} {seq}\n".encode())
-        except InsufficientStorage:
+        except UpdateLogWriteFailed as failed:
+            if not isinstance(api_error(failed), InsufficientStorage):  # 507: the log is full
+                raise
             os.write(acks, f"{tag} refused\n".encode())
         i += 1
     os.write(acks, f"{name} stopped\n".encode())

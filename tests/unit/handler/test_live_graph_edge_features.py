@@ -20,14 +20,13 @@ from graph_assets import GraphStore, open_store
 from graph_assets.compact import compact, replay
 from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
-from handler.protocol.errors import ApiError
 from handler.tasks.node.task import node_router
 from model.embedding import forward_with_embedding
 from model.export import load_model
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, edge_feature_store
 from tests.live_reference import live_ids, materialized_forward, materialized_graph, random_update
 
-from .conftest import live_engine, make_engine
+from .conftest import live_engine, make_engine, refused_update
 
 ARGS = {
     "in_channels": FEATURES,
@@ -239,9 +238,8 @@ def test_cold_start_with_edge_attr_equals_the_forward_with_the_node_added(
 def test_bad_edge_features_in_updates_are_refused(graph, tmp_path, operation, status, words):
     store, model_dir = graph
     _, live = live_engine(store, tmp_path / "updates.log", gat(model_dir))
-    with pytest.raises(ApiError) as refused:
-        live.update(UpdateRequest([operation]))
-    assert refused.value.status == status and words in refused.value.message, refused.value
+    refused = refused_update(live, [operation])
+    assert refused.status == status and words in refused.message, refused
     assert live.overlay.seq == 0 and (tmp_path / "updates.log").stat().st_size == 0
 
 
@@ -282,9 +280,8 @@ def test_a_graph_without_edge_features_refuses_them(int_store, tmp_path):
         ({"type": "add_edge", "src": 3, "dst": 6, "attr": [1.0]}, "no edge features"),
         ({"type": "set_edge_features", "src": 3, "dst": 6, "attr": [1.0]}, "no edge features"),
     ):
-        with pytest.raises(ApiError, match=words) as refused:
-            live.update(UpdateRequest([operation]))
-        assert refused.value.status == 400
+        refused = refused_update(live, [operation])
+        assert refused.status == 400 and words in refused.message
     body = {"new_node": {"x": [0.0] * 6, "neighbors": [3], "edge_attr": [[1.0]]}}
     (answer,) = node_router(engine, "1.0").handle([{"body": body}])
     assert answer.status == 400 and "no edge features" in answer.body["message"]

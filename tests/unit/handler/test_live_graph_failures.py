@@ -19,10 +19,10 @@ from graph_assets.errors import UpdateLogCorrupt
 from graph_assets.live import update_log
 from graph_assets.live.overlay import OverlayChange
 from graph_assets.live.update_log import UpdateLog
-from handler.live.live_graph import LiveGraph, UpdatePolicy, answer_update, read_secret
+from handler.live.live_graph import LiveGraph, UpdatePolicy, read_secret
 from tests.unit.graph_assets.test_graph_assets_update_log import intact_record
 
-from .conftest import started
+from .conftest import answer_update, started
 
 SECRET = "update-secret-0123456789"
 POLICY = UpdatePolicy(secret=SECRET, max_operations=100)

@@ -11,12 +11,13 @@ import pytest
 import redis
 import torch
 
+from graph_assets.errors import UpdateLogUnavailable
 from graph_assets.live.redis_log import RedisLogConfig
-from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest, answer_update
-from handler.protocol.errors import Unavailable
+from handler.live.errors import UpdatesHalted
+from handler.live.live_graph import LiveGraph, UpdatePolicy, UpdateRequest
 from tests.live_reference import live_ids, materialized_forward, random_update
 
-from .conftest import make_engine, random_model
+from .conftest import answer_update, make_engine, random_model
 
 
 def replicas(store, redis_server, count: int = 2, **kwargs) -> list[LiveGraph]:
@@ -76,7 +77,7 @@ def test_redis_down_serves_the_last_version_and_refuses_updates(int_store, redis
     redis_server.kill()
     assert torch.equal(answers(live, model, some), served)  # the last version, no error
     assert live.unreachable is not None and live.log_errors >= 1
-    with pytest.raises(Unavailable, match="unreachable"):
+    with pytest.raises(UpdateLogUnavailable, match="unreachable"):  # 503
         live.update(UpdateRequest([{"type": "add_node", "id": 90_011, "x": x}]))
     assert live.seq == 1 and live.overlay.lookup([90_011])[0] < 0  # nothing half-applied
     redis_server.start()
@@ -134,7 +135,7 @@ def test_a_log_that_lost_records_stops_updates(int_store, redis_server):
     x = [0.4] * int_store.feature_dim
     live.update(UpdateRequest([{"type": "add_node", "id": 92_000, "x": x}]))
     redis_server.client().flushall()  # what a Redis without its append-only file does
-    with pytest.raises(Unavailable):  # the append sees it: nothing is written after a gap
+    with pytest.raises(UpdatesHalted):  # 503: the append sees it: nothing is written after a gap
         live.update(UpdateRequest([{"type": "add_node", "id": 92_001, "x": x}]))
     assert live.failure is not None and "lost acknowledged records" in live.failure.reason
     assert redis_server.client().xlen(live.log.key) == 0

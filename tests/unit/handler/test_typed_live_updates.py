@@ -15,11 +15,12 @@ import torch
 from graph_assets import GraphStore
 from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
-from handler.protocol.errors import ApiError
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from tests.typed_graphs import fraud_store, node_recipe
 from tests.typed_live_reference import materialized_typed, random_typed_update
+
+from .conftest import refused_update
 
 UPDATES = 60
 
@@ -107,9 +108,8 @@ def test_exact_after_typed_updates_on_a_redis_stream(store, redis_server):
 )
 def test_bad_typed_operations_are_refused(store, tmp_path, operation, status, words):
     live = LiveGraph(store, tmp_path / "updates.log")
-    with pytest.raises(ApiError) as refused:
-        live.update(UpdateRequest([operation]))
-    assert refused.value.status == status and words in str(refused.value), refused.value
+    refused = refused_update(live, [operation])
+    assert refused.status == status and words in refused.message, refused
 
 
 def test_a_new_merchant_is_served_through_its_relations(store, tmp_path):
