@@ -12,7 +12,7 @@ through the graph view (the stored graph or its live overlay) and runs the model
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,6 +24,11 @@ from graph_assets.graph_view import GraphView
 from graph_assets.schema import GraphSchema
 from model.served_hetero import HeteroNodeModel, answer_seeds
 from model.typed_batch import HeteroInput, TypedLayout
+
+TypeFeatureRows = Callable[[int, np.ndarray], Tensor]
+"""``(node type index, global nodes all of that type) -> [n, F_t]`` feature rows on the
+device, zero for a negative node (a boundary or padding row): a GPU worker's per-type tables
+(``handler.core.device_features``) in place of the graph view's host rows."""
 
 
 @dataclass(frozen=True)
@@ -56,12 +61,17 @@ def gather_typed(
     edge_index: Tensor,
     edge_ids: np.ndarray,
     device: torch.device,
+    relation: np.ndarray | None = None,
+    feature_rows: TypeFeatureRows | None = None,
 ) -> TypedSubgraph:
     """The per-type tensors on ``device`` of the subgraph whose row ``i`` is global node
     ``node[i]`` and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID
-    ``edge_ids[k]``, read through ``view``."""
+    ``edge_ids[k]``, read through ``view``. ``relation``: each edge's relation, given for a
+    padded ego-graph, whose padding edges have ID ``-1`` and zero features (default: read by
+    ID); ``feature_rows``: node features from the device (default: the view's host rows)."""
     row_type = np.where(node >= 0, view.types_of(np.maximum(node, 0)), -1 - node)
-    relation = view.edge_relations(edge_ids)
+    if relation is None:
+        relation = view.edge_relations(edge_ids)
     layout = TypedLayout.build(
         torch.from_numpy(row_type).to(device),
         edge_index.to(device),
@@ -70,17 +80,20 @@ def gather_typed(
         tuple(r.edge_type.triple for r in schema.relations),
     )
     features, n_id = {}, {}
-    for node_type in schema.node_types:
+    for index, node_type in enumerate(schema.node_types):
         rows = layout.rows[node_type.name].cpu().numpy()
         nodes = node[rows]
         real = nodes >= 0
-        if len(nodes) and real.all() and node_type.feature_dim:  # no boundary row: as gathered
+        if feature_rows is not None and node_type.feature_dim:
+            features[node_type.name] = feature_rows(index, nodes)
+        elif len(nodes) and real.all() and node_type.feature_dim:  # no boundary row: as gathered
             x = view.feature_rows(nodes)
+            features[node_type.name] = torch.from_numpy(x).to(device)
         else:
             x = np.zeros((len(rows), node_type.feature_dim), dtype=np.float32)
             if real.any() and node_type.feature_dim:
                 x[real] = view.feature_rows(nodes[real])
-        features[node_type.name] = torch.from_numpy(x).to(device)
+            features[node_type.name] = torch.from_numpy(x).to(device)
         # A node an update added has no stored index within its type (its type has features:
         # graph_assets.live.operations refuses to add nodes of a featureless type).
         stored = real & (nodes < node_type.stop)
@@ -92,7 +105,14 @@ def gather_typed(
             continue
         triple = relation_meta.edge_type.triple
         ids = edge_ids[layout.edges[triple].cpu().numpy()]
-        edge_features[triple] = torch.from_numpy(view.edge_feature_rows(ids)).to(device)
+        real = ids >= 0
+        if real.all():
+            attr = view.edge_feature_rows(ids)
+        else:  # padding edges
+            attr = np.zeros((len(ids), relation_meta.edge_feature_dim), dtype=np.float32)
+            if real.any():
+                attr[real] = view.edge_feature_rows(ids[real])
+        edge_features[triple] = torch.from_numpy(attr).to(device)
     return TypedSubgraph(layout, row_type, relation, features, n_id, edge_features)
 
 

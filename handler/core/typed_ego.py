@@ -1,18 +1,24 @@
 """A sampled ego-graph of a graph of several node types, as a heterogeneous model reads it:
 :func:`typed_answer` runs the model on it through ``model.typed_rows`` (rows split by type,
 features per type and edge features per relation gathered through the graph view), the rule
-precomputed rows are built and refreshed with too.
+precomputed rows are built and refreshed with too; :func:`captured_typed_answer` runs it on a
+GPU worker, padded to a bucket (handler.core.padding) and replayed from that bucket's captured
+graph (handler.core.captured_forward), features gathered from device memory.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from graph_assets.graph_view import GraphView
+from handler.core.captured_forward import CapturedForward
+from handler.core.device_features import TypedDeviceFeatures
 from handler.core.graph_source import ServedGraph
+from handler.core.padding import PaddedSubgraph, RowTypes, pad_subgraph
 from handler.core.sampler import SampledSubgraph
 from model.served_hetero import HeteroNodeModel
-from model.typed_rows import typed_rows
+from model.typed_rows import gather_typed, typed_rows
 
 
 def typed_answer(
@@ -36,3 +42,55 @@ def typed_answer(
         embedding,
         sub.level_sizes,
     )
+
+
+def pad_typed(store: ServedGraph, view: GraphView, sub: SampledSubgraph) -> PaddedSubgraph:
+    """``sub`` padded to bucket sizes per node type and relation (its rows' types and edges'
+    relations read through ``view``)."""
+    schema = store.schema
+    node, edge = sub.node.cpu().numpy(), sub.edge.cpu().numpy()
+    index = {name: i for i, name in enumerate(schema.node_type_names)}
+    ends = [[index[r.edge_type.triple[0]], index[r.edge_type.triple[2]]] for r in schema.relations]
+    types = RowTypes(
+        row_type=np.where(node >= 0, view.types_of(np.maximum(node, 0)), -1 - node),
+        edge_relation=view.edge_relations(edge),
+        relation_ends=np.asarray(ends, dtype=np.int64).reshape(-1, 2),
+        num_types=len(schema.node_types),
+    )
+    return pad_subgraph(sub, types=types)
+
+
+def captured_typed_answer(
+    store: ServedGraph,
+    view: GraphView,
+    forward: CapturedForward,
+    target: str,
+    padded: PaddedSubgraph,
+    device: torch.device,
+    features: TypedDeviceFeatures | None = None,
+) -> torch.Tensor:
+    """The seeds' output rows of ``forward``'s typed model, which answers for node type
+    ``target``, on ``padded`` (:func:`pad_typed`), node features from ``features`` (device
+    memory) when given, else from ``view``."""
+    assert padded.types is not None
+    sub = padded.sub
+    seeds = padded.types.row_type[: sub.num_seeds]
+    if np.any(seeds != store.schema.node_type_names.index(target)):
+        raise ValueError(
+            f"the first {sub.num_seeds} rows must be seeds of the model's target type {target!r}"
+        )
+    edge_index = sub.edge_index.to(device, non_blocking=True)
+    typed = gather_typed(
+        store.schema,
+        view,
+        sub.node.numpy(),
+        edge_index,
+        sub.edge.numpy(),
+        device,
+        relation=padded.types.edge_relation,
+        feature_rows=None if features is None else lambda t, nodes: features.gather(view, t, nodes),
+    )
+    inputs = typed.layout.inputs(
+        typed.features, typed.n_id, typed.edge_features, sub.level_sizes, edge_index
+    )
+    return forward.typed(padded, inputs)

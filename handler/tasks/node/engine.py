@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph_assets.graph_view import GraphView
 from handler.core.batch import (
     Batch,
     BatchEngine,
@@ -21,11 +22,12 @@ from handler.core.batch import (
     timed,
 )
 from handler.core.captured_forward import CapturedForward
+from handler.core.device_features import TypedDeviceFeatures
 from handler.core.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
 from handler.core.graph_source import ServedGraph
 from handler.core.padding import PaddedSubgraph
 from handler.core.sampler import NeighbourSampler, SampledSubgraph
-from handler.core.typed_ego import typed_answer
+from handler.core.typed_ego import captured_typed_answer, pad_typed, typed_answer
 from handler.live.live_graph import LiveGraph
 from handler.protocol.class_answer import node_answer
 from handler.protocol.error_table import batch_error
@@ -67,12 +69,13 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         self.model_name = model_name
         self.model_version = model_version
         self.output = serving_needs(ego.model).output
-        # A GPU worker's forward, captured per padded bucket (typed models run eager).
+        # A GPU worker's forward, captured per padded bucket (a typed model's per type and
+        # relation: handler.core.typed_ego).
         self.captured: CapturedForward | None = None
-        homogeneous_model = not isinstance(plain_module(ego.model), HeteroNodeModel)
-        if self.device.type == "cuda" and ego.settings.cuda_graphs and homogeneous_model:
+        if self.device.type == "cuda" and ego.settings.cuda_graphs:
             self.captured = CapturedForward(ego.model, self.device)
         # Each type has its own IDs: on a graph of several, answers say which (set once).
+        self._typed_model = isinstance(plain_module(ego.model), HeteroNodeModel)
         typed = not ego.store.schema.is_homogeneous
         self._answer_type = {"node_type": ego.served_node_type} if typed else {}
 
@@ -161,7 +164,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         nodes = np.concatenate([_valid(outcomes[i]).nodes for i in positions])
         if self.ego.precomputed is not None:
             return torch.from_numpy(np.unique(nodes)), None
-        if self.captured is not None:
+        if self.captured is not None and not self._typed_model:  # typed: padded in run_group
             return self.ego.sample_padded(nodes)
         return self.ego.sample(nodes)
 
@@ -210,7 +213,10 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
             stop = timed(times, "forward")
             with torch.inference_mode():
                 view = self.ego.view()
-                rows, _ = typed_answer(self.store, view, model, sub, self.device)
+                if self.captured is None:
+                    rows, _ = typed_answer(self.store, view, model, sub, self.device)
+                else:
+                    rows = self._captured_typed(view, model.target, sub)
                 probabilities = answer_rows(rows, self.output).cpu()
             stop()
             return probabilities
@@ -232,6 +238,21 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
             probabilities = answer_rows(rows, self.output).cpu()
         stop()
         return probabilities
+
+    def _captured_typed(self, view: GraphView, target: str, sub: SampledSubgraph) -> torch.Tensor:
+        """A typed model's rows from its captured forward: ``sub`` padded per type and
+        relation, features from device memory when this worker keeps them there."""
+        assert self.captured is not None
+        features = self.ego.device_features
+        return captured_typed_answer(
+            self.store,
+            view,
+            self.captured,
+            target,
+            pad_typed(self.store, view, sub),
+            self.device,
+            features if isinstance(features, TypedDeviceFeatures) else None,
+        )
 
     def body(self, request: ResolvedRequest, result: Any) -> dict[str, Any]:
         inner = request.request
