@@ -127,14 +127,15 @@ def typed_rows(
     device: torch.device,
     embedding: bool = False,
     hops: Sequence[int] | None = None,
+    feature_rows: TypeFeatureRows | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """The seeds' output rows (and embeddings with ``embedding``) of ``model`` on the
     subgraph whose row ``i`` is global node ``node[i]`` (seeds first, of the model's target
     type) and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID ``edge_ids[k]``;
     ``hops``, a sampled ego-graph's rows per hop, lets a recipe compute each layer for the rows
-    that need it only."""
+    that need it only; ``feature_rows``: node features from the device (:func:`gather_typed`)."""
     edge_index = edge_index.to(device)
-    typed = gather_typed(schema, view, node, edge_index, edge_ids, device)
+    typed = gather_typed(schema, view, node, edge_index, edge_ids, device, None, feature_rows)
     levels = None if hops is None else (hops, edge_index)
     return answer_seeds(
         model,

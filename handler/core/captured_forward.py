@@ -5,7 +5,10 @@ On a few hundred rows a forward is many small kernels, each launched by the host
 94 rows on an H200, most of it launches). Padded ego-graphs (handler.core.padding) come in few
 shapes; for each shape (:class:`BucketKey`) the forward is captured once into a CUDA graph, at
 its first use, and a later batch of that shape is copied into the graph's input buffers and
-replayed as one launch. Graphs are kept in a bounded LRU sharing one memory pool.
+replayed as one launch. Graphs are kept in a bounded LRU sharing one memory pool. A typed
+model (graphs of several node types) is the same mechanism on other inputs: its ego-graph is
+padded per type and relation, its key is a :class:`TypedBucketKey`, its input buffers every
+tensor of its ``HeteroInput`` (:meth:`CapturedForward.typed`).
 
 A forward that cannot be captured (a user's model that reads a tensor on the host, an op
 CUDA graphs do not support) is found when its capture raises: one warning, and that model
@@ -19,6 +22,9 @@ Usage::
     x, degree = ego.gather(padded.sub.node)       # padding rows: node -1, zeros
     edge_attr = ego.edge_features(padded.sub.edge)
     rows = forward(padded, x, degree, edge_attr)  # [num_seeds, C], the seeds' rows
+
+    padded = pad_typed(store, view, sub)          # typed: handler.core.typed_ego
+    rows = forward.typed(padded, inputs)          # inputs: HeteroInput gathered for padded
 """
 
 from __future__ import annotations

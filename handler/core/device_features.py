@@ -182,6 +182,7 @@ class TypedDeviceFeatures:
     def __init__(self, store: GraphStore, device: torch.device, capacities: list[int]) -> None:
         """``capacities``: rows kept of each node type (schema order; 0 for a featureless
         type)."""
+        self.store = store
         self.device = device
         self.by_type = {
             index: DeviceFeatures(store, device, capacity, node_type=index)
@@ -196,8 +197,16 @@ class TypedDeviceFeatures:
     def gather(self, view: GraphView, node_type: int, nodes: np.ndarray) -> torch.Tensor:
         """Feature rows of global ``nodes``, all of ``node_type`` (negative: boundary or
         padding rows, zero), in ``view`` on the device, as :func:`gather_features` gives
-        them for one type."""
-        return gather_features(self.by_type[node_type], view, nodes, self.device)
+        them for one type; from host memory for a type of which no row is kept."""
+        held = self.by_type.get(node_type)
+        if held is not None:
+            return gather_features(held, view, nodes, self.device)
+        width = self.store.schema.node_types[node_type].feature_dim
+        x = np.zeros((len(nodes), width), dtype=np.float32)
+        real = nodes >= 0
+        if real.any():
+            x[real] = view.feature_rows(nodes[real])
+        return torch.from_numpy(x).to(self.device, non_blocking=True)
 
 
 def typed_capacities(store: GraphStore, fraction: float, free_bytes: int) -> list[int]:

@@ -18,7 +18,7 @@ from handler.core.graph_source import ServedGraph
 from handler.core.padding import PaddedSubgraph, RowTypes, pad_subgraph
 from handler.core.sampler import SampledSubgraph
 from model.served_hetero import HeteroNodeModel
-from model.typed_rows import gather_typed, typed_rows
+from model.typed_rows import TypeFeatureRows, gather_typed, typed_rows
 
 
 def typed_answer(
@@ -28,8 +28,10 @@ def typed_answer(
     sub: SampledSubgraph,
     device: torch.device,
     embedding: bool = False,
+    features: TypedDeviceFeatures | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The seeds' output rows (and embeddings with ``embedding``) of ``model`` on ``sub``."""
+    """The seeds' output rows (and embeddings with ``embedding``) of ``model`` on ``sub``,
+    node features from ``features`` (device memory) when given, else from ``view``."""
     return typed_rows(
         store.schema,
         view,
@@ -41,6 +43,7 @@ def typed_answer(
         device,
         embedding,
         sub.level_sizes,
+        _device_rows(view, features),
     )
 
 
@@ -88,9 +91,15 @@ def captured_typed_answer(
         sub.edge.numpy(),
         device,
         relation=padded.types.edge_relation,
-        feature_rows=None if features is None else lambda t, nodes: features.gather(view, t, nodes),
+        feature_rows=_device_rows(view, features),
     )
     inputs = typed.layout.inputs(
         typed.features, typed.n_id, typed.edge_features, sub.level_sizes, edge_index
     )
     return forward.typed(padded, inputs)
+
+
+def _device_rows(view: GraphView, features: TypedDeviceFeatures | None) -> TypeFeatureRows | None:
+    if features is None:
+        return None
+    return lambda node_type, nodes: features.gather(view, node_type, nodes)

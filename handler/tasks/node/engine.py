@@ -213,10 +213,12 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
             stop = timed(times, "forward")
             with torch.inference_mode():
                 view = self.ego.view()
+                features = self.ego.device_features
+                typed = features if isinstance(features, TypedDeviceFeatures) else None
                 if self.captured is None:
-                    rows, _ = typed_answer(self.store, view, model, sub, self.device)
+                    rows, _ = typed_answer(self.store, view, model, sub, self.device, False, typed)
                 else:
-                    rows = self._captured_typed(view, model.target, sub)
+                    rows = self._captured_typed(view, model.target, sub, typed)
                 probabilities = answer_rows(rows, self.output).cpu()
             stop()
             return probabilities
@@ -239,19 +241,19 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         stop()
         return probabilities
 
-    def _captured_typed(self, view: GraphView, target: str, sub: SampledSubgraph) -> torch.Tensor:
+    def _captured_typed(
+        self,
+        view: GraphView,
+        target: str,
+        sub: SampledSubgraph,
+        features: TypedDeviceFeatures | None,
+    ) -> torch.Tensor:
         """A typed model's rows from its captured forward: ``sub`` padded per type and
-        relation, features from device memory when this worker keeps them there."""
+        relation."""
         assert self.captured is not None
-        features = self.ego.device_features
+        padded = pad_typed(self.store, view, sub)
         return captured_typed_answer(
-            self.store,
-            view,
-            self.captured,
-            target,
-            pad_typed(self.store, view, sub),
-            self.device,
-            features if isinstance(features, TypedDeviceFeatures) else None,
+            self.store, view, self.captured, target, padded, self.device, features
         )
 
     def body(self, request: ResolvedRequest, result: Any) -> dict[str, Any]:

@@ -174,14 +174,19 @@ def test_on_a_cpu_or_disabled_the_typed_forward_runs_eager(store):
 
 
 def gpu_worker_on_cpu(
-    store: GraphStore, model: torch.nn.Module, fanouts, live: LiveGraph | None = None
+    store: GraphStore,
+    model: torch.nn.Module,
+    fanouts,
+    live: LiveGraph | None = None,
+    cuda_graphs: bool = True,
 ) -> tuple[NodeClassificationEngine, FakeCapture]:
-    """The node engine as a GPU worker sets it up (a captured forward, per-type features in
-    device memory), on the CPU with the stand-in capture."""
+    """The node engine as a GPU worker sets it up (per-type features in device memory and,
+    with ``cuda_graphs``, a captured forward), on the CPU with the stand-in capture."""
     settings = ServingSettings.from_yaml_section({"fanouts": fanouts})
     engine = NodeClassificationEngine.create(store, model, settings, CPU, "1.0", live)
     capture = FakeCapture()
-    engine.captured = CapturedForward(engine.model, CPU, capture=capture)
+    if cuda_graphs:
+        engine.captured = CapturedForward(engine.model, CPU, capture=capture)
     engine.ego.device_features = all_features(store, CPU)
     return engine, capture
 
@@ -204,16 +209,40 @@ def test_the_gpu_workers_typed_engine_answers_as_the_cpu_engine(store, arch, fan
         store, model, ServingSettings.from_yaml_section({"fanouts": fanouts}), CPU, "1.0"
     )
     engine, capture = gpu_worker_on_cpu(store, copy.deepcopy(model), fanouts)
+    assert_same_engine_answers(engine, plain)
+    assert capture.captures >= 1
+    assert (engine.captured.eager_reason is None) is (arch != "rgcn")
+
+
+def test_an_eager_gpu_worker_reads_typed_features_from_device_memory(store):
+    """Without CUDA graphs the typed forward runs eager, its features still gathered from
+    the per-type tables (every table read is counted)."""
+    model = typed_model(store, "user")
+    plain = NodeClassificationEngine.create(
+        store, model, ServingSettings.from_yaml_section({"fanouts": [3, 3]}), CPU, "1.0"
+    )
+    engine, capture = gpu_worker_on_cpu(store, copy.deepcopy(model), [3, 3], cuda_graphs=False)
+    features = engine.ego.device_features
+    assert isinstance(features, TypedDeviceFeatures)
+    read: list[int] = []
+    gather = features.gather
+    features.gather = lambda view, t, nodes: read.append(t) or gather(view, t, nodes)  # type: ignore[method-assign]
+    assert_same_engine_answers(engine, plain)
+    assert engine.captured is None and capture.captures == 0
+    assert sorted(set(read)) == sorted(features.by_type)
+
+
+def assert_same_engine_answers(
+    engine: NodeClassificationEngine, plain: NodeClassificationEngine
+) -> None:
     for seed in range(3):
-        items = requests(store, seed)
+        items = requests(engine.store, seed)
         for mine, theirs in zip(engine.handle(items), plain.handle(items), strict=True):
             assert mine.status == theirs.status == 200, mine.body
             for a, b in zip(mine.body["predictions"], theirs.body["predictions"], strict=True):
                 assert (a["node_id"], a["node_type"]) == (b["node_id"], b["node_type"])
                 assert np.abs(np.subtract(a["probabilities"], b["probabilities"])).max() <= 1e-5
-                assert a.get("class") == b.get("class")
-    assert capture.captures >= 1
-    assert (engine.captured.eager_reason is None) is (arch != "rgcn")
+                assert a["predicted_class"] == b["predicted_class"]
 
 
 def test_the_gpu_workers_typed_engine_is_exact_after_live_updates(store, tmp_path):

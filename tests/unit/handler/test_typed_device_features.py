@@ -49,6 +49,22 @@ def test_each_types_rows_are_its_stored_rows(store, share):
             assert torch.equal(x, torch.from_numpy(store.feature_rows(nodes)))
 
 
+def test_a_type_of_which_no_row_fits_is_read_from_host_memory(store):
+    """A share too small for one row of a type keeps none of it: its rows come from the
+    view, padding rows zero, as a CPU worker's."""
+    user = store.schema.node_type_names.index("user")
+    merchant = store.schema.node_type_names.index("merchant")
+    capacities = [0] * len(store.schema.node_types)
+    capacities[user] = 5
+    features = TypedDeviceFeatures(store, CPU, capacities)
+    assert list(features.by_type) == [user]
+    meta = store.schema.node_types[merchant]
+    nodes = np.array([meta.offset + 2, -1 - merchant, meta.offset])
+    expected = np.zeros((3, meta.feature_dim), dtype=np.float32)
+    expected[[0, 2]] = store.feature_rows(nodes[[0, 2]])
+    assert torch.equal(features.gather(store, merchant, nodes), torch.from_numpy(expected))
+
+
 def test_padding_boundary_and_overlay_rows_are_written_over_the_stored_ones(store):
     merchant = store.schema.node_type_names.index("merchant")
     meta = store.schema.node_types[merchant]
