@@ -63,12 +63,14 @@ def gather_typed(
     device: torch.device,
     relation: np.ndarray | None = None,
     feature_rows: TypeFeatureRows | None = None,
+    padding_edges: np.ndarray | None = None,
 ) -> TypedSubgraph:
     """The per-type tensors on ``device`` of the subgraph whose row ``i`` is global node
     ``node[i]`` and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID
-    ``edge_ids[k]``, read through ``view``. ``relation``: each edge's relation, given for a
-    padded ego-graph, whose padding edges have ID ``-1`` and zero features (default: read by
-    ID); ``feature_rows``: node features from the device (default: the view's host rows)."""
+    ``edge_ids[k]``, read through ``view``. For a padded ego-graph: ``relation``, each edge's
+    relation (default: read by ID), and ``padding_edges``, ``[E]`` True for a padding edge,
+    which gets zero edge features. ``feature_rows``: node features from the device (default:
+    the view's host rows)."""
     row_type = np.where(node >= 0, view.types_of(np.maximum(node, 0)), -1 - node)
     if relation is None:
         relation = view.edge_relations(edge_ids)
@@ -104,11 +106,12 @@ def gather_typed(
         if not relation_meta.edge_feature_dim:
             continue
         triple = relation_meta.edge_type.triple
-        ids = edge_ids[layout.edges[triple].cpu().numpy()]
-        real = ids >= 0
+        positions = layout.edges[triple].cpu().numpy()
+        ids = edge_ids[positions]
+        real = np.ones(len(ids), dtype=bool) if padding_edges is None else ~padding_edges[positions]
         if real.all():
             attr = view.edge_feature_rows(ids)
-        else:  # padding edges
+        else:
             attr = np.zeros((len(ids), relation_meta.edge_feature_dim), dtype=np.float32)
             if real.any():
                 attr[real] = view.edge_feature_rows(ids[real])

@@ -68,6 +68,8 @@ class PaddedSubgraph:
         type_rows: ``[levels][types]`` padded rows of each type in each level.
         relation_edges: ``[hops][relations]`` padded edges of each relation into each hop.
         types: the padded rows' types and edges' relations; None on a one-type graph.
+        padding_edges: ``[E]`` which edges are padding (typed only: a real edge's ID may be
+            negative too, as a cold-start request's new edges are).
     """
 
     sub: SampledSubgraph
@@ -75,6 +77,7 @@ class PaddedSubgraph:
     type_rows: tuple[tuple[int, ...], ...] = ()
     relation_edges: tuple[tuple[int, ...], ...] = ()
     types: RowTypes | None = None
+    padding_edges: np.ndarray | None = None
 
 
 def bucket(count: int, growth: float = DEFAULT_GROWTH, smallest: int = DEFAULT_SMALLEST) -> int:
@@ -158,11 +161,13 @@ def pad_subgraph(
     new_relation = np.empty(new_edge_starts[-1], dtype=np.int64)
     fill_id = (edge[0] if edge.size else 0) if types is None else -1
     new_edge = np.full(new_edge_starts[-1], fill_id, dtype=edge.dtype)
+    padding_edges = np.ones(new_edge_starts[-1], dtype=bool)
     for hop, count in enumerate(hop_edges):
         old, new = edge_starts[hop], new_edge_starts[hop]
         new_edge_index[:, new : new + count] = moved[:, old : old + count]
         new_relation[new : new + count] = relation[old : old + count]
         new_edge[new : new + count] = edge[old : old + count]
+        padding_edges[new : new + count] = False
         at = new + count
         for kind, (source, target) in enumerate(ends):
             extra = padded_edges[hop, kind] - edges[hop, kind]
@@ -186,6 +191,7 @@ def pad_subgraph(
         type_rows=tuple(tuple(level) for level in padded_rows.tolist()),
         relation_edges=tuple(tuple(hop) for hop in padded_edges.tolist()),
         types=None if types is None else RowTypes(new_type, new_relation, ends, num_types),
+        padding_edges=None if types is None else padding_edges,
     )
 
 

@@ -92,6 +92,7 @@ def captured_typed_answer(
         device,
         relation=padded.types.edge_relation,
         feature_rows=_device_rows(view, features),
+        padding_edges=padded.padding_edges,
     )
     inputs = typed.layout.inputs(
         typed.features, typed.n_id, typed.edge_features, sub.level_sizes, edge_index

@@ -84,6 +84,7 @@ def typed_batch(ego: EgoGraphs, seeds) -> tuple[PaddedSubgraph, HeteroInput]:
         new.edge.numpy(),
         CPU,
         relation=padded.types.edge_relation,
+        padding_edges=padded.padding_edges,
     )
     inputs = typed.layout.inputs(
         typed.features, typed.n_id, typed.edge_features, new.level_sizes, new.edge_index

@@ -55,6 +55,7 @@ def padded_rows(ego: EgoGraphs, sub: SampledSubgraph) -> torch.Tensor:
         new.edge.numpy(),
         CPU,
         relation=padded.types.edge_relation,
+        padding_edges=padded.padding_edges,
     )
     inputs = typed.layout.inputs(
         typed.features, typed.n_id, typed.edge_features, new.level_sizes, new.edge_index
@@ -95,7 +96,8 @@ def test_each_type_and_relation_is_padded_in_hop_order(store, fanouts):
     ends = types.relation_ends[types.edge_relation]
     assert np.array_equal(types.row_type[src], ends[:, 0])
     assert np.array_equal(types.row_type[dst], ends[:, 1])
-    padding_edge = new.edge.numpy() < 0
+    padding_edge = padded.padding_edges
+    assert padding_edge is not None and np.array_equal(padding_edge, new.edge.numpy() < 0)
     assert (new.node[src[padding_edge]] < 0).all() and (new.node[dst[padding_edge]] < 0).all()
     assert int((~padding_edge).sum()) == sub.num_edges
     assert sum(padded.hop_edges) == new.num_edges
@@ -148,7 +150,7 @@ def test_padding_edges_get_zero_edge_features(store):
     ego, sub = sampled(store, hetero_conv_model(store), [3, 3])
     view = ego.view()
     padded = pad_typed(store, view, sub)
-    assert padded.types is not None
+    assert padded.types is not None and padded.padding_edges is not None
     typed = gather_typed(
         store.schema,
         view,
@@ -157,14 +159,15 @@ def test_padding_edges_get_zero_edge_features(store):
         padded.sub.edge.numpy(),
         CPU,
         relation=padded.types.edge_relation,
+        padding_edges=padded.padding_edges,
     )
     featured = [r.edge_type.triple for r in store.schema.relations if r.edge_feature_dim]
     assert featured
     for triple in featured:
-        ids = padded.sub.edge.numpy()[typed.layout.edges[triple].numpy()]
+        positions = typed.layout.edges[triple].numpy()
+        ids, padding = padded.sub.edge.numpy()[positions], padded.padding_edges[positions]
         attr = typed.edge_features[triple]
-        assert (attr[torch.from_numpy(ids < 0)] == 0).all()
-        assert torch.equal(
-            attr[torch.from_numpy(ids >= 0)],
-            torch.from_numpy(view.edge_feature_rows(ids[ids >= 0])),
-        )
+        assert padding.any() and (~padding).any()
+        assert (attr[torch.from_numpy(padding)] == 0).all()
+        real = torch.from_numpy(view.edge_feature_rows(ids[~padding]))
+        assert torch.equal(attr[torch.from_numpy(~padding)], real)
