@@ -64,26 +64,29 @@ def gather_typed(
     relation: np.ndarray | None = None,
     feature_rows: TypeFeatureRows | None = None,
     padding_edges: np.ndarray | None = None,
+    layout_device: torch.device | None = None,
 ) -> TypedSubgraph:
     """The per-type tensors on ``device`` of the subgraph whose row ``i`` is global node
     ``node[i]`` and whose edge ``k`` is ``edge_index[:, k]`` (local rows) with ID
     ``edge_ids[k]``, read through ``view``. For a padded ego-graph: ``relation``, each edge's
     relation (default: read by ID), and ``padding_edges``, ``[E]`` True for a padding edge,
     which gets zero edge features. ``feature_rows``: node features from the device (default:
-    the view's host rows)."""
+    the view's host rows); ``layout_device``: where the layout's tensors go (default
+    ``device``; a captured forward copies its edges from the host into its own buffers)."""
     row_type = np.where(node >= 0, view.types_of(np.maximum(node, 0)), -1 - node)
     if relation is None:
         relation = view.edge_relations(edge_ids)
+    # Built on the host, where the rows' types are, then moved: splitting reads no device data.
     layout = TypedLayout.build(
-        torch.from_numpy(row_type).to(device),
-        edge_index.to(device),
-        torch.from_numpy(relation).to(device),
+        torch.from_numpy(row_type),
+        edge_index.cpu(),
+        torch.from_numpy(relation),
         tuple(schema.node_type_names),
         tuple(r.edge_type.triple for r in schema.relations),
     )
     features, n_id = {}, {}
     for index, node_type in enumerate(schema.node_types):
-        rows = layout.rows[node_type.name].cpu().numpy()
+        rows = layout.rows[node_type.name].numpy()
         nodes = node[rows]
         real = nodes >= 0
         if feature_rows is not None and node_type.feature_dim:
@@ -106,7 +109,7 @@ def gather_typed(
         if not relation_meta.edge_feature_dim:
             continue
         triple = relation_meta.edge_type.triple
-        positions = layout.edges[triple].cpu().numpy()
+        positions = layout.edges[triple].numpy()
         ids = edge_ids[positions]
         real = np.ones(len(ids), dtype=bool) if padding_edges is None else ~padding_edges[positions]
         if real.all():
@@ -116,7 +119,8 @@ def gather_typed(
             if real.any():
                 attr[real] = view.edge_feature_rows(ids[real])
         edge_features[triple] = torch.from_numpy(attr).to(device)
-    return TypedSubgraph(layout, row_type, relation, features, n_id, edge_features)
+    on = device if layout_device is None else layout_device
+    return TypedSubgraph(layout.to(on), row_type, relation, features, n_id, edge_features)
 
 
 def typed_rows(

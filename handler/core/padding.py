@@ -61,8 +61,8 @@ class PaddedSubgraph:
             edge's ID (``sub.edge``) is the ego-graph's first edge's ID, an edge that a gather
             of the real edges' features reads anyway (``0`` when it has no edge), so gathering
             every edge's features raises nothing and gives finite rows; on a typed graph it is
-            ``-1`` (its relation may have no edge in the ego-graph), which the typed gather
-            gives zero features.
+            ``-1`` (its relation may have no edge in the ego-graph) and ``padding_edges``
+            marks it, so that the typed gather gives it zero features.
         hop_edges: edges into each hop's rows (all levels but the last), padding included: the
             forward's per-hop counts (``hop_edges=`` of the served-model protocol).
         type_rows: ``[levels][types]`` padded rows of each type in each level.

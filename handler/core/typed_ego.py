@@ -82,20 +82,22 @@ def captured_typed_answer(
         raise ValueError(
             f"the first {sub.num_seeds} rows must be seeds of the model's target type {target!r}"
         )
-    edge_index = sub.edge_index.to(device, non_blocking=True)
+    # The layout and the edges stay on the host (the padded ego-graph's are there): the
+    # forward copies them into its device buffers, and splitting them reads no device data.
     typed = gather_typed(
         store.schema,
         view,
         sub.node.numpy(),
-        edge_index,
+        sub.edge_index,
         sub.edge.numpy(),
         device,
         relation=padded.types.edge_relation,
         feature_rows=_device_rows(view, features),
         padding_edges=padded.padding_edges,
+        layout_device=torch.device("cpu"),
     )
     inputs = typed.layout.inputs(
-        typed.features, typed.n_id, typed.edge_features, sub.level_sizes, edge_index
+        typed.features, typed.n_id, typed.edge_features, sub.level_sizes, sub.edge_index
     )
     return forward.typed(padded, inputs)
 

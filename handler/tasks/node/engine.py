@@ -74,8 +74,8 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         self.captured: CapturedForward | None = None
         if self.device.type == "cuda" and ego.settings.cuda_graphs:
             self.captured = CapturedForward(ego.model, self.device)
-        # Each type has its own IDs: on a graph of several, answers say which (set once).
         self._typed_model = isinstance(plain_module(ego.model), HeteroNodeModel)
+        # Each type has its own IDs: on a graph of several, answers say which (set once).
         typed = not ego.store.schema.is_homogeneous
         self._answer_type = {"node_type": ego.served_node_type} if typed else {}
 
