@@ -10,7 +10,9 @@
 # CUDA build of torch (and torch-geometric, if there) is reused, never replaced. What else the
 # project needs is installed into that venv from pyproject.toml's pins: from PyPI, or offline
 # from a folder of wheels given as WHEELS=DIR. The stage benchmark times a GPU worker set up
-# three ways (bench/experiments/microbench.py --placement) beside one CPU core; the served
+# three ways (bench/experiments/microbench.py --placement) beside one CPU core; the typed
+# benchmark (bench/experiments/gpu_typed.py) times a typed model's worker the same ways and
+# checks its answers against the CPU's; the served
 # benchmark (bench/experiments/gpu_served.py, TorchServe, so Java 17 too) loads GPU archives
 # and a CPU archive with one worker per core in turn.
 set -euo pipefail
@@ -24,7 +26,7 @@ has_cuda() { "$1" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available()
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/gnnserve-gpu.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
-step "1/5 finding a Python whose torch sees CUDA"
+step "1/6 finding a Python whose torch sees CUDA"
 if [ -x .venv/bin/python ] && has_cuda .venv/bin/python; then
   PY=.venv/bin/python
 else
@@ -42,7 +44,7 @@ else
 fi
 "$PY" -c 'import torch; print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))'
 
-step "2/5 installing what the project needs besides torch (pins from pyproject.toml)"
+step "2/6 installing what the project needs besides torch (pins from pyproject.toml)"
 missing="$("$PY" - <<'EOF'
 import importlib.util
 import re
@@ -75,11 +77,13 @@ if [ -n "$missing" ]; then
 fi
 "$PY" -m pip install --quiet --no-deps --no-build-isolation -e . 2>/dev/null || true
 
-step "3/5 exactness on CUDA (served vs full-graph forward, GPU vs CPU sampler and engine)"
+step "3/6 exactness on CUDA (served vs full-graph forward, GPU vs CPU sampler and engine)"
 "$PY" -m pytest -q -p no:cacheprovider -rs \
   tests/unit/handler/test_engine.py tests/unit/handler/test_sampler.py \
   tests/unit/handler/test_tasks_cuda.py tests/unit/handler/test_device_features.py \
   tests/unit/handler/test_feature_keeper.py tests/unit/handler/test_captured_forward.py \
+  tests/unit/handler/test_typed_device_features.py \
+  tests/unit/handler/test_typed_captured_forward.py \
   -k "cuda or gpu or full_graph or floyd" 2>&1 | tee "$WORK/pytest.log" && tests_rc=0 || tests_rc=$?
 if grep -q "SKIPPED.*CUDA" "$WORK/pytest.log"; then
   die "CUDA tests were skipped: torch does not see the GPU from pytest"
@@ -87,7 +91,7 @@ fi
 # The benchmark runs even when a test failed: its table helps to tell why; the exit status
 # is the tests'.
 
-step "4/5 in-process stage benchmark, 10M-edge graph, SAGE [10,10]"
+step "4/6 in-process stage benchmark, 10M-edge graph, SAGE [10,10]"
 "$PY" - "$WORK" <<'EOF'
 import sys
 from pathlib import Path
@@ -113,12 +117,16 @@ for r in rows:
           f"| {r.total:.3f} | {r.sampled_nodes:.0f} |")
 EOF
 
+step "5/6 typed models on the GPU: CPU worker, eager and captured GPU worker, 20k-user fraud graph"
+"$PY" -m bench.experiments.gpu_typed --users 20000 --archs sage,gat --out "$WORK/gpu-typed.json" \
+  || tests_rc=1
+
 if [ "${SERVED:-1}" = "0" ]; then
-  echo "==> 5/5 served benchmark skipped (SERVED=0)"
+  echo "==> 6/6 served benchmark skipped (SERVED=0)"
 elif ! command -v java >/dev/null; then
-  echo "==> 5/5 served benchmark skipped: TorchServe needs Java 17 (java is not on PATH)"
+  echo "==> 6/6 served benchmark skipped: TorchServe needs Java 17 (java is not on PATH)"
 else
-  step "5/5 served benchmark, 10M-edge graph: GPU archives against a CPU archive, one worker per core"
+  step "6/6 served benchmark, 10M-edge graph: GPU archives against a CPU archive, one worker per core"
   PYTHON="$ROOT/$PY" "$PY" -m bench.experiments.gpu_served --graph 10M --work "$WORK" \
     --connections 16,64,256 --seconds 6 --out "$WORK/gpu-served.json" || tests_rc=1
 fi

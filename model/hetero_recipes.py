@@ -253,7 +253,10 @@ def inv_sqrt_in_degree(inputs: HeteroInput) -> dict[str, Tensor]:
         key: torch.zeros(n_id.numel(), device=n_id.device) for key, n_id in inputs.n_id_dict.items()
     }
     for (_, _, dst), edge_index in inputs.edge_index_dict.items():
-        degree[dst] += torch.bincount(edge_index[1], minlength=degree[dst].numel())
+        # index_add_, not bincount: bincount sizes its output by the data, a host read that no
+        # CUDA graph captures (handler.gpu.captured_forward).
+        ones = torch.ones(edge_index.size(1), device=edge_index.device)
+        degree[dst].index_add_(0, edge_index[1], ones)
     return {key: deg.rsqrt().masked_fill_(deg == 0, 0.0) for key, deg in degree.items()}
 
 

@@ -9,6 +9,7 @@ homogeneous graph is the one-type case: every split is the tensor itself, no cop
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -130,6 +131,20 @@ class TypedLayout:
             },
             edges={key: tensor(part) for key, part in zip(edge_types, edges, strict=True)},
             homogeneous=False,
+        )
+
+    def to(self, device: torch.device) -> TypedLayout:
+        """The same layout with its tensors on ``device`` (itself when they are there)."""
+        if self.position.device == device:
+            return self
+        return dataclasses.replace(
+            self,
+            rows={key: t.to(device, non_blocking=True) for key, t in self.rows.items()},
+            position=self.position.to(device, non_blocking=True),
+            edge_index_dict={
+                key: t.to(device, non_blocking=True) for key, t in self.edge_index_dict.items()
+            },
+            edges={key: t.to(device, non_blocking=True) for key, t in self.edges.items()},
         )
 
     def split_rows(self, values: Tensor) -> dict[str, Tensor]:

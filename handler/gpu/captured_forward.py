@@ -5,7 +5,10 @@ On a few hundred rows a forward is many small kernels, each launched by the host
 94 rows on an H200, most of it launches). Padded ego-graphs (handler.gpu.padding) come in few
 shapes; for each shape (:class:`BucketKey`) the forward is captured once into a CUDA graph, at
 its first use, and a later batch of that shape is copied into the graph's input buffers and
-replayed as one launch. Graphs are kept in a bounded LRU sharing one memory pool.
+replayed as one launch. Graphs are kept in a bounded LRU sharing one memory pool. A typed
+model (graphs of several node types) is the same mechanism on other inputs: its ego-graph is
+padded per type and relation, its key is a :class:`TypedBucketKey`, its input buffers every
+tensor of its ``HeteroInput`` (:meth:`CapturedForward.typed`).
 
 A forward that cannot be captured (a user's model that reads a tensor on the host, an op
 CUDA graphs do not support) is found when its capture raises: one warning, and that model
@@ -19,21 +22,26 @@ Usage::
     x, degree = ego.gather(padded.sub.node)       # padding rows: node -1, zeros
     edge_attr = ego.edge_features(padded.sub.edge)
     rows = forward(padded, x, degree, edge_attr)  # [num_seeds, C], the seeds' rows
+
+    padded = pad_typed(store, view, sub)          # typed: handler.graph.typed_ego
+    rows = forward.typed(padded, inputs)          # inputs: HeteroInput gathered for padded
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from handler.gpu.padding import PaddedSubgraph
+from model.typed_batch import HeteroInput
 
 logger = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -65,6 +73,9 @@ _READS = {
 }
 _INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
 _COPIES = {aten._to_copy, aten.copy_, aten.to}
+
+
+Key = TypeVar("Key")  # of a per-type or per-relation dict
 
 
 class HostRead(RuntimeError):
@@ -183,40 +194,92 @@ def _width(t: Tensor) -> int:
     return int(t.size(1)) if t.dim() > 1 else 1
 
 
-@dataclass
-class _Inputs:
-    """The input buffers a captured graph reads: each batch is copied into them."""
+@dataclass(frozen=True)
+class TypedBucketKey:
+    """The shape of a typed model's forward (a graph of several node types): the padded rows
+    of each type per level, edges of each relation per hop, and every input tensor's shape and
+    dtype, in :func:`_flatten`'s order.
 
-    x: Tensor
-    edge_index: Tensor
-    degree: Tensor | None
-    edge_attr: Tensor | None
+    Attributes:
+        type_rows: ``[levels][types]`` padded rows (:attr:`PaddedSubgraph.type_rows`).
+        relation_edges: ``[hops][relations]`` padded edges.
+        boundary: the last level is the boundary's.
+        shapes: ``(name, shape, dtype)`` of each input tensor.
+    """
+
+    type_rows: tuple[tuple[int, ...], ...]
+    relation_edges: tuple[tuple[int, ...], ...]
+    boundary: bool
+    shapes: tuple[tuple[str, tuple[int, ...], str], ...]
 
     @classmethod
-    def like(
-        cls,
-        device: torch.device,
-        x: Tensor,
-        edge_index: Tensor,
-        degree: Tensor | None,
-        edge_attr: Tensor | None,
-    ) -> _Inputs:
-        def empty(t: Tensor | None) -> Tensor | None:
-            return None if t is None else torch.empty_like(t, device=device)
+    def of(cls, padded: PaddedSubgraph, inputs: HeteroInput) -> TypedBucketKey:
+        """The key of one padded typed batch (ValueError when ``padded`` is a one-type one)."""
+        if padded.types is None:
+            raise ValueError("a typed forward needs an ego-graph padded with its row types")
+        names, tensors = _flatten(inputs)
+        return cls(
+            type_rows=padded.type_rows,
+            relation_edges=padded.relation_edges,
+            boundary=padded.sub.boundary,
+            shapes=tuple(
+                (name, tuple(t.shape), str(t.dtype)) for name, t in zip(names, tensors, strict=True)
+            ),
+        )
 
-        made = (empty(x), empty(edge_index), empty(degree), empty(edge_attr))
-        assert made[0] is not None and made[1] is not None
-        return cls(made[0], made[1], made[2], made[3])
 
-    def fill(
-        self, x: Tensor, edge_index: Tensor, degree: Tensor | None, edge_attr: Tensor | None
-    ) -> None:
-        for buffer, value in (
-            (self.x, x),
-            (self.edge_index, edge_index),
-            (self.degree, degree),
-            (self.edge_attr, edge_attr),
-        ):
+Bucket = BucketKey | TypedBucketKey
+
+
+def _flatten(inputs: HeteroInput) -> tuple[list[str], list[Tensor]]:
+    """Every tensor of ``inputs`` and its name, in one fixed order (features, node indices,
+    edges, edge features; each dict in its own order)."""
+    parts: list[tuple[str, Mapping[Any, Tensor]]] = [
+        ("x", inputs.x_dict),
+        ("n_id", inputs.n_id_dict),
+        ("edge_index", inputs.edge_index_dict),
+        ("edge_attr", inputs.edge_attr_dict),
+    ]
+    names = [f"{name}[{key}]" for name, values in parts for key in values]
+    return names, [t for _, values in parts for t in values.values()]
+
+
+def _unflatten(inputs: HeteroInput, tensors: Sequence[Tensor | None]) -> HeteroInput:
+    """``inputs`` with its tensors replaced by ``tensors`` (in :func:`_flatten`'s order)."""
+    given = iter(tensors)
+
+    def take(values: Mapping[Key, Tensor]) -> dict[Key, Tensor]:
+        out = {}
+        for key in values:
+            tensor = next(given)
+            assert tensor is not None
+            out[key] = tensor
+        return out
+
+    return dataclasses.replace(
+        inputs,
+        x_dict=take(inputs.x_dict),
+        n_id_dict=take(inputs.n_id_dict),
+        edge_index_dict=take(inputs.edge_index_dict),
+        edge_attr_dict=take(inputs.edge_attr_dict),
+    )
+
+
+@dataclass
+class _Inputs:
+    """The input buffers a captured graph reads (None for an input the model is not given):
+    each batch is copied into them."""
+
+    buffers: tuple[Tensor | None, ...]
+
+    @classmethod
+    def like(cls, device: torch.device, tensors: Sequence[Tensor | None]) -> _Inputs:
+        return cls(
+            tuple(None if t is None else torch.empty_like(t, device=device) for t in tensors)
+        )
+
+    def fill(self, tensors: Sequence[Tensor | None]) -> None:
+        for buffer, value in zip(self.buffers, tensors, strict=True):
             if buffer is not None and value is not None:
                 buffer.copy_(value, non_blocking=True)
 
@@ -280,7 +343,7 @@ class CapturedForward:
         if capture is None and device.type == "cuda":
             capture = cuda_graph_capture(device)
         self._capture = capture if enabled else None
-        self._graphs: OrderedDict[BucketKey, _Graph] = OrderedDict()
+        self._graphs: OrderedDict[Bucket, _Graph] = OrderedDict()
         # Graphs captured so far, dropped ones included: more than the buckets a workload
         # has means max_graphs is too small for it (each capture costs milliseconds).
         self.captures = 0
@@ -290,7 +353,7 @@ class CapturedForward:
             self.eager_reason = "disabled" if not enabled else f"no CUDA graphs on {device}"
 
     @property
-    def keys(self) -> list[BucketKey]:
+    def keys(self) -> list[Bucket]:
         """The buckets with a captured graph, least recently used first."""
         return list(self._graphs)
 
@@ -305,73 +368,84 @@ class CapturedForward:
         model on ``padded`` (CPU or device tensors), ``x``, ``degree`` and ``edge_attr``
         gathered for its rows and edges."""
         key = BucketKey.of(padded, x, degree, edge_attr)
-        seeds = padded.sub.num_seeds
+
+        def forward(tensors: Sequence[Tensor | None]) -> Tensor:
+            x, edge_index, degree, edge_attr = tensors
+            assert x is not None and edge_index is not None
+            out: Tensor = self.model(
+                x,
+                edge_index,
+                degree=degree,
+                level_sizes=padded.sub.level_sizes,
+                edge_attr=edge_attr,
+                hop_edges=padded.hop_edges,
+            )
+            return out
+
+        tensors = (x, padded.sub.edge_index, degree, edge_attr)
+        return self._run(key, padded.sub.num_seeds, tensors, forward)
+
+    def typed(self, padded: PaddedSubgraph, inputs: HeteroInput) -> Tensor:
+        """The seeds' rows ``[num_seeds, C]`` of a typed model (``HeteroNodeModel``: its
+        rows are its target type's, the seeds their first) on ``padded`` (padded with its row
+        types), ``inputs`` built from it on the device: captured per :class:`TypedBucketKey`
+        as the one-type forward is per :class:`BucketKey`."""
+        key = TypedBucketKey.of(padded, inputs)
+
+        def forward(tensors: Sequence[Tensor | None]) -> Tensor:
+            out: Tensor = self.model(_unflatten(inputs, tensors))
+            return out
+
+        return self._run(key, padded.sub.num_seeds, _flatten(inputs)[1], forward)
+
+    def _run(
+        self,
+        key: Bucket,
+        seeds: int,
+        tensors: Sequence[Tensor | None],
+        forward: Callable[[Sequence[Tensor | None]], Tensor],
+    ) -> Tensor:
+        """The first ``seeds`` rows of ``forward`` on ``tensors``: replayed from ``key``'s
+        graph (captured now on its first use), eager on the device when none can be."""
         with torch.inference_mode():
             if self._capture is None:
-                return self._eager(padded, x, degree, edge_attr)[:seeds]
+                return self._eager(tensors, forward)[:seeds]
             graph = self._graphs.get(key)
             if graph is not None:
                 self._graphs.move_to_end(key)
             else:
                 try:
-                    graph = self._new_graph(key, padded, x, degree, edge_attr)
+                    graph = self._new_graph(key, tensors, forward)
                 except Exception as error:
                     # The eager forward raises the model's own error for an input it refuses.
-                    rows = self._eager(padded, x, degree, edge_attr)[:seeds]
+                    rows = self._eager(tensors, forward)[:seeds]
                     self._give_up(error)
                     return rows
-            graph.inputs.fill(x, padded.sub.edge_index, degree, edge_attr)
+            graph.inputs.fill(tensors)
             # A copy: the next replay writes over the output buffer.
             return graph.replay()[:seeds].clone()
 
     def _eager(
         self,
-        padded: PaddedSubgraph,
-        x: Tensor,
-        degree: Tensor | None,
-        edge_attr: Tensor | None,
+        tensors: Sequence[Tensor | None],
+        forward: Callable[[Sequence[Tensor | None]], Tensor],
     ) -> Tensor:
-        edge_index = padded.sub.edge_index.to(x.device, non_blocking=True)
-        return self._forward(padded, x, edge_index, degree, edge_attr)
-
-    def _forward(
-        self,
-        padded: PaddedSubgraph,
-        x: Tensor,
-        edge_index: Tensor,
-        degree: Tensor | None,
-        edge_attr: Tensor | None,
-    ) -> Tensor:
-        out: Tensor = self.model(
-            x,
-            edge_index,
-            degree=degree,
-            level_sizes=padded.sub.level_sizes,
-            edge_attr=edge_attr,
-            hop_edges=padded.hop_edges,
+        return forward(
+            [None if t is None else t.to(self.device, non_blocking=True) for t in tensors]
         )
-        return out
 
     def _new_graph(
         self,
-        key: BucketKey,
-        padded: PaddedSubgraph,
-        x: Tensor,
-        degree: Tensor | None,
-        edge_attr: Tensor | None,
+        key: Bucket,
+        tensors: Sequence[Tensor | None],
+        forward: Callable[[Sequence[Tensor | None]], Tensor],
     ) -> _Graph:
         """The graph of ``key``, captured on input buffers shaped like this batch's; the least
         recently used graph is dropped beyond ``max_graphs``."""
         assert self._capture is not None
-        inputs = _Inputs.like(self.device, x, padded.sub.edge_index, degree, edge_attr)
-        inputs.fill(x, padded.sub.edge_index, degree, edge_attr)
-
-        def forward() -> Tensor:
-            return self._forward(
-                padded, inputs.x, inputs.edge_index, inputs.degree, inputs.edge_attr
-            )
-
-        graph = _Graph(inputs, self._capture(forward))
+        inputs = _Inputs.like(self.device, tensors)
+        inputs.fill(tensors)
+        graph = _Graph(inputs, self._capture(lambda: forward(inputs.buffers)))
         self.captures += 1
         self._graphs[key] = graph
         if len(self._graphs) > self.max_graphs:

@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 
 
 class DeviceFeatures:
-    """The feature rows of a one-type stored graph on ``device``: all of them
-    (``capacity_rows >= num_nodes``) or a cache of ``capacity_rows`` of them."""
+    """The feature rows of one node type of a stored graph (the only one of a one-type graph)
+    on ``device``: all of them (``capacity_rows >= num_nodes``) or a cache of
+    ``capacity_rows`` of them. Type ``t``'s rows are global nodes ``[offset, stop)``;
+    :meth:`rows` takes them as indices within the type."""
 
     def __init__(
         self,
@@ -36,13 +38,17 @@ class DeviceFeatures:
         device: torch.device,
         capacity_rows: int,
         shared: SharedFeatures | None = None,
+        node_type: int = 0,
     ) -> None:
-        """``shared``: the whole matrix as the GPU's keeper holds it (feature_keeper)."""
+        """``shared``: the whole matrix as the GPU's keeper holds it (feature_keeper);
+        ``node_type``: the index of the type whose rows these are (default the first)."""
         if capacity_rows < 1:
             raise ValueError(f"capacity_rows must be >= 1; got {capacity_rows}")
         self.store = store
         self.device = device
-        self.features = store.features
+        self.features = store.tables[node_type].features
+        meta = store.schema.node_types[node_type]
+        self.offset, self.stop = meta.offset, meta.stop
         num_nodes, width = self.features.shape
         self.resident = capacity_rows >= num_nodes
         self.shared = shared
@@ -65,8 +71,8 @@ class DeviceFeatures:
         return self.table.numel() * self.table.element_size()
 
     def rows(self, nodes: np.ndarray) -> torch.Tensor:
-        """``[len(nodes), F]`` on the device: the stored rows of ``nodes`` (each in
-        ``[0, num_nodes)``), as ``store.feature_rows`` gives them."""
+        """``[len(nodes), F]`` on the device: the stored rows of ``nodes`` (indices within
+        the type, each in ``[0, num_nodes)``), as ``store.feature_rows`` gives them."""
         if self.resident:
             if self.shared is not None:
                 self.shared.check()
@@ -74,7 +80,7 @@ class DeviceFeatures:
             return self.table.index_select(0, index)
         slots = self._slots(nodes)
         if slots is None:  # more distinct rows than the cache holds: this batch reads the map
-            rows = torch.from_numpy(self.store.feature_rows(nodes))
+            rows = torch.from_numpy(self._stored(nodes))
             return rows.to(self.device, non_blocking=True)
         index = torch.from_numpy(slots).to(self.device, non_blocking=True)
         return self.table.index_select(0, index)
@@ -124,6 +130,10 @@ class DeviceFeatures:
             found += len(picked)
         return np.concatenate(chosen)
 
+    def _stored(self, nodes: np.ndarray) -> np.ndarray:
+        """The mapped rows of ``nodes`` (within the type), as ``store.feature_rows`` reads."""
+        return np.take(self.features, nodes, axis=0).astype(np.float32, copy=False)
+
     def _fill(self, slots: np.ndarray, nodes: np.ndarray) -> None:
         """Writes the stored rows of ``nodes`` into ``slots`` through the staging buffer."""
         if self._copied is not None:
@@ -132,7 +142,7 @@ class DeviceFeatures:
             width = self.table.shape[1]
             self.staging = torch.empty((2 * len(nodes), width), pin_memory=self._pin)
         staged = self.staging[: len(nodes)]
-        staged.numpy()[:] = self.store.feature_rows(nodes)
+        staged.numpy()[:] = self._stored(nodes)
         index = torch.from_numpy(slots).to(self.device, non_blocking=True)
         self.table.index_copy_(0, index, staged.to(self.device, non_blocking=True))
         if self.device.type == "cuda":
@@ -143,11 +153,12 @@ class DeviceFeatures:
 def gather_features(
     features: DeviceFeatures, view: GraphView, nodes: np.ndarray, device: torch.device
 ) -> torch.Tensor:
-    """Feature rows of ``nodes`` in ``view`` (the stored graph, or the live overlay over it) on
-    ``device``: stored rows from ``features``; boundary rows (``-1``) zero; rows live updates
-    changed or added from the overlay, written over them."""
-    stored = (nodes >= 0) & (nodes < features.store.num_nodes)
-    x = features.rows(np.where(stored, nodes, 0))
+    """Feature rows of global ``nodes`` of ``features``' type in ``view`` (the stored graph, or
+    the live overlay over it) on ``device``: stored rows from ``features``; boundary and
+    padding rows (negative) zero; rows live updates changed or added from the overlay, written
+    over them."""
+    stored = (nodes >= features.offset) & (nodes < features.stop)
+    x = features.rows(np.where(stored, nodes - features.offset, 0))
     patched = ~stored & (nodes >= 0)
     if isinstance(view, GraphOverlay) and view.changed_rows:
         patched |= np.isin(nodes, np.fromiter(view.changed_rows, dtype=np.int64))
@@ -163,6 +174,51 @@ def gather_features(
     return x
 
 
+class TypedDeviceFeatures:
+    """The feature rows of each featured node type of a stored graph of several types on
+    ``device``, one :class:`DeviceFeatures` per type (a featureless type has none): all rows
+    of a type, or a cache of them, as :func:`typed_capacities` shares the memory out."""
+
+    def __init__(self, store: GraphStore, device: torch.device, capacities: list[int]) -> None:
+        """``capacities``: rows kept of each node type (schema order; 0 for a featureless
+        type)."""
+        self.store = store
+        self.device = device
+        self.by_type = {
+            index: DeviceFeatures(store, device, capacity, node_type=index)
+            for index, capacity in enumerate(capacities)
+            if capacity > 0
+        }
+
+    @property
+    def nbytes(self) -> int:
+        return sum(features.nbytes for features in self.by_type.values())
+
+    def gather(self, view: GraphView, node_type: int, nodes: np.ndarray) -> torch.Tensor:
+        """Feature rows of global ``nodes``, all of ``node_type`` (negative: boundary or
+        padding rows, zero), in ``view`` on the device, as :func:`gather_features` gives
+        them for one type; from host memory for a type of which no row is kept."""
+        held = self.by_type.get(node_type)
+        if held is not None:
+            return gather_features(held, view, nodes, self.device)
+        width = self.store.schema.node_types[node_type].feature_dim
+        x = np.zeros((len(nodes), width), dtype=np.float32)
+        real = nodes >= 0
+        if real.any():
+            x[real] = view.feature_rows(nodes[real])
+        return torch.from_numpy(x).to(self.device, non_blocking=True)
+
+
+def typed_capacities(store: GraphStore, fraction: float, free_bytes: int) -> list[int]:
+    """Rows of each node type's features (schema order) kept on the device: all of every
+    type when ``fraction`` of ``free_bytes`` holds them, else each type the same share of
+    its rows (0 for a featureless type)."""
+    types = store.schema.node_types
+    total = sum(4 * t.feature_dim * t.num_nodes for t in types)
+    share = min(1.0, free_bytes * fraction / total) if total else 0.0
+    return [int(t.num_nodes * share) if t.feature_dim else 0 for t in types]
+
+
 def feature_capacity(store: GraphStore, fraction: float, free_bytes: int) -> int:
     """Rows of ``store``'s features that ``fraction`` of ``free_bytes`` holds, at most all."""
     row_bytes = max(4 * store.feature_dim, 1)
@@ -171,15 +227,16 @@ def feature_capacity(store: GraphStore, fraction: float, free_bytes: int) -> int
 
 def device_features_for(
     store: object, device: torch.device, fraction: float, free_bytes: Callable[[], int]
-) -> DeviceFeatures | None:
+) -> DeviceFeatures | TypedDeviceFeatures | None:
     """The features a GPU worker keeps on ``device``: None on the CPU, for a share of 0, for
-    a graph that is not a one-type stored graph (typed and remote graphs gather from host
-    memory); else all rows, held once per GPU by its keeper (a private copy if that fails),
-    or a cache of as many rows as ``fraction`` of ``free_bytes()`` holds."""
+    a graph that is not a stored graph (remote graphs gather from host memory); for a graph of
+    several node types, each type's rows (:func:`typed_capacities`, a copy per worker); else
+    all rows, held once per GPU by its keeper (a private copy if that fails), or a cache of as
+    many rows as ``fraction`` of ``free_bytes()`` holds."""
     if device.type == "cpu" or fraction <= 0 or not isinstance(store, GraphStore):
         return None
     if not store.schema.is_homogeneous:
-        return None
+        return _typed_features(store, device, typed_capacities(store, fraction, free_bytes()))
     capacity = feature_capacity(store, fraction, free_bytes())
     if capacity < 1:
         return None
@@ -200,6 +257,25 @@ def device_features_for(
         else "a cache of the rows batches read",
         features.table.shape[0],
         store.num_nodes,
+        features.nbytes / 2**20,
+    )
+    return features
+
+
+def _typed_features(
+    store: GraphStore, device: torch.device, capacities: list[int]
+) -> TypedDeviceFeatures | None:
+    if not any(capacities):
+        return None
+    features = TypedDeviceFeatures(store, device, capacities)
+    logger.info(
+        "features on %s: %s (%.0f MiB)",
+        device,
+        ", ".join(
+            f"{t.name} {capacity} of {t.num_nodes} rows"
+            for t, capacity in zip(store.schema.node_types, capacities, strict=True)
+            if t.feature_dim
+        ),
         features.nbytes / 2**20,
     )
     return features

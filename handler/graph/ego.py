@@ -18,7 +18,12 @@ import torch
 
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters, RemoteStore
-from handler.gpu.device_features import DeviceFeatures, device_features_for, gather_features
+from handler.gpu.device_features import (
+    DeviceFeatures,
+    TypedDeviceFeatures,
+    device_features_for,
+    gather_features,
+)
 from handler.gpu.padding import PaddedSubgraph, pad_subgraph
 from handler.graph.graph_source import ServedGraph
 from handler.graph.precomputed import DRAIN_ROWS, PrecomputedRows
@@ -57,8 +62,9 @@ class EgoGraphs:
     live: LiveGraph | None = None
     # A precomputed archive's stored layer rows: answers read them instead of sampling.
     precomputed: PrecomputedRows | None = None
-    # A GPU worker's stored features in GPU memory (handler.gpu.device_features).
-    device_features: DeviceFeatures | None = None
+    # A GPU worker's stored features in GPU memory (handler.gpu.device_features), per type
+    # on a graph of several (the typed gather reads them: model.typed_rows).
+    device_features: DeviceFeatures | TypedDeviceFeatures | None = None
 
     @classmethod
     def create(
@@ -204,7 +210,7 @@ class EgoGraphs:
         if any_boundary:
             degrees[boundary] = 0
         degree = torch.from_numpy(degrees).to(self.device, non_blocking=True)
-        if self.device_features is not None and view is current:
+        if isinstance(self.device_features, DeviceFeatures) and view is current:
             return gather_features(self.device_features, view, nodes, self.device), degree
         features = view.feature_rows(present)
         if any_boundary:

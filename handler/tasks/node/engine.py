@@ -11,11 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from graph_assets.graph_view import GraphView
 from handler.gpu.captured_forward import CapturedForward
+from handler.gpu.device_features import TypedDeviceFeatures
 from handler.gpu.padding import PaddedSubgraph
 from handler.graph.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
 from handler.graph.graph_source import ServedGraph
-from handler.graph.typed_ego import typed_answer
+from handler.graph.typed_ego import captured_typed_answer, pad_typed, typed_answer
 from handler.live.live_graph import LiveGraph
 from handler.pipeline.batch import (
     Batch,
@@ -68,11 +70,12 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         self.model_name = model_name
         self.model_version = model_version
         self.output = serving_needs(ego.model).output
-        # A GPU worker's forward, captured per padded bucket (typed models run eager).
+        # A GPU worker's forward, captured per padded bucket (a typed model's per type and
+        # relation: handler.graph.typed_ego).
         self.captured: CapturedForward | None = None
-        homogeneous_model = not isinstance(plain_module(ego.model), HeteroNodeModel)
-        if self.device.type == "cuda" and ego.settings.cuda_graphs and homogeneous_model:
+        if self.device.type == "cuda" and ego.settings.cuda_graphs:
             self.captured = CapturedForward(ego.model, self.device)
+        self._typed_model = isinstance(plain_module(ego.model), HeteroNodeModel)
         # Each type has its own IDs: on a graph of several, answers say which (set once).
         typed = not ego.store.schema.is_homogeneous
         self._answer_type = {"node_type": ego.served_node_type} if typed else {}
@@ -165,7 +168,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         nodes = np.concatenate([_valid(outcomes[i]).nodes for i in positions])
         if self.ego.precomputed is not None:
             return torch.from_numpy(np.unique(nodes)), None
-        if self.captured is not None:
+        if self.captured is not None and not self._typed_model:  # typed: padded in run_group
             return self.ego.sample_padded(nodes)
         return self.ego.sample(nodes)
 
@@ -214,7 +217,12 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
             stop = timed(times, "forward")
             with torch.inference_mode():
                 view = self.ego.view()
-                rows, _ = typed_answer(self.store, view, model, sub, self.device)
+                features = self.ego.device_features
+                typed = features if isinstance(features, TypedDeviceFeatures) else None
+                if self.captured is None:
+                    rows, _ = typed_answer(self.store, view, model, sub, self.device, False, typed)
+                else:
+                    rows = self._captured_typed(view, model.target, sub, typed)
                 probabilities = answer_rows(rows, self.output).cpu()
             stop()
             return probabilities
@@ -236,6 +244,21 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
             probabilities = answer_rows(rows, self.output).cpu()
         stop()
         return probabilities
+
+    def _captured_typed(
+        self,
+        view: GraphView,
+        target: str,
+        sub: SampledSubgraph,
+        features: TypedDeviceFeatures | None,
+    ) -> torch.Tensor:
+        """A typed model's rows from its captured forward: ``sub`` padded per type and
+        relation."""
+        assert self.captured is not None
+        padded = pad_typed(self.store, view, sub)
+        return captured_typed_answer(
+            self.store, view, self.captured, target, padded, self.device, features
+        )
 
     def body(self, request: ResolvedRequest, result: Any) -> dict[str, Any]:
         inner = request.request

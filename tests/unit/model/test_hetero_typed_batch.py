@@ -46,6 +46,30 @@ def test_layout_splits_rows_and_edges_by_type():
     assert layout.split_rows(ids)["item"].tolist() == [11, 13]
 
 
+@pytest.mark.parametrize(
+    "device",
+    [
+        "meta",
+        pytest.param(
+            "cuda",
+            marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+        ),
+    ],
+)
+def test_a_layout_moves_every_tensor_and_keeps_its_values(device):
+    layout = small_layout()
+    assert layout.to(torch.device("cpu")) is layout
+    moved = layout.to(torch.device(device))
+    tensors = [moved.position, *moved.rows.values(), *moved.edge_index_dict.values()]
+    tensors += list(moved.edges.values())
+    assert all(t.device.type == device for t in tensors)
+    assert (moved.node_types, moved.edge_types) == (layout.node_types, layout.edge_types)
+    if device != "meta":
+        assert torch.equal(moved.position.cpu(), layout.position)
+        for key, index in layout.edge_index_dict.items():
+            assert torch.equal(moved.edge_index_dict[key].cpu(), index)
+
+
 def test_layout_refuses_an_edge_between_the_wrong_types():
     with pytest.raises(ValueError, match=r"relation \('user', 'rates', 'item'\) has a source"):
         TypedLayout.build(
