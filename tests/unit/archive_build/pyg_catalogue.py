@@ -60,12 +60,12 @@ BASIC = {"in_channels": F, "hidden_channels": H, "num_layers": 2, "out_channels"
 SOURCE_DEGREES = "normalises by source degrees: the deepest hop's degrees are the graph's"
 GRAPH_NORM_WHY = "normalises over the whole graph"
 
-# ChebConv (its degrees) and lazy layers (in_channels -1) are left out here until their fixes
-# land (model/weights.py, model/user_model.py); the lead adds them after merging.
 CATALOGUE: tuple[Case, ...] = (
     Case("SimpleConv", CONV + "SimpleConv", {}, "edge_weight"),
     Case("GCNConv", CONV + "GCNConv", IO, "edge_weight", why=SOURCE_DEGREES),
     Case("SAGEConv", CONV + "SAGEConv", IO),
+    Case("SAGEConv(in_channels=-1)", CONV + "SAGEConv", {**IO, "in_channels": -1},
+         why="lazy: sized by a forward on a sample before its weights load"),
     Case("GraphConv", CONV + "GraphConv", IO, "edge_weight"),
     Case("GatedGraphConv", CONV + "GatedGraphConv", {"out_channels": H, "num_layers": 2},
          "edge_weight"),
@@ -114,6 +114,8 @@ CATALOGUE: tuple[Case, ...] = (
          why="DirGNNConv at layer reads out-neighbours too"),
     Case("GCN", MODELS + "GCN", BASIC, "edge_weight", why=SOURCE_DEGREES),
     Case("GraphSAGE", MODELS + "GraphSAGE", BASIC),
+    Case("GraphSAGE(in_channels=-1)", MODELS + "GraphSAGE", {**BASIC, "in_channels": -1},
+         why="lazy: sized by a forward on a sample before its weights load"),
     Case("GIN", MODELS + "GIN", BASIC),
     Case("GAT", MODELS + "GAT", {**BASIC, "edge_dim": A}, "edge_attr"),
     Case("EdgeCNN", MODELS + "EdgeCNN", BASIC),

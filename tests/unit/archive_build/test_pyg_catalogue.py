@@ -9,8 +9,10 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from torch.nn.parameter import is_lazy
 from torch_geometric.utils import degree
 
 from archive_build import own_model
@@ -62,6 +64,11 @@ def package_and_verify(
     torch.manual_seed(0)
     file = MODEL_FILE if case.model_class == "Catalogued" else None
     module = instantiate(import_model_class(case.model_class, file), args)
+    if any(is_lazy(parameter) for parameter in module.parameters()):
+        # A trained lazy model has its sizes: one forward on the graph, as training's first.
+        x = torch.from_numpy(np.asarray(store.features))
+        with torch.no_grad():
+            module(x, torch.from_numpy(store.edge_index()))
     torch.save(pyg_catalogue.with_statistics(module).state_dict(), tmp_path / "weights.pt")
     argv = [
         "--store", str(store.path), "--model-class", case.model_class,
