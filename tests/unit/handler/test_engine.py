@@ -75,12 +75,9 @@ class Schema:
 
     @property
     def ids(self) -> list:
-        count = self.store.num_nodes if self.node_type is None else self.target_count
+        typed = self.node_type is not None
+        count = self.store.schema.target_type.num_nodes if typed else self.store.num_nodes
         return self.store.external_ids(np.arange(count))
-
-    @property
-    def target_count(self) -> int:
-        return self.store.schema.target_type.num_nodes
 
     def model(self, arch: str, num_layers: int = 2, seed: int = 0) -> torch.nn.Module:
         """A seeded random model (one type) or recipe (several types, two layers)."""
@@ -122,11 +119,11 @@ def test_full_fanouts_equal_full_graph_forward(schema: Schema, arch: str, num_la
     assert all(r.status == 200 for r in responses), [r.body for r in responses if r.status != 200]
     singles = [r.body for r in responses[: len(ids)]]
     listed = [p for r in responses[len(ids) :] for p in r.body["predictions"]]
-    for answers in (singles, listed):
-        assert all(a.get("node_type") == schema.node_type for a in answers)
-        got = torch.tensor([a["probabilities"] for a in answers])
+    for given in (singles, listed):
+        assert all(a.get("node_type") == schema.node_type for a in given)
+        got = torch.tensor([a["probabilities"] for a in given])
         assert (got - expected).abs().max() <= 1e-5
-        assert [a["predicted_class"] for a in answers] == expected.argmax(1).tolist()
+        assert [a["predicted_class"] for a in given] == expected.argmax(1).tolist()
 
 
 def test_gcn_needs_full_graph_degrees(int_store, monkeypatch):
@@ -240,8 +237,8 @@ def test_sampled_answers_do_not_depend_on_the_batch(schema: Schema):
     batch = [*others[:20], {"node_id": probe}, *others[20:], {"node_ids": ids[:10]}, *named]
     together = served(engine, batch)
     assert all(r.status == 200 for r in together), [r.body for r in together]
-    assert_same_answers([r.body for r in (together[20], *together[len(others) + 2 :])],
-                        [alone.body] * (1 + len(named)))  # fmt: skip
+    asked = [together[20], *together[len(others) + 2 :]]  # the probe alone, and by its type
+    assert_same_answers([r.body for r in asked], [alone.body] * len(asked))
     listed = together[len(others) + 1].body["predictions"][index]
     assert listed["predicted_class"] == alone.body["predicted_class"]
     gap = torch.tensor(listed["probabilities"]) - torch.tensor(alone.body["probabilities"])
