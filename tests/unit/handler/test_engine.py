@@ -1,17 +1,25 @@
-"""The batch pipeline: exactness against PyG's full-graph forward, statuses, isolation."""
+"""The node engine's batch pipeline, on a graph of one node type and of several: exactness
+against the full-graph forward, statuses, isolation; on several types, answers carry the node
+type and a request for a type the archive does not answer is a 400 naming the types."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from graph_assets import GraphStore
 from handler.graph.ego import EgoGraphs
 from handler.pipeline.batch import apply_threads
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
+from handler.tasks.node.task import node_router
+from model.typed_graph import whole_graph_input
+from tests.typed_graphs import fraud_store, node_recipe
 
 from .conftest import make_engine, random_model
 
@@ -41,21 +49,81 @@ def served(engine: NodeClassificationEngine, payloads: list) -> list:
     return engine.handle([body(p) for p in payloads])
 
 
-@pytest.mark.parametrize("arch", ["gcn", "sage", "gat", "gin"])
-@pytest.mark.parametrize("num_layers", [2, 3])
-def test_full_fanouts_equal_full_graph_forward(int_store, arch, num_layers):
-    model = random_model(int_store, arch, num_layers, seed=num_layers)
-    engine = make_engine(int_store, model=model, fanouts=[-1] * num_layers)
-    expected = full_graph_probabilities(int_store, model)
-    ids = int_store.external_ids(np.arange(int_store.num_nodes))
-    # one request per node, all in one batch, plus one list request with every node
-    responses = served(engine, [{"node_id": i} for i in ids] + [{"node_ids": ids}])
-    assert all(r.status == 200 for r in responses)
-    singles = torch.tensor([r.body["probabilities"] for r in responses[:-1]])
-    listed = torch.tensor([p["probabilities"] for p in responses[-1].body["predictions"]])
-    assert (singles - expected).abs().max() <= 1e-5
-    assert (listed - expected).abs().max() <= 1e-5
-    assert [r.body["predicted_class"] for r in responses[:-1]] == expected.argmax(1).tolist()
+def answers(engine: NodeClassificationEngine, payloads: list) -> list[tuple[int, dict]]:
+    return [(r.status, r.body) for r in served(engine, payloads)]
+
+
+ONE_TYPE, TYPED = "one-type", "typed"
+TYPED_ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
+
+
+@pytest.fixture(scope="module")
+def typed_store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
+    return fraud_store(tmp_path_factory.mktemp("typed_engine") / "store", 120, 20, 50, 400, 3)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A graph of one node type or of several as the node engine answers on it: the nodes it
+    answers (every node; the target type's), their type in an answer (None: not named), and
+    how many ids a list request of the exactness test carries."""
+
+    name: str
+    store: GraphStore
+    node_type: str | None
+    list_size: int
+
+    @property
+    def ids(self) -> list:
+        typed = self.node_type is not None
+        count = self.store.schema.target_type.num_nodes if typed else self.store.num_nodes
+        return self.store.external_ids(np.arange(count))
+
+    def model(self, arch: str, num_layers: int = 2, seed: int = 0) -> torch.nn.Module:
+        """A seeded random model (one type) or recipe (several types, two layers)."""
+        if self.node_type is None:
+            return random_model(self.store, arch, num_layers, seed=seed)
+        assert num_layers == 2, "the typed recipes of these tests have two layers"
+        return node_recipe(self.store, arch)
+
+    def expected(self, model: torch.nn.Module) -> torch.Tensor:
+        """The full-graph probabilities of the answered nodes, in order."""
+        if self.node_type is None:
+            return full_graph_probabilities(self.store, model)
+        with torch.no_grad():
+            return torch.softmax(model(whole_graph_input(self.store)), dim=-1)
+
+
+@pytest.fixture
+def schema(request: pytest.FixtureRequest, int_store: GraphStore, typed_store: GraphStore):
+    if request.param == ONE_TYPE:
+        return Schema(ONE_TYPE, int_store, None, int_store.num_nodes)
+    return Schema(TYPED, typed_store, "user", 16)
+
+
+FULL = [(ONE_TYPE, arch, layers) for arch in ["gcn", "sage", "gat", "gin"] for layers in (2, 3)]
+FULL += [(TYPED, arch, 2) for arch in TYPED_ARCHS]
+
+
+@pytest.mark.parametrize(("schema", "arch", "num_layers"), FULL, indirect=["schema"])
+def test_full_fanouts_equal_full_graph_forward(schema: Schema, arch: str, num_layers: int):
+    """Every answered node asked alone, all in one batch, and again in list requests (one
+    type: one list of every node; several: lists of 16): gcn through full-graph degrees (one
+    type) or its boundary rows (several)."""
+    model = schema.model(arch, num_layers, seed=num_layers)
+    engine = make_engine(schema.store, model=model, fanouts=[-1] * num_layers)
+    expected = schema.expected(model)
+    ids, size = schema.ids, schema.list_size
+    lists = [{"node_ids": ids[start : start + size]} for start in range(0, len(ids), size)]
+    responses = served(engine, [{"node_id": i} for i in ids] + lists)
+    assert all(r.status == 200 for r in responses), [r.body for r in responses if r.status != 200]
+    singles = [r.body for r in responses[: len(ids)]]
+    listed = [p for r in responses[len(ids) :] for p in r.body["predictions"]]
+    for given in (singles, listed):
+        assert all(a.get("node_type") == schema.node_type for a in given)
+        got = torch.tensor([a["probabilities"] for a in given])
+        assert (got - expected).abs().max() <= 1e-5
+        assert [a["predicted_class"] for a in given] == expected.argmax(1).tolist()
 
 
 def test_gcn_needs_full_graph_degrees(int_store, monkeypatch):
@@ -149,14 +217,34 @@ def test_bad_requests_never_fail_their_batch(int_store):
     assert_same_answers(responses[3].body["predictions"], alone[1]["predictions"])
 
 
-def test_sampled_answers_do_not_depend_on_the_batch(int_store):
-    engine = make_engine(int_store, fanouts=[3, 2])
-    alone = served(engine, [{"node_id": 0}])[0].body
-    others = [{"node_id": i} for i in range(3, 150, 3)]
-    together = served(engine, [*others[:20], {"node_id": 0}, *others[20:]])
-    assert_same_answers([together[20].body], [alone])
-    fresh_worker = make_engine(int_store, model=engine.model, fanouts=[3, 2])
-    assert_same_answers([served(fresh_worker, [{"node_id": 0}])[0].body], [alone])
+# fanouts, and the answered node (its index) asked alone and in batches
+SAMPLED = {ONE_TYPE: ([3, 2], 0), TYPED: ([2, 2], 3)}
+
+
+@pytest.mark.parametrize("schema", [ONE_TYPE, TYPED], indirect=True)
+def test_sampled_answers_do_not_depend_on_the_batch(schema: Schema):
+    """The same ego-graph whatever the batch, the request or the worker; the sums over it may
+    round in another order (<= 1e-6)."""
+    fanouts, index = SAMPLED[schema.name]
+    model = schema.model("sage")
+    engine = make_engine(schema.store, model=model, fanouts=fanouts)
+    ids = schema.ids
+    probe = ids[index]
+    alone, again = (served(engine, [{"node_id": probe}])[0] for _ in range(2))
+    assert alone.status == 200 and alone.body == again.body
+    others = [{"node_id": i} for i in ids[1:50] if i != probe]
+    named = [] if schema.node_type is None else [{"node_id": probe, "node_type": schema.node_type}]
+    batch = [*others[:20], {"node_id": probe}, *others[20:], {"node_ids": ids[:10]}, *named]
+    together = served(engine, batch)
+    assert all(r.status == 200 for r in together), [r.body for r in together]
+    asked = [together[20], *together[len(others) + 2 :]]  # the probe alone, and by its type
+    assert_same_answers([r.body for r in asked], [alone.body] * len(asked))
+    listed = together[len(others) + 1].body["predictions"][index]
+    assert listed["predicted_class"] == alone.body["predicted_class"]
+    gap = torch.tensor(listed["probabilities"]) - torch.tensor(alone.body["probabilities"])
+    assert float(gap.abs().max()) <= 1e-6
+    fresh_worker = make_engine(schema.store, model=model, fanouts=fanouts)
+    assert_same_answers([served(fresh_worker, [{"node_id": probe}])[0].body], [alone.body])
 
 
 def test_union_over_the_limit_is_served_request_by_request(int_store):
@@ -260,3 +348,99 @@ def test_trimming_layers_to_needed_rows_keeps_the_seed_answers(int_store, arch):
         trimmed = model(x, sub.edge_index, degree=degree, level_sizes=sub.level_sizes)
     assert trimmed.shape[0] < full.shape[0]  # the last layer ran on fewer rows
     assert torch.allclose(trimmed[: sub.num_seeds], full[: sub.num_seeds], atol=1e-5)
+
+
+# Several node types only: the type a request names, per-relation fanouts, extras, KServe v2.
+
+
+def test_a_type_the_archive_does_not_answer_is_refused(typed_store: GraphStore) -> None:
+    engine = make_engine(typed_store, model=node_recipe(typed_store, "rgcn"), fanouts=[2, 2])
+    [(status, body), (fine, _)] = answers(
+        engine, [{"node_id": 1000, "node_type": "merchant"}, {"node_id": "u1"}]
+    )
+    assert status == 400 and "answers for 'user' nodes" in body["message"]
+    assert "merchant" in body["message"] and "device" in body["message"] and fine == 200
+    [(status, body)] = answers(engine, [{"node_id": "u1", "node_type": "card"}])
+    assert status == 400 and "'card'" in body["message"]
+
+
+def test_per_relation_fanouts_reach_the_model(typed_store: GraphStore, tmp_path: Path) -> None:
+    """Full fanouts on every relation but one: answers differ from full neighbourhoods only
+    through that relation."""
+    model = node_recipe(typed_store, "sage")
+    settings = ServingSettings.from_yaml_section(
+        {"fanouts": [-1, -1], "relation_fanouts": {"merchant__rev_pays__user": [1, 1]}}
+    )
+    limited = NodeClassificationEngine.create(
+        typed_store, model, settings, torch.device("cpu"), "1.0"
+    )
+    full = make_engine(typed_store, model=model, fanouts=[-1, -1])
+    ids = typed_store.external_ids(torch.arange(typed_store.schema.target_type.num_nodes).numpy())
+    [(_, some)] = answers(limited, [{"node_ids": ids}])
+    [(_, every)] = answers(full, [{"node_ids": ids}])
+    differ = [
+        a["node_id"]
+        for a, b in zip(some["predictions"], every["predictions"], strict=True)
+        if a["probabilities"] != b["probabilities"]
+    ]
+    assert differ, "a fanout of 1 on rev_pays changed no answer"
+
+
+def test_embeddings_come_from_the_typed_forward_and_the_rest_is_refused(
+    typed_store: GraphStore,
+) -> None:
+    model = node_recipe(typed_store, "hgt")
+    engine = make_engine(typed_store, model=model, fanouts=[-1, -1])
+    router = node_router(engine, "1.0")
+    with torch.no_grad():
+        expected, embedding = model.forward_with_embedding(whole_graph_input(typed_store))
+    body = {"node_ids": ["u3", "u7"], "node_type": "user", "return_embedding": True}
+    [answer] = router.handle([{"body": body}])
+    assert answer.status == 200, answer.body
+    got = answer.body["predictions"]
+    rows = typed_store.lookup(["u3", "u7"])
+    assert got[0]["node_type"] == "user"
+    assert torch.allclose(torch.tensor([p["embedding"] for p in got]), embedding[rows], atol=1e-5)
+    probabilities = torch.softmax(expected[rows], dim=-1)
+    assert torch.allclose(torch.tensor([p["probabilities"] for p in got]), probabilities, atol=1e-5)
+    new_node = {"new_node": {"x": [0.0] * typed_store.feature_dim, "neighbors": ["u1"]}}
+    [cold] = router.handle([{"body": new_node}])
+    assert cold.status == 400 and "several relations" in cold.body["message"]  # by relation
+    [explained] = router.handle([{"body": {"node_id": "u1"}}], explain=[True])
+    assert explained.status == 200 and explained.body["node_type"] == "user"
+
+
+def test_kserve_v2_requests_name_the_type_as_a_parameter_and_answers_name_it_as_an_output(
+    typed_store: GraphStore,
+) -> None:
+    engine = make_engine(typed_store, model=node_recipe(typed_store, "sage"), fanouts=[2, 2])
+
+    def v2(request_parameters: dict, tensor_parameters: dict) -> dict:
+        tensor = {"name": "node_ids", "shape": [2], "datatype": "BYTES", "data": ["u1", "u2"]}
+        return {
+            "inputs": [{**tensor, "parameters": tensor_parameters}],
+            "parameters": request_parameters,
+        }
+
+    [(status, body), (tensor_level, _), (grpc, _)] = answers(
+        engine,
+        [
+            v2({"node_type": "user"}, {}),
+            v2({}, {"node_type": "user"}),
+            v2({"node_type": {"string_param": "user"}}, {}),
+        ],
+    )
+    assert (status, tensor_level, grpc) == (200, 200, 200), body
+    outputs = {tensor["name"]: tensor for tensor in body["outputs"]}
+    assert outputs["node_id"]["data"] == ["u1", "u2"]
+    assert outputs["node_type"] == {
+        "name": "node_type",
+        "datatype": "BYTES",
+        "shape": [2],
+        "data": ["user", "user"],
+    }
+    [(wrong, message), (twice, conflict)] = answers(
+        engine, [v2({"node_type": "merchant"}, {}), v2({"node_type": "user"}, {"node_type": "x"})]
+    )
+    assert wrong == 400 and "answers for 'user' nodes" in message["message"]
+    assert twice == 400 and "different values" in conflict["message"]

@@ -18,63 +18,34 @@ from ts.context import RequestProcessor
 from graph_assets import RawGraph, StoreError, open_store, write_store
 from graph_assets.live.update_log import UpdateLog
 from graph_assets.remote.connect import guarded
-from handler.graph.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
-from handler.tasks.link.engine import LinkEngine
 from handler.tasks.link.task import TASK as LINK
-from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.spec import Archive, Loaded
 from model import build_model
 from model.config import ModelConfig
 from model.embedding import forward_with_embedding
 from model.export import load_model
-from model.link_assets import open_link_assets, write_link_assets
+from model.link_assets import write_link_assets
 from model.precompute import Precomputed, open_precomputed, precompute, weights_digest
 from tests.edge_graph import edge_feature_store
 from tests.live_reference import materialized_embeddings, materialized_forward, random_update
+from tests.precomputed_engines import link_worker, node_worker, served
 
 from .conftest import FEATURES, random_model, started
 
 ARCHS = ["gcn", "sage", "gat", "gin"]
 
 
-def precomputed_engine(store, model, tmp_path, log=None, fanouts=(2, 2)):
-    """A worker of a precomputed archive (sampled fanouts: the rows make answers exact)."""
-    directory = tmp_path / "precomputed"
-    if not directory.exists():
-        precompute(model, store, directory, "weights", chunk_edges=64, progress=False)
-    live = LiveGraph(store, log) if log is not None else None
-    settings = ServingSettings.from_yaml_section({"fanouts": list(fanouts)})
-    engine = NodeClassificationEngine.create(
-        store,
-        model,
-        settings,
-        torch.device("cpu"),
-        "1.0",
-        live,
-        precomputed=open_precomputed(directory, store, "weights"),
-    )
-    return engine, live
-
-
 def engine_extras(engine):
     return NodeExtrasEngine(engine.ego, "1.0")
-
-
-def served(engine, ids):
-    answers = engine.handle(
-        [{"body": {"node_ids": ids[i : i + 32]}} for i in range(0, len(ids), 32)]
-    )
-    assert all(a.status == 200 for a in answers), [a.body for a in answers if a.status != 200]
-    return torch.tensor([p["probabilities"] for a in answers for p in a.body["predictions"]])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_stored_rows_equal_the_full_graph_forward(int_store, tmp_path, arch):
     model = random_model(int_store, arch)
-    engine, _ = precomputed_engine(int_store, model, tmp_path)
+    engine, _ = node_worker(int_store, model, tmp_path / "rows")
     x = torch.from_numpy(np.array(int_store.features))
     with torch.no_grad():
         expected = torch.softmax(model(x, torch.from_numpy(int_store.edge_index())), dim=-1)
@@ -86,8 +57,8 @@ def test_stored_rows_equal_the_full_graph_forward(int_store, tmp_path, arch):
 def test_exact_after_300_random_updates_on_two_workers(int_store, tmp_path, arch):
     model = random_model(int_store, arch)
     log = tmp_path / "updates.log"
-    first, live = precomputed_engine(int_store, model, tmp_path, log)
-    second, second_live = precomputed_engine(int_store, model, tmp_path, log)
+    first, live = node_worker(int_store, model, tmp_path / "rows", log)
+    second, second_live = node_worker(int_store, model, tmp_path / "rows", log)
     rng, counter = random.Random(11), [0]
     for step in range(300):
         taker = live if step % 3 else second_live  # both workers take updates
@@ -102,11 +73,11 @@ def test_exact_after_300_random_updates_on_two_workers(int_store, tmp_path, arch
 def test_a_worker_started_after_the_updates_catches_up(int_store, tmp_path, arch):
     model = random_model(int_store, arch)
     log = tmp_path / "updates.log"
-    _, live = precomputed_engine(int_store, model, tmp_path, log)
+    _, live = node_worker(int_store, model, tmp_path / "rows", log)
     rng, counter = random.Random(5), [0]
     for _ in range(60):
         live.update(UpdateRequest(random_update(rng, live, counter)))
-    late, late_live = precomputed_engine(int_store, model, tmp_path, log)
+    late, late_live = node_worker(int_store, model, tmp_path / "rows", log)
     assert late_live.version == live.version
     ids, expected = materialized_forward(late_live, model)
     assert float((served(late, ids) - expected).abs().max()) <= 1e-5
@@ -114,7 +85,7 @@ def test_a_worker_started_after_the_updates_catches_up(int_store, tmp_path, arch
 
 def test_embeddings_are_the_stored_last_hidden_layer(int_store, tmp_path):
     model = random_model(int_store, "gat")
-    engine, _ = precomputed_engine(int_store, model, tmp_path)
+    engine, _ = node_worker(int_store, model, tmp_path / "rows")
     x = torch.from_numpy(np.array(int_store.features))
     with torch.no_grad():
         _, embedding = forward_with_embedding(model, x, torch.from_numpy(int_store.edge_index()))
@@ -130,7 +101,7 @@ def test_embeddings_are_the_stored_last_hidden_layer(int_store, tmp_path):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_new_node_is_exact_from_the_stored_rows(int_store, tmp_path, arch, direction):
     model = random_model(int_store, arch, num_layers=3)
-    engine, _ = precomputed_engine(int_store, model, tmp_path, fanouts=(2, 2, 2))
+    engine, _ = node_worker(int_store, model, tmp_path / "rows", fanouts=(2, 2, 2))
     neighbours = int_store.external_ids(np.array([1, 5, 9, 30]))
     features = [0.25] * FEATURES
     body = {"new_node": {"x": features, "neighbors": neighbours, "direction": direction}}
@@ -170,7 +141,7 @@ def test_a_hub_and_a_read_right_after_an_update_to_its_neighbour(tmp_path):
     write_store(raw, tmp_path / "store")
     store = open_store(tmp_path / "store")
     model = random_model(store, "gcn")
-    engine, live = precomputed_engine(store, model, tmp_path, tmp_path / "updates.log")
+    engine, live = node_worker(store, model, tmp_path / "rows", tmp_path / "updates.log")
     _, expected = materialized_forward(live, model)
     (answer,) = engine.handle([{"body": {"node_id": 0}}])
     assert float((torch.tensor(answer.body["probabilities"]) - expected[0]).abs().max()) <= 1e-5
@@ -197,28 +168,17 @@ def test_rows_of_other_weights_or_another_graph_are_refused(int_store, str_store
         open_precomputed(tmp_path / "p", int_store, "weights")
 
 
-def precomputed_link_model(store, tmp_path, arch):
-    """A link model with its link/ assets and precomputed rows under ``tmp_path``."""
+def link_model(store, arch):
+    """A seeded link model of ``arch``."""
     torch.manual_seed(0)
     config = {"task": "link", "arch": arch, "in_dim": store.feature_dim, "out_dim": 8}
-    model = build_model({**config, "hidden_dim": 16}).eval()
-    write_link_assets(model, store, tmp_path / "link")
-    precompute(model, store, tmp_path / "p", "weights", chunk_edges=64, progress=False)
-    return model
+    return build_model({**config, "hidden_dim": 16}).eval()
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_link_pair_scores_read_the_stored_embeddings(int_store, tmp_path, arch):
-    model = precomputed_link_model(int_store, tmp_path, arch)
-    settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [2, 2]})
-    ego = EgoGraphs.create(
-        int_store,
-        model,
-        settings,
-        torch.device("cpu"),
-        precomputed=open_precomputed(tmp_path / "p", int_store, "weights"),
-    )
-    engine = LinkEngine(ego, open_link_assets(tmp_path / "link", int_store), "1.0")
+    model = link_model(int_store, arch)
+    engine, _ = link_worker(int_store, model, tmp_path)
     ids = int_store.external_ids(np.arange(int_store.num_nodes))
     pairs = [[ids[i], ids[(7 * i + 3) % len(ids)]] for i in range(40)]
     (answer,) = engine.handle([{"body": {"pairs": pairs}}])
@@ -233,22 +193,11 @@ def test_link_pair_scores_read_the_stored_embeddings(int_store, tmp_path, arch):
 
 @pytest.mark.parametrize("arch", ["gcn", "gat"])
 def test_a_live_link_archive_scores_and_ranks_the_updated_graph(int_store, tmp_path, arch):
-    model = precomputed_link_model(int_store, tmp_path, arch)
-    settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": [2, 2]})
+    model = link_model(int_store, arch)
     log = tmp_path / "updates.log"
-    engines, lives = [], []
-    for _ in range(2):  # two workers on one log
-        live = LiveGraph(int_store, log)
-        ego = EgoGraphs.create(
-            int_store,
-            model,
-            settings,
-            torch.device("cpu"),
-            live,
-            precomputed=open_precomputed(tmp_path / "p", int_store, "weights"),
-        )
-        engines.append(LinkEngine(ego, open_link_assets(tmp_path / "link", int_store), "1.0"))
-        lives.append(live)
+    workers = [link_worker(int_store, model, tmp_path, log) for _ in range(2)]  # one log
+    engines = [engine for engine, _ in workers]
+    lives = [live for _, live in workers]
     rng, counter = random.Random(3), [0]
     for step in range(120):
         taker = lives[step % 2]
@@ -333,7 +282,7 @@ def test_the_handler_serves_a_precomputed_archive_and_reports_its_refreshes(
 
 def test_an_update_marks_rows_and_a_read_recomputes_only_those_it_needs(int_store, tmp_path):
     model = random_model(int_store, "sage")
-    engine, live = precomputed_engine(int_store, model, tmp_path, tmp_path / "updates.log")
+    engine, live = node_worker(int_store, model, tmp_path / "rows", tmp_path / "updates.log")
     rows = engine.ego.precomputed
     ids = int_store.external_ids(np.arange(int_store.num_nodes))
     live.update(UpdateRequest([{"type": "set_features", "id": ids[0], "x": [2.0] * FEATURES}]))
@@ -359,14 +308,14 @@ def test_set_edge_features_marks_the_destination_like_an_edge_change(tmp_path):
     store = edge_feature_store(tmp_path / "graph")
     model = random_model(store, "sage")
     log = tmp_path / "updates.log"
-    engine, live = precomputed_engine(store, model, tmp_path, log)
+    engine, live = node_worker(store, model, tmp_path / "rows", log)
     hub = int(live.overlay.lookup(["acct_0"])[0])
     (source,) = live.overlay.external_ids(live.overlay.in_list(hub)[:1])
     operation = {"type": "set_edge_features", "src": source, "dst": "acct_0", "attr": [1, 2]}
     live.update(UpdateRequest([operation]))
     rows = engine.ego.precomputed
     assert all(hub in pending for pending in rows.pending)
-    late, _ = precomputed_engine(store, model, tmp_path, log)
+    late, _ = node_worker(store, model, tmp_path / "rows", log)
     assert all(hub in pending for pending in late.ego.precomputed.pending)
     rng, counter = random.Random(4), [0]
     for _ in range(40):
@@ -377,22 +326,11 @@ def test_set_edge_features_marks_the_destination_like_an_edge_change(tmp_path):
 
 def test_the_follower_recomputes_marked_rows_in_the_background(int_store, tmp_path):
     model = random_model(int_store, "gcn")
-    directory = tmp_path / "precomputed"
-    precompute(model, int_store, directory, "weights", progress=False)
     log = tmp_path / "updates.log"
     writer = LiveGraph(int_store, log)
-    live = LiveGraph(int_store, log, follow_interval_s=0.005)
+    engine, live = node_worker(int_store, model, tmp_path / "rows", log, follow_interval_s=0.005)
+    assert live is not None
     try:
-        settings = ServingSettings.from_yaml_section({"fanouts": [2, 2]})
-        engine = NodeClassificationEngine.create(
-            int_store,
-            model,
-            settings,
-            torch.device("cpu"),
-            "1.0",
-            live,
-            precomputed=open_precomputed(directory, int_store, "weights"),
-        )
         rng, counter = random.Random(2), [0]
         for _ in range(20):
             writer.update(UpdateRequest(random_update(rng, writer, counter)))

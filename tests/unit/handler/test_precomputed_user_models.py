@@ -30,6 +30,7 @@ from model.export import load_model
 from model.precompute import Mode, open_precomputed, plan_for, precompute
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, edge_feature_store
 from tests.live_reference import materialized_forward, materialized_graph, random_update
+from tests.precomputed_engines import node_worker, served
 from tests.unit.archive_build import user_models
 
 F, H, C = FEATURES, 16, CLASSES
@@ -114,32 +115,10 @@ def user_model(name: str, store: GraphStore, directory: Path) -> torch.nn.Module
 def precomputed_worker(
     store: GraphStore, model: torch.nn.Module, tmp_path: Path, log: Path | None = None
 ) -> tuple[NodeClassificationEngine, LiveGraph | None]:
-    """A worker of a precomputed archive with sampled fanouts (the rows make answers exact);
-    the rows are built in chunks of 64 edges (output mode: one in-neighbourhood per chunk)."""
-    directory = tmp_path / "precomputed"
-    if not directory.exists():
-        precompute(model, store, directory, "weights", chunk_edges=64, progress=False)
-    live = LiveGraph(store, log) if log is not None else None
-    hops = plan_for(model).hops
-    settings = ServingSettings.from_yaml_section({"fanouts": [2] * hops})
-    engine = NodeClassificationEngine.create(
-        store,
-        model,
-        settings,
-        torch.device("cpu"),
-        "1.0",
-        live,
-        precomputed=open_precomputed(directory, store, "weights"),
-    )
-    return engine, live
-
-
-def served(engine: NodeClassificationEngine, ids: list) -> torch.Tensor:
-    answers = engine.handle(
-        [{"body": {"node_ids": ids[i : i + 32]}} for i in range(0, len(ids), 32)]
-    )
-    assert all(a.status == 200 for a in answers), [a.body for a in answers if a.status != 200]
-    return torch.tensor([p["probabilities"] for a in answers for p in a.body["predictions"]])
+    """A worker of the precomputed archive under ``tmp_path``, sampling as many hops as the
+    model's plan reads (output mode: the rows are built one in-neighbourhood per chunk)."""
+    fanouts = [2] * plan_for(model).hops
+    return node_worker(store, model, tmp_path / "precomputed", log, fanouts)
 
 
 def full_graph_forward(model: torch.nn.Module, store: GraphStore) -> torch.Tensor:

@@ -14,18 +14,15 @@ import pytest
 import torch
 
 from graph_assets import GraphStore
-from handler.graph.ego import EgoGraphs
 from handler.live.live_graph import LiveGraph, UpdateRequest
-from handler.settings import ServingSettings
 from handler.tasks.link.engine import LinkEngine
 from model import ModelConfig, build_model
 from model.hetero_link import HeteroLinkModel
 from model.link import answer_scores
-from model.link_assets import open_link_assets, write_link_assets
-from model.precompute import open_precomputed, precompute
 from model.served import serving_needs
 from model.served_hetero_link import UserHeteroLinkModel
 from model.typed_graph import hetero_section
+from tests.precomputed_engines import link_worker
 from tests.typed_graphs import fraud_store
 from tests.typed_live_reference import live_nodes, materialized_typed, random_typed_update
 from tests.unit.archive_build import user_models
@@ -65,15 +62,10 @@ def link_model(store: GraphStore, arch: str, decoder: str) -> HeteroLinkModel:
 def worker(
     store: GraphStore, model: HeteroLinkModel, directory: Path, log: Path
 ) -> tuple[LinkEngine, LiveGraph]:
-    """A worker of a precomputed link archive with sampled fanouts."""
-    if not (directory / "precomputed").exists():
-        precompute(model, store, directory / "precomputed", "weights", 64, False, hops=2)
-        write_link_assets(model, store, directory / "link")
-    live = LiveGraph(store, log)
-    settings = ServingSettings.from_yaml_section({"fanouts": [2, 1], "task": "link"})
-    rows = open_precomputed(directory / "precomputed", store, "weights")
-    ego = EgoGraphs.create(store, model, settings, torch.device("cpu"), live, precomputed=rows)
-    return LinkEngine(ego, open_link_assets(directory / "link", store), "1.0"), live
+    """A worker of the link archive under ``directory`` with sampled fanouts, on ``log``."""
+    engine, live = link_worker(store, model, directory, log, fanouts=(2, 1), hops=2)
+    assert live is not None
+    return engine, live
 
 
 def reference(live: LiveGraph, model: HeteroLinkModel):

@@ -18,10 +18,10 @@ import torch
 from graph_assets import GraphStore
 from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
-from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.extras import NodeExtrasEngine
-from model.precompute import open_precomputed, precompute
+from tests.precomputed_engines import node_worker
+from tests.precomputed_engines import served as served_nodes
 from tests.typed_graphs import fraud_store, hetero_conv_model, node_recipe
 from tests.typed_live_reference import materialized_typed, random_typed_update
 
@@ -41,38 +41,15 @@ def model_of(store: GraphStore, name: str) -> torch.nn.Module:
 def worker(
     store: GraphStore, model: torch.nn.Module, rows: Path, log: Path | RedisLogConfig
 ) -> tuple[NodeClassificationEngine, LiveGraph]:
-    """A worker of a precomputed archive with sampled fanouts (the stored rows make answers
-    exact), following a log file or a Redis stream; the rows are built in chunks of 64
-    edges."""
-    if not rows.exists():
-        precompute(model, store, rows, "weights", chunk_edges=64, progress=False, hops=HOPS)
-    if isinstance(log, RedisLogConfig):
-        live = LiveGraph(store, None, redis_log=log)
-    else:
-        live = LiveGraph(store, log)
-    settings = ServingSettings.from_yaml_section({"fanouts": [2, 1]})
-    engine = NodeClassificationEngine.create(
-        store,
-        model,
-        settings,
-        torch.device("cpu"),
-        "1.0",
-        live,
-        precomputed=open_precomputed(rows, store, "weights"),
-    )
+    """A worker of the typed archive whose rows live in ``rows``, following ``log``."""
+    engine, live = node_worker(store, model, rows, log, fanouts=(2, 1), hops=HOPS)
+    assert live is not None
     return engine, live
 
 
 def served(engine: NodeClassificationEngine, ids: list, steps: int) -> torch.Tensor:
-    answers = engine.handle(
-        [
-            {"body": {"node_ids": ids[i : i + 20], "node_type": "user"}}
-            for i in range(0, len(ids), 20)
-        ]
-    )
-    assert all(a.status == 200 for a in answers), [a.body for a in answers if a.status != 200]
-    assert all(a.body["graph_version"].endswith(f"+{steps}") for a in answers)
-    return torch.tensor([p["probabilities"] for a in answers for p in a.body["predictions"]])
+    """The users' probabilities, 20 a request, at the graph version after ``steps`` updates."""
+    return served_nodes(engine, ids, "user", steps, batch=20)
 
 
 @pytest.mark.parametrize("name", ["sage", "gat", "gcn", "gin", "rgcn", "hgt", "own"])

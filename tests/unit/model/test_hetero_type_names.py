@@ -16,7 +16,7 @@ from handler.settings import ServingSettings
 from model import __main__ as model_cli
 from model.hetero_recipes import HeteroSpec, build_hetero_model, module_key
 from tests.typed_graphs import node_recipe
-from tests.unit.handler.test_typed_explanations import answers, engines
+from tests.unit.handler.test_explain import answers, engines
 
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
 
