@@ -30,7 +30,7 @@ from model.served_hetero import small_typed_input
 from model.typed_graph import whole_graph_input
 from model.user_model import tensor_parameters
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
-from tests.live_reference import materialized_forward, random_update
+from tests.live_reference import materialized_forward, materialized_graph, random_update
 from tests.typed_graphs import fraud_store
 from tests.unit.archive_build import pyg_user_models
 
@@ -431,18 +431,64 @@ def test_k_hop_layers_stay_exact(conv, hops, plain, tmp_path):
     assert alone_worst(tmp_path / "model", plain, [hub, 3, 50]) <= 1e-5
 
 
-def test_a_precomputed_chebconv_archive_is_exact(plain, tmp_path):
-    """--precompute stores ChebConv's rows from in-neighbourhoods, with the graph's
-    out-degrees, on a directed graph."""
-    from model.precompute import precompute, weights_digest
+@pytest.mark.parametrize("normalization", [None, "sym", "rw"])
+def test_a_precomputed_chebconv_archive_is_exact_live_and_cold(normalization, tmp_path):
+    """--precompute stores ChebConv's outputs computed on in-neighbourhoods (in chunks of the
+    directed graph) with the graph's out-degrees; after random live updates the outputs they
+    reach are recomputed so (all of them where the largest out-degree moves), and a
+    cold-start node is answered so on the augmented graph."""
+    from model.precompute import open_precomputed, precompute, weights_digest
 
-    assert cheb_build(tmp_path, plain, cheb_args(3, None, None)) == 0
-    model_dir = tmp_path / "model"
-    model, _ = load_model(model_dir)
+    store = edge_feature_store(tmp_path / "graph")
+    assert cheb_build(tmp_path, store, cheb_args(3, normalization, None)) == 0
+    model, _ = load_model(tmp_path / "model")
     rows = tmp_path / "precomputed"
-    precompute(model, plain, rows, weights_digest(model_dir / "model.pt"), progress=False)
-    result = verify(model_dir, plain, ServingSettings(fanouts=(3, 3)), 1e-5, rows)
+    digest = weights_digest(tmp_path / "model" / "model.pt")
+    precompute(model, store, rows, digest, chunk_edges=64, progress=False)
+    result = verify(tmp_path / "model", store, ServingSettings(fanouts=(3, 3)), 1e-5, rows)
     assert result.passed and result.worst_abs_diff <= 1e-5, result
+    live = LiveGraph(store, tmp_path / "updates.log")
+    engine = NodeClassificationEngine.create(
+        store,
+        model,
+        ServingSettings(fanouts=(-1, -1)),
+        torch.device("cpu"),
+        "1",
+        live,
+        precomputed=open_precomputed(rows, store, digest),
+    )
+    rng, counter = random.Random(11), [0]
+    for _ in range(40):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    largest = live.overlay.largest_out_degree()
+    [hub] = live.overlay.external_ids(np.array([out_hub_now(live.overlay)]))
+    live.update(UpdateRequest([{"type": "remove_node", "id": hub}]))
+    assert live.overlay.largest_out_degree() < largest  # every output's scale moved
+    ids, expected = materialized_forward(live, model)
+    for start in range(0, len(ids), 16):
+        chunk = slice(start, start + 16)
+        assert served_worst(engine, ids[chunk], expected[chunk]) <= 1e-5
+
+    neighbours = [i for i in ids[:30] if i != ids[0]]
+    x_new = [0.3, -1.2, 0.8, 0.0, 0.5, -0.4][:FEATURES]
+    body = {"new_node": {"x": x_new, "neighbors": neighbours, "direction": "both"}}
+    [answer] = node_router(engine, "1").handle([{"body": body}])
+    assert answer.status == 200, answer.body
+    _, x, edge_index, _ = materialized_graph(live)
+    n = len(ids)
+    column = torch.tensor([ids.index(i) for i in neighbours])
+    edge_index = torch.cat(
+        [
+            edge_index,
+            torch.stack([column, torch.full_like(column, n)]),
+            torch.stack([torch.full_like(column, n), column]),
+        ],
+        dim=1,
+    )
+    with torch.no_grad():
+        new_row = model(torch.cat([x, torch.tensor([x_new])]), edge_index)[n]
+    got = torch.tensor(answer.body["probabilities"])
+    assert float((got - torch.softmax(new_row, -1)).abs().max()) <= 1e-5
 
 
 @pytest.mark.parametrize("direction", ["in", "out", "both"])
@@ -476,3 +522,39 @@ def test_a_chebconv_cold_start_node_is_exact_on_a_directed_graph(
         expected = torch.softmax(model.module(x, edge_index)[n], -1)
     got = torch.tensor(answer.body["probabilities"])
     assert float((got - expected).abs().max()) <= 1e-5
+
+
+def test_a_precomputed_chebconv_archive_recomputes_every_output_when_the_largest_moves(
+    tmp_path,
+):
+    """Without normalisation nor lambda_max every output is scaled by the graph's largest
+    out-degree: a new node whose out-edges raise it (far from most nodes of a sparse graph)
+    re-marks every stored output, so each answer is the forward on the updated graph."""
+    from graph_assets import generate_synthetic, open_store
+    from model.precompute import open_precomputed, precompute, weights_digest
+
+    generate_synthetic(400, 800, tmp_path / "graph", feature_dim=FEATURES, num_classes=CLASSES)
+    store = open_store(tmp_path / "graph")
+    assert cheb_build(tmp_path, store, cheb_args(3, None, None)) == 0
+    model, _ = load_model(tmp_path / "model")
+    digest = weights_digest(tmp_path / "model" / "model.pt")
+    precompute(model, store, tmp_path / "p", digest, progress=False)
+    live = LiveGraph(store, tmp_path / "updates.log")
+    engine = NodeClassificationEngine.create(
+        store,
+        model,
+        ServingSettings(fanouts=(-1, -1)),
+        torch.device("cpu"),
+        "1",
+        live,
+        precomputed=open_precomputed(tmp_path / "p", store, digest),
+    )
+    largest = store.largest_out_degree()
+    fan = [{"type": "add_node", "id": 10_000, "x": [0.5] * FEATURES}]
+    fan += [{"type": "add_edge", "src": 10_000, "dst": d} for d in range(largest + 2)]
+    live.update(UpdateRequest(fan))
+    assert live.overlay.largest_out_degree() == largest + 2
+    ids, expected = materialized_forward(live, model)
+    for start in range(0, len(ids), 64):
+        chunk = slice(start, start + 64)
+        assert served_worst(engine, ids[chunk], expected[chunk]) <= 1e-5
