@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +32,7 @@ from graph_assets.graph_view import GraphView
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore
 from model.embedding import forward_with_embedding
-from model.served import serving_needs
+from model.served import serving_needs, tell_largest_degree
 from model.served_hetero import HeteroNodeModel
 from model.typed_rows import typed_rows
 from model.user_model import EdgeInput
@@ -204,9 +203,7 @@ def closure_forward(
         if degrees is None:
             raise ValueError(f"{type(model).__name__} reads the graph's out-degrees: pass them")
         degree = torch.from_numpy(degrees.rows(closure.nodes)).to(device)
-        if needs.largest_degree:
-            told: Any = model  # UserNodeModel, UserLinkModel
-            told.largest_degree = degrees.largest()
+        tell_largest_degree(model, degrees.largest)
     with torch.inference_mode():
         if with_embedding:
             out, embedding = forward_with_embedding(model, features, edge_index, degree, attr)

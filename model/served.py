@@ -13,7 +13,7 @@ what a model asks of the ego-graph (boundary degrees, edge features) and what it
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +59,15 @@ class ServingNeeds:
     boundary_degrees: bool = False
     out_degrees: bool = False
     largest_degree: bool = False
+
+
+def tell_largest_degree(model: torch.nn.Module, largest: Callable[[], int]) -> None:
+    """Where ``model``'s ChebConv scales by the graph's largest out-degree
+    (``ServingNeeds.largest_degree``), sets it to ``largest()`` of the graph version about to
+    be read (asked only then: on a graph in Redis it is a read of every node's degrees)."""
+    if serving_needs(model).largest_degree:
+        told: Any = model  # UserNodeModel, UserLinkModel: their largest_degree
+        told.largest_degree = largest()
 
 
 def answer_rows(rows: Tensor, output: Output) -> Tensor:

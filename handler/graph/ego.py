@@ -29,7 +29,7 @@ from handler.sampling.sampler import NeighbourSampler, SampledSubgraph, sampler_
 from handler.settings import ServingSettings
 from model.device import to_serving_device
 from model.precompute import Precomputed
-from model.served import EdgeInput, serving_needs
+from model.served import EdgeInput, serving_needs, tell_largest_degree
 
 logger = logging.getLogger(__name__)
 
@@ -201,12 +201,9 @@ class EgoGraphs:
         boundary = nodes < 0
         any_boundary = bool(boundary.any())
         present = np.where(boundary, 0, nodes) if any_boundary else nodes
-        needs = serving_needs(self.model)
-        if needs.out_degrees:
+        if serving_needs(self.model).out_degrees:
             degrees = view.out_degree_rows(present)
-            if needs.largest_degree:
-                told: Any = plain_module(self.model)  # UserNodeModel, UserLinkModel
-                told.largest_degree = view.largest_out_degree()
+            tell_largest_degree(plain_module(self.model), view.largest_out_degree)
         else:
             degrees = view.degree_rows(present)
         if any_boundary:
