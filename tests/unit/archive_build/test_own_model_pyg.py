@@ -13,23 +13,24 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from torch_geometric.nn import ChebConv
 from torch_geometric.nn.models import PNA
 
 from archive_build import own_model
 from archive_build.verify import Verification, verify
-from graph_assets import GraphStore
+from graph_assets import GraphStore, open_store, read_graph_dir, write_store
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
-from model.chebconv import check_chebconv
 from model.export import load_model
 from model.served_hetero import small_typed_input
 from model.typed_graph import whole_graph_input
 from model.user_model import tensor_parameters
-from tests.edge_graph import CLASSES, FEATURES, edge_feature_store
+from tests.edge_graph import CLASSES, FEATURES, edge_feature_store, write_edge_feature_csv
 from tests.live_reference import materialized_forward, materialized_graph, random_update
 from tests.typed_graphs import fraud_store
 from tests.unit.archive_build import pyg_user_models
@@ -364,11 +365,33 @@ def test_chebconv_serves_exactly_on_a_directed_graph(k, normalization, lambda_ma
     assert served_worst(engine, plain.external_ids(np.array(nodes)), full[nodes]) <= 1e-5
 
 
-def test_chebconv_is_refused_with_edge_weights_in_one_line(tmp_path):
-    module = pyg_user_models.Cheb(**cheb_args(3, "sym", None))
-    assert check_chebconv(module, edge_weight=False) is None
-    with pytest.raises(ValueError, match=r"sum the edge weights .* --edge-input none"):
-        check_chebconv(module, edge_weight=True)
+def test_chebconv_with_edge_weights_is_refused_in_one_line(tmp_path, capsys):
+    """Weighted out-degrees are not carried: a graph with one edge feature built with
+    --edge-input edge_weight is refused naming --edge-input none, which then builds."""
+    edges_dir = write_edge_feature_csv(tmp_path / "input")
+    edges = pd.read_csv(edges_dir / "edges.csv").drop(columns=["timestamp"])
+    edges.to_csv(edges_dir / "edges.csv", index=False)
+    write_store(read_graph_dir(edges_dir), tmp_path / "store")
+    store = open_store(tmp_path / "store")
+    assert store.edge_feature_dim == 1
+    args = {"in_channels": FEATURES, "out_channels": CLASSES, "K": 2}
+    torch.manual_seed(0)
+    torch.save(ChebConv(**args).state_dict(), tmp_path / "weights.pt")
+
+    def built(edge_input: str) -> int:
+        argv = [
+            "--store", str(store.path), "--model-class", "torch_geometric.nn.ChebConv",
+            "--model-args", json.dumps(args), "--weights", str(tmp_path / "weights.pt"),
+            "--out", str(tmp_path / edge_input), "--edge-input", edge_input,
+        ]  # fmt: skip
+        return own_model.main(argv)
+
+    assert built("edge_weight") == 1
+    err = capsys.readouterr().err
+    assert "ChebConv holds ChebConv, whose Laplacian would sum the edge weights" in err
+    assert err.rstrip().endswith("build with --edge-input none") and "Traceback" not in err
+    assert not (tmp_path / "edge_weight" / "model_config.json").exists()
+    assert built("none") == 0
 
 
 @pytest.mark.parametrize("lambda_max", [None, 5.0])
