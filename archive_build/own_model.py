@@ -27,14 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from archive_build.verify import non_local_module
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
 from graph_assets.stored.store import GraphStore
-from model.chebconv import chebconv_layers, check_chebconv, max_degree
+from model.chebconv import check_chebconv, scales_by_largest_degree
 from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
 from model.graph_level import CLASSES_FILE, as_data
@@ -387,12 +386,11 @@ def _hops(args: argparse.Namespace, steps: int, called: str) -> int:
 
 
 def _graph_degrees(module: torch.nn.Module, store: GraphStore, edge_input: EdgeInput) -> int:
-    """ChebConv is served with the graph's degrees (``model.chebconv``): refused where those
-    are not what the ego-graph carries; the largest degree where it scales by it."""
-    if not chebconv_layers(module):
-        return 0
-    check_chebconv(module, store.in_degree, store.out_degree, edge_input is EdgeInput.EDGE_WEIGHT)
-    return max_degree(module, store.degree_rows(np.arange(store.num_nodes)))
+    """ChebConv is served with the graph's out-degrees (``model.chebconv``): refused with edge
+    weights; the largest out-degree where it scales by it (the served graph then says its
+    own), else 0."""
+    check_chebconv(module, edge_input is EdgeInput.EDGE_WEIGHT)
+    return store.largest_out_degree() if scales_by_largest_degree(module) else 0
 
 
 def _config(args: argparse.Namespace, loaded: Loaded, **inferred: Any) -> UserModelConfig:

@@ -25,7 +25,7 @@ class InLists:
 
 
 class GraphView(Protocol):
-    """Node IDs, node and edge feature rows and in-degrees of one graph version."""
+    """Node IDs, node and edge feature rows and in- and out-degrees of one graph version."""
 
     @property
     def num_nodes(self) -> int:
@@ -69,6 +69,16 @@ class GraphView(Protocol):
 
     def degree_rows(self, nodes: np.ndarray) -> np.ndarray:
         """int64 ``[len(nodes)]`` full-graph in-degrees of internal ``nodes``."""
+        ...
+
+    def out_degree_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """int64 ``[len(nodes)]`` full-graph out-degrees of internal ``nodes``, self-loops not
+        counted: what PyG's ``get_laplacian`` (ChebConv) normalises by."""
+        ...
+
+    def largest_out_degree(self) -> int:
+        """The largest of every node's ``out_degree_rows`` (0 for a graph without edges): the
+        scale of a ChebConv without normalisation and without ``lambda_max``."""
         ...
 
     def external_ids(self, nodes: np.ndarray) -> list[int | str]:

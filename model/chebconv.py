@@ -1,18 +1,20 @@
-"""ChebConv on an ego-graph: its Laplacian with the graph's degrees.
+"""ChebConv on an ego-graph: its Laplacian with the graph's out-degrees.
 
 PyG's ``ChebConv`` builds its scaled Laplacian from the graph it is given (``get_laplacian``):
 each node's degree is its count of out-edges (``scatter`` over ``edge_index[0]``, self-loops
 removed), and without ``lambda_max`` the scale is ``2 * max`` of the Laplacian's entries: 2 for
-``sym`` and ``rw``, twice the graph's largest degree for ``normalization=None``. An ego-graph
-holds the in-edges of its inner hops only, so the degrees it would count are not the graph's.
+``sym`` and ``rw``, twice the graph's largest out-degree for ``normalization=None``. An
+ego-graph holds the in-edges of its inner hops only, so the degrees it would count are not the
+graph's.
 
-Served, each ChebConv's normalisation reads the degrees the ego-graph carries instead
-(``degree``: full-graph in-degrees, self-loops not counted, the ones GCN reads) and, for
-``normalization=None`` without ``lambda_max``, the graph's largest degree recorded at build (or
-a row's, when larger: a cold-start node's neighbour).
-That is the full-graph Laplacian where each node has as many out-edges as in-edges (an
-undirected graph, ``--undirected``), which the build checks (:func:`check_chebconv`); the
-verification then compares the answers as for any model.
+Served, such a model's ego-graph carries each row's full-graph out-degree (self-loops not
+counted; ``GraphView.out_degree_rows``, which the stored graph, live updates, a cold-start node
+and a graph in Redis all answer) as ``degree`` (:class:`model.served.ServingNeeds`
+``out_degrees``), and each ChebConv's normalisation reads those instead of counting, with the
+graph version's largest out-degree (``GraphView.largest_out_degree``) as the scale of
+``normalization=None`` without ``lambda_max``. That is the full-graph Laplacian on any graph,
+directed or not, so the answers equal the full-graph forward. Edge weights are refused
+(:func:`check_chebconv`): their weighted out-degree sums are not carried.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.nn import ChebConv
@@ -33,46 +34,27 @@ def chebconv_layers(module: torch.nn.Module) -> list[ChebConv]:
     return [sub for sub in module.modules() if isinstance(sub, ChebConv)]
 
 
-def check_chebconv(
-    module: torch.nn.Module,
-    in_degree: np.ndarray,
-    out_degree: np.ndarray,
-    edge_weight: bool,
-) -> None:
-    """ValueError naming why ``module``'s ChebConv layers cannot be served exactly: a node with
-    other out- than in-degree (``in_degree``/``out_degree``: every node's), or edge weights
-    (their weighted degrees are not carried); nothing for a module without ChebConv."""
-    if not chebconv_layers(module):
-        return
-    name = type(module).__name__
-    if edge_weight:
+def check_chebconv(module: torch.nn.Module, edge_weight: bool) -> None:
+    """ValueError where ``module``'s ChebConv layers would read edge weights (``edge_weight``),
+    whose weighted out-degrees the ego-graph does not carry; nothing otherwise."""
+    if edge_weight and chebconv_layers(module):
         raise ValueError(
-            f"{name} holds ChebConv, whose Laplacian would sum the edge weights of each node's "
-            "out-edges, which an ego-graph does not carry: build with --edge-input none"
-        )
-    differ = np.flatnonzero(np.asarray(in_degree) != np.asarray(out_degree))
-    if len(differ):
-        raise ValueError(
-            f"{name} holds ChebConv, which normalises by each node's out-degree; an ego-graph "
-            "holds in-edges, so it is served with the in-degree, the same number only where "
-            f"every node has as many out- as in-edges, and {len(differ)} of this graph's "
-            f"nodes do not (e.g. internal index {int(differ[0])}): build the graph with "
-            "--undirected"
+            f"{type(module).__name__} holds ChebConv, whose Laplacian would sum the edge "
+            "weights of each node's out-edges, which an ego-graph does not carry: build with "
+            "--edge-input none"
         )
 
 
-def max_degree(module: torch.nn.Module, degree: np.ndarray) -> int:
-    """The graph's largest degree (self-loops not counted) where a ChebConv without
-    normalisation scales by it (its default ``lambda_max``), else 0."""
-    if not any(conv.normalization is None for conv in chebconv_layers(module)):
-        return 0
-    return int(np.max(degree, initial=0))
+def scales_by_largest_degree(module: torch.nn.Module) -> bool:
+    """Whether a ChebConv of ``module`` has no normalisation, whose default ``lambda_max`` is
+    twice the graph's largest out-degree."""
+    return any(conv.normalization is None for conv in chebconv_layers(module))
 
 
 @contextmanager
 def graph_degrees(module: torch.nn.Module, degree: Tensor, largest: int) -> Iterator[None]:
-    """Within the block, ``module``'s ChebConv layers normalise with ``degree`` (one per row of
-    the ego-graph) and ``largest`` (module docstring)."""
+    """Within the block, ``module``'s ChebConv layers normalise with ``degree`` (each row's
+    full-graph out-degree) and ``largest`` (the graph's largest out-degree; module docstring)."""
     layers = chebconv_layers(module)
     for conv in layers:
         conv.__norm__ = _norm_with(degree, largest)
@@ -119,9 +101,7 @@ def _norm_with(degree: Tensor, largest: int) -> Any:
             assert filled is not None
             weight = filled
         if lambda_max is None:  # 2 x the full graph's largest Laplacian entry
-            # A cold-start node raises its neighbours' degrees: one may become the largest.
-            top = max(float(largest), float(deg.max())) if deg.numel() else float(largest)
-            lambda_max = 2.0 * (top if normalization is None else 1.0)
+            lambda_max = 2.0 * (float(largest) if normalization is None else 1.0)
         if not isinstance(lambda_max, Tensor):
             lambda_max = torch.tensor(lambda_max, dtype=dtype, device=edge_index.device)
         if batch is not None and lambda_max.numel() > 1:

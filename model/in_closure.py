@@ -32,7 +32,7 @@ from graph_assets.graph_view import GraphView
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore
 from model.embedding import forward_with_embedding
-from model.served import serving_needs
+from model.served import serving_needs, tell_largest_degree
 from model.served_hetero import HeteroNodeModel
 from model.typed_rows import typed_rows
 from model.user_model import EdgeInput
@@ -165,27 +165,51 @@ def closure_chunks(
             size = min(2 * size, _MOST_SEEDS)
 
 
+@dataclass(frozen=True)
+class OutDegrees:
+    """The full-graph out-degrees a closure's forward reads where the model's ChebConv does
+    (``model.chebconv``; a closure holds in-edges, not every out-edge): ``rows`` of the
+    closure's nodes and the graph's ``largest``."""
+
+    rows: Callable[[np.ndarray], np.ndarray]
+    largest: Callable[[], int]
+
+    @classmethod
+    def of(cls, view: GraphView) -> OutDegrees:
+        """A graph version's own."""
+        return cls(view.out_degree_rows, view.largest_out_degree)
+
+
 def closure_forward(
     model: torch.nn.Module,
     closure: Closure,
     x: np.ndarray,
     edge_attr: np.ndarray | None,
     with_embedding: bool = False,
+    degrees: OutDegrees | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """``(rows, embeddings or None)`` of the seeds: the model's own forward on ``closure``,
-    ``x`` the rows' features and ``edge_attr`` the edges' (None for a model that reads none)."""
+    ``x`` the rows' features and ``edge_attr`` the edges' (None for a model that reads none);
+    ``degrees``: the graph's, for a model that reads its out-degrees (:class:`OutDegrees`)."""
     device = next(model.parameters()).device
     features = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(device)
     edge_index = closure.edge_index.to(device)
+    needs = serving_needs(model)
     attr = None
-    if edge_attr is not None and serving_needs(model).edge_input is not EdgeInput.NONE:
+    if edge_attr is not None and needs.edge_input is not EdgeInput.NONE:
         attr = torch.from_numpy(np.ascontiguousarray(edge_attr, dtype=np.float32)).to(device)
+    degree = None
+    if needs.out_degrees:
+        if degrees is None:
+            raise ValueError(f"{type(model).__name__} reads the graph's out-degrees: pass them")
+        degree = torch.from_numpy(degrees.rows(closure.nodes)).to(device)
+        tell_largest_degree(model, degrees.largest)
     with torch.inference_mode():
         if with_embedding:
-            out, embedding = forward_with_embedding(model, features, edge_index, None, attr)
+            out, embedding = forward_with_embedding(model, features, edge_index, degree, attr)
             vectors = embedding[: closure.seeds].float().cpu().numpy()
         else:
-            out, vectors = model(features, edge_index, edge_attr=attr), None
+            out, vectors = model(features, edge_index, degree=degree, edge_attr=attr), None
         return out[: closure.seeds].float().cpu().numpy(), vectors
 
 

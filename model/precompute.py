@@ -65,6 +65,7 @@ from model.export import WEIGHTS_FILE
 from model.hetero_link import HeteroLinkModel, TypeRows
 from model.in_closure import (
     Closure,
+    OutDegrees,
     closure_chunks,
     closure_forward,
     in_closure,
@@ -516,7 +517,7 @@ def _closure_rows(
     x = np.take(store.features, closure.nodes, axis=0)
     reads_edges = serving_needs(model).edge_input is not EdgeInput.NONE
     attr = store.edge_feature_rows(closure.edge_ids) if reads_edges else None
-    rows, _ = closure_forward(model, closure, x, attr)
+    rows, _ = closure_forward(model, closure, x, attr, degrees=OutDegrees.of(store))
     return rows
 
 

@@ -13,7 +13,7 @@ what a model asks of the ego-graph (boundary degrees, edge features) and what it
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +23,7 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-from model.chebconv import chebconv_layers, graph_degrees
+from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
 from model.trimmed import known_hop_edges, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig
 
@@ -47,11 +47,27 @@ _SOURCE_DEGREE_LAYERS = (
 
 @dataclass(frozen=True)
 class ServingNeeds:
-    """What a served model asks of the ego-graph, and what its rows are."""
+    """What a served model asks of the ego-graph, and what its rows are.
+
+    ``out_degrees``: the ego-graph's ``degree`` is each row's full-graph out-degree (ChebConv's
+    Laplacian, ``model.chebconv``), not its in-degree (GCN); ``largest_degree``: the model is
+    told the graph version's largest out-degree before each forward (its ``largest_degree``).
+    """
 
     output: Output = Output.LOGITS
     edge_input: EdgeInput = EdgeInput.NONE
     boundary_degrees: bool = False
+    out_degrees: bool = False
+    largest_degree: bool = False
+
+
+def tell_largest_degree(model: torch.nn.Module, largest: Callable[[], int]) -> None:
+    """Where ``model``'s ChebConv scales by the graph's largest out-degree
+    (``ServingNeeds.largest_degree``), sets it to ``largest()`` of the graph version about to
+    be read (asked only then: on a graph in Redis it is a read of every node's degrees)."""
+    if serving_needs(model).largest_degree:
+        told: Any = model  # UserNodeModel, UserLinkModel: their largest_degree
+        told.largest_degree = largest()
 
 
 def answer_rows(rows: Tensor, output: Output) -> Tensor:
@@ -73,11 +89,17 @@ class UserNodeModel(torch.nn.Module):
         super().__init__()
         self.module = module
         self.config = config
+        self._chebconv = bool(chebconv_layers(module))
         self.serving_needs = ServingNeeds(
             output=config.output,
             edge_input=config.edge_input,
             boundary_degrees=config.boundary_degrees,
+            out_degrees=self._chebconv,
+            largest_degree=scales_by_largest_degree(module),
         )
+        # The graph's largest out-degree (model.chebconv): the build's, then the served
+        # graph version's, set before each forward (ServingNeeds.largest_degree).
+        self.largest_degree = config.max_degree
         # The presets' fast path (bipartite layers, fewer rows each layer) where it applies.
         self._by_rows = (
             config.trim
@@ -85,7 +107,6 @@ class UserNodeModel(torch.nn.Module):
             and trims_by_rows(module)
             and config.edge_input is not EdgeInput.EDGE_WEIGHT
         )
-        self._chebconv = bool(chebconv_layers(module))
 
     def forward(
         self,
@@ -126,7 +147,7 @@ class UserNodeModel(torch.nn.Module):
         Laplacian, ``model.chebconv``), ``degree`` (one per row) within the block."""
         if degree is None or not self._chebconv:
             return nullcontext()
-        return graph_degrees(self.module, degree, self.config.max_degree)
+        return graph_degrees(self.module, degree, self.largest_degree)
 
     def embedding_module(self) -> torch.nn.Module | None:
         """The module whose input is a node's embedding (None for a named method)."""

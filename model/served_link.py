@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from model.chebconv import chebconv_layers, graph_degrees
+from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
 from model.link import SCORE_CHUNK_ROWS
 from model.served import ServingNeeds, edge_kwargs
 from model.user_model import UserModelConfig
@@ -50,7 +50,11 @@ class UserLinkModel(torch.nn.Module):
             output=config.output,
             edge_input=config.edge_input,
             boundary_degrees=config.boundary_degrees,
+            out_degrees=bool(chebconv_layers(module)),
+            largest_degree=scales_by_largest_degree(module),
         )
+        # The graph's largest out-degree, as UserNodeModel.largest_degree.
+        self.largest_degree = config.max_degree
 
     @property
     def decoder_name(self) -> str:
@@ -70,7 +74,7 @@ class UserLinkModel(torch.nn.Module):
         encode = method_of(self.module, "encode")
         kwargs = edge_kwargs(self.config.edge_input, edge_attr)
         if degree is not None and chebconv_layers(self.module):  # model.chebconv
-            with graph_degrees(self.module, degree, self.config.max_degree):
+            with graph_degrees(self.module, degree, self.largest_degree):
                 z = encode(x, edge_index, **kwargs)
         else:
             z = encode(x, edge_index, **kwargs)

@@ -77,9 +77,10 @@ class UserModelConfig:
         boundary_degrees: the ego-graph carries the deepest hop's full in-degrees (models that
             normalise by the degree of a message's source, such as GCNConv).
         trim: PyG ``BasicGNN`` trim-to-layer with the sampler's per-hop counts.
-        max_degree: the graph's largest degree (self-loops not counted), the scale of a
-            ChebConv without normalisation and without ``lambda_max`` (``model.chebconv``);
-            0 when no layer reads it.
+        max_degree: the built graph's largest out-degree (self-loops not counted), the scale
+            of a ChebConv without normalisation and without ``lambda_max``
+            (``model.chebconv``) until the served graph version gives its own; 0 when no layer
+            reads it.
         embedding: node: the module whose input is a node's embedding (the last
             message-passing layer the forward calls); graph: the last Linear layer, whose
             input is the graph's embedding, or ``""`` for none; either: ``method:<name>`` for a

@@ -18,6 +18,10 @@ here, as do features that ``set_edge_features`` set on base edges. A dirty node'
 its sources grouped by relation as stored ones are, ascending within a relation, a run of
 parallel edges in ascending edge ID, so ``remove_edge``
 takes the pair's edge with the highest ID: the one added last.
+
+Out-degrees (ChebConv's Laplacian reads them) are the base's plus a count per node that every
+edge operation moves (self-loops not counted), and the largest of them is looked up from those
+counts and the base's out-degrees in descending order, so both stay exact under every update.
 """
 
 from __future__ import annotations
@@ -143,6 +147,12 @@ class GraphOverlay:
         self.changed_edge_rows: dict[int, np.ndarray] = {}  # base edges' rows set by updates
         self._edge_dst: dict[int, int] = {}  # the destination of each edge in changed_edge_rows
         self._base_out: tuple[np.ndarray, np.ndarray] | None = None
+        # Out-degree (self-loops not counted) minus the base's, of each node an update moved;
+        # its sorted (nodes, changes) and the largest out-degree, cached until the next move.
+        self._out_change: dict[int, int] = {}
+        self._out_sorted: tuple[np.ndarray, np.ndarray] | None = None
+        self._largest_out: int | None = None
+        self._base_out_order: np.ndarray | None = None  # base nodes, largest out-degree first
         # During apply: the base index of each (node type, ID) the request names, and the base
         # in-lists (sources, edge IDs) the request reads, fetched together.
         self._base_index: dict[tuple[int, int | str], int] = {}
@@ -419,6 +429,65 @@ class GraphOverlay:
             degree[dirty] = counts - np.bincount(owner[loops], minlength=len(dirty))
         return degree
 
+    def out_degree_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """Current out-degrees of ``nodes``, self-loops not counted: the base's (0 for a new
+        node) plus what updates moved (module docstring)."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        stored = nodes < self.base.num_nodes
+        degree = np.zeros(len(nodes), dtype=np.int64)
+        if stored.all():
+            degree = self.base.out_degree_rows(nodes).astype(np.int64)
+        elif stored.any():
+            degree[stored] = self.base.out_degree_rows(nodes[stored])
+        if self._out_change and len(nodes):
+            moved, change = self._moved_out_degrees()
+            at = np.minimum(np.searchsorted(moved, nodes), len(moved) - 1)
+            hit = moved[at] == nodes
+            degree[hit] += change[at[hit]]
+        return degree
+
+    def largest_out_degree(self) -> int:
+        """The largest current out-degree: of the moved nodes, or else of the first base node
+        in descending out-degree order that no update moved (exact under every update)."""
+        if self._largest_out is None:
+            largest = 0
+            moved, _ = self._moved_out_degrees()
+            if len(moved):
+                largest = int(self.out_degree_rows(moved).max())
+            order = self._base_order()
+            first = order[: len(moved) + 1]  # one of these was not moved
+            kept = first[~np.isin(first, moved)]
+            if len(kept):
+                largest = max(largest, int(self.base.out_degree_rows(kept[:1])[0]))
+            self._largest_out = largest
+        return self._largest_out
+
+    def _moved_out_degrees(self) -> tuple[np.ndarray, np.ndarray]:
+        """The nodes whose out-degree an update moved, ascending, and by how much."""
+        if self._out_sorted is None:
+            moved = np.fromiter(self._out_change, dtype=np.int64, count=len(self._out_change))
+            change = np.fromiter(
+                self._out_change.values(), dtype=np.int64, count=len(self._out_change)
+            )
+            order = np.argsort(moved)
+            self._out_sorted = moved[order], change[order]
+        return self._out_sorted
+
+    def _base_order(self) -> np.ndarray:
+        """Base nodes by descending out-degree, read once on first use (in blocks of nodes; on
+        a graph in Redis, a read of every node's degrees)."""
+        if self._base_out_order is None:
+            count = self.base.num_nodes
+            degree = np.concatenate(
+                [
+                    self.base.out_degree_rows(np.arange(start, min(count, start + _REVERSE_CHUNK)))
+                    for start in range(0, count, _REVERSE_CHUNK)
+                ]
+                or [np.empty(0, dtype=np.int64)]
+            )
+            self._base_out_order = np.argsort(-degree, kind="stable")
+        return self._base_out_order
+
     @property
     def edge_feature_dim(self) -> int:
         """Features per edge: the base store's (an update's ``attr`` has that width)."""
@@ -526,6 +595,8 @@ class GraphOverlay:
         if isinstance(operation, AddEdge):
             edge_id = np.array([self._new_edge(operation.attr, relation, undo)], dtype=np.int64)
             added = np.array([src], dtype=np.int64)
+            if src != dst:
+                self._shift_out_degrees(added, 1, undo)
             self._set_in_list(
                 dst,
                 np.concatenate((current[:end], added, current[end:])),
@@ -542,6 +613,8 @@ class GraphOverlay:
             )
         if isinstance(operation, RemoveEdge):  # the pair's last edge: the one added last
             last = end - 1
+            if src != dst:
+                self._shift_out_degrees(current[last:end], -1, undo)
             self._set_in_list(
                 dst,
                 np.concatenate((current[:last], current[end:])),
@@ -611,7 +684,11 @@ class GraphOverlay:
             current, ids = self._current(target)
             if self._holds(current, node):
                 kept = current != node
+                if target != node:
+                    self._shift_out_degrees(current[~kept], -1, undo)
                 self._set_in_list(target, current[kept], ids[kept], undo)
+        senders = self.in_list(node)
+        self._shift_out_degrees(senders[senders != node], -1, undo)
         none = np.empty(0, dtype=np.int64)
         self._set_in_list(node, none, none, undo)
         self.removed.add(node)
@@ -674,6 +751,24 @@ class GraphOverlay:
                 self.in_edge_ids.pop(node, None)
 
         undo.append(restore)
+
+    def _shift_out_degrees(
+        self, sources: np.ndarray, step: int, undo: list[Callable[[], None]]
+    ) -> None:
+        """The out-degree of each of ``sources`` moves by ``step`` per time it is listed (the
+        callers leave self-loops out)."""
+        if not len(sources):
+            return
+        nodes, counts = np.unique(sources, return_counts=True)
+        moves = list(zip(nodes.tolist(), (step * counts).tolist(), strict=True))
+
+        def move(sign: int) -> None:
+            for node, by in moves:
+                self._out_change[node] = self._out_change.get(node, 0) + sign * by
+            self._out_sorted = self._largest_out = None
+
+        move(1)
+        undo.append(lambda: move(-1))
 
     def _new_edge(
         self, attr: np.ndarray | None, relation: int, undo: list[Callable[[], None]]

@@ -57,6 +57,7 @@ from graph_assets.stored.store import (
 )
 
 _MB = 1 << 20
+_DEGREE_SCAN = 1 << 16  # nodes per read when the largest out-degree is looked for
 BlockField = tuple[int, str]  # (block, field)
 
 
@@ -206,6 +207,7 @@ class RemoteStore:
         self.shown = shown
         self._counters = RemoteCounters()
         self.freed = FreedBuffers()  # the reads' raw values, handed back once decoded
+        self._largest_out: int | None = None
 
     @property
     def meta(self) -> StoreMeta:
@@ -422,8 +424,22 @@ class RemoteStore:
         return self._degrees(nodes)[:, 0].copy()
 
     def out_degree_rows(self, nodes: np.ndarray) -> np.ndarray:
-        """int64 out-degrees of global ``nodes``, every stored edge counted."""
-        return self._degrees(nodes)[:, 1].copy()
+        """int64 full-graph out-degrees of global ``nodes``, self-loops not counted (the
+        loader stores each node's out-degree and self-loops in its degree row)."""
+        degrees = self._degrees(nodes)
+        return degrees[:, 1] - degrees[:, 2]
+
+    def largest_out_degree(self) -> int:
+        """The largest ``out_degree_rows`` of any node (0 without edges): read once, in
+        blocks of nodes, on first use (only a ChebConv without normalisation and without
+        ``lambda_max`` asks), then kept: the stored graph never changes."""
+        if self._largest_out is None:
+            largest = 0
+            for start in range(0, self.num_nodes, _DEGREE_SCAN):
+                nodes = np.arange(start, min(self.num_nodes, start + _DEGREE_SCAN))
+                largest = max(largest, int(self.out_degree_rows(nodes).max()))
+            self._largest_out = largest
+        return self._largest_out
 
     def label_rows(self, nodes: np.ndarray) -> np.ndarray:
         """int64 class indices of target-type ``nodes`` (-1: unlabelled)."""

@@ -521,6 +521,24 @@ class GraphStore:
         loops = self.self_loop_counts
         return degree if loops is None else degree - np.take(loops, nodes)
 
+    def out_degree_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """int64 full-graph out-degrees of global ``nodes``, self-loops not counted: what
+        ChebConv's Laplacian normalises by (PyG's ``get_laplacian`` counts ``edge_index[0]``
+        with self-loops removed). A self-loop is one in- and one out-edge of its node."""
+        degree = np.take(self.out_degree, nodes).astype(np.int64, copy=False)
+        loops = self.self_loop_counts
+        return degree if loops is None else degree - np.take(loops, nodes)
+
+    def largest_out_degree(self) -> int:
+        """The largest ``out_degree_rows`` of any node (0 without edges), counted once."""
+        return self._largest_out_degree
+
+    @cached_property
+    def _largest_out_degree(self) -> int:
+        if not self.num_nodes:
+            return 0
+        return int(self.out_degree_rows(np.arange(self.num_nodes)).max())
+
     @cached_property
     def self_loop_counts(self) -> np.ndarray | None:
         """int64 ``[N]`` self-loops of each node, counted once per store in blocks of nodes;

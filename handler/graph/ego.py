@@ -34,7 +34,7 @@ from handler.sampling.sampler import NeighbourSampler, SampledSubgraph, sampler_
 from handler.settings import ServingSettings
 from model.device import to_serving_device
 from model.precompute import Precomputed
-from model.served import EdgeInput, serving_needs
+from model.served import EdgeInput, serving_needs, tell_largest_degree
 
 logger = logging.getLogger(__name__)
 
@@ -198,15 +198,20 @@ class EgoGraphs:
     def gather(
         self, rows: torch.Tensor, view: GraphView | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and full-graph in-degrees of global node indices ``rows`` in ``view``
+        """Features and full-graph degrees of global node indices ``rows`` in ``view``
         (default: the current graph version), on the device; a boundary row (``-1``) gets
-        zeros."""
+        zeros. The degrees are in-degrees, or out-degrees for a model whose ChebConv reads
+        them (``model.chebconv``), which is then told ``view``'s largest out-degree."""
         current = self.view()
         view, nodes = current if view is None else view, rows.cpu().numpy()
         boundary = nodes < 0
         any_boundary = bool(boundary.any())
         present = np.where(boundary, 0, nodes) if any_boundary else nodes
-        degrees = view.degree_rows(present)
+        if serving_needs(self.model).out_degrees:
+            degrees = view.out_degree_rows(present)
+            tell_largest_degree(plain_module(self.model), view.largest_out_degree)
+        else:
+            degrees = view.degree_rows(present)
         if any_boundary:
             degrees[boundary] = 0
         degree = torch.from_numpy(degrees).to(self.device, non_blocking=True)

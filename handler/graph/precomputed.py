@@ -65,6 +65,7 @@ from model.in_closure import (
     Closure,
     InEdgeLists,
     InEdgeReader,
+    OutDegrees,
     closure_chunks,
     closure_forward,
     in_closure,
@@ -137,6 +138,11 @@ class PrecomputedRows:
         # Changes whose marking failed, oldest first: marked before any row is read.
         self._unmarked: list[OverlayChange] = []
         self._remark_at = 0.0  # when the follower may try them again
+        # A ChebConv's Laplacian reads its sources' out-degrees and, without normalisation,
+        # the graph's largest, which the stored rows were computed with (model.chebconv).
+        needs = serving_needs(model)
+        self._out_degrees = needs.out_degrees
+        self._largest = store.largest_out_degree() if needs.largest_degree else None
         if overlay is not None:
             if not overlay.is_empty:  # the log was replayed before these rows existed
                 self.mark(overlay.changes_so_far())
@@ -215,14 +221,15 @@ class PrecomputedRows:
         with_embedding: bool = False,
         max_nodes: int = UNLIMITED,
         max_edges: int = UNLIMITED,
+        degrees: OutDegrees | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """``(rows, embeddings or None)`` of ``seeds`` from the model's forward on their whole
         in-neighbourhood (``model.in_closure``), read by ``read`` (default: the served
-        version); ``SubgraphTooLarge`` beyond the limits. A row of node ``< 0`` (a cold-start
-        node) has the features ``new_x``, an edge of ID ``< 0`` the row
-        ``new_edge_rows[-1 - ID]``."""
+        version, as are the out-degrees ``degrees``); ``SubgraphTooLarge`` beyond the limits. A
+        row of node ``< 0`` (a cold-start node) has the features ``new_x``, an edge of ID
+        ``< 0`` the row ``new_edge_rows[-1 - ID]``."""
         closure = in_closure(read or self.in_edges, seeds, self.edge_hops, max_nodes, max_edges)
-        return self._forward(closure, new_x, new_edge_rows, with_embedding)
+        return self._forward(closure, new_x, new_edge_rows, with_embedding, degrees)
 
     @property
     def edge_hops(self) -> int:
@@ -236,9 +243,11 @@ class PrecomputedRows:
         new_x: np.ndarray | None = None,
         new_edge_rows: np.ndarray | None = None,
         with_embedding: bool = False,
+        degrees: OutDegrees | None = None,
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """The model on ``closure`` (its features and edge features gathered; a typed model's
-        per type and relation)."""
+        """The model on ``closure`` (its features, edge features and, where it reads them,
+        out-degrees gathered, by default the served version's; a typed model's per type and
+        relation)."""
         if self._row_models:  # the seeds are of one type (_recompute groups them so)
             [seed_type] = self.view.types_of(closure.nodes[:1]).tolist()
             return typed_closure_forward(
@@ -253,7 +262,8 @@ class PrecomputedRows:
         attr = None
         if self.reads_edges:
             attr = self.edge_rows(closure.edge_ids, new_edge_rows)
-        return closure_forward(self.model, closure, x, attr, with_embedding)
+        degrees = OutDegrees.of(self.view) if degrees is None else degrees
+        return closure_forward(self.model, closure, x, attr, with_embedding, degrees)
 
     @property
     def reads_edges(self) -> bool:
@@ -314,7 +324,14 @@ class PrecomputedRows:
         structural = neighbourhood
         if self.plan.degree:
             structural = np.union1d(neighbourhood, self.out_neighbours(neighbourhood))
+        if self._out_degrees:  # a changed in-edge moved its source's out-degree
+            sources = self._sources_of(change)
+            structural = np.union1d(structural, self.out_neighbours(sources))
+            structural = np.union1d(structural, sources)
         structural = self.downstream(structural, self.reach - 1)
+        if self._largest is not None and self._largest != self.view.largest_out_degree():
+            self._largest = self.view.largest_out_degree()
+            structural = np.arange(self.view.num_nodes, dtype=np.int64)  # every row's scale
         reached = np.fromiter(change.feature_rows, dtype=np.int64)
         removed = (
             np.fromiter(self.overlay.removed, dtype=np.int64)
@@ -330,6 +347,13 @@ class PrecomputedRows:
             reached = dirty
         self.stats.updates += 1
         self.stats.seconds += time.perf_counter() - started
+
+    def _sources_of(self, change: OverlayChange) -> np.ndarray:
+        """Every source of the changed in-lists, before and now (a superset of those whose
+        out-degree moved)."""
+        nodes = np.fromiter(change.in_lists_before, dtype=np.int64)
+        now = self.view.in_lists(nodes).indices if nodes.size else nodes
+        return np.unique(np.concatenate([now, *change.in_lists_before.values()]))
 
     def downstream(self, nodes: np.ndarray, hops: int) -> np.ndarray:
         """``nodes`` and every node within ``hops`` out-edges of them (ascending)."""

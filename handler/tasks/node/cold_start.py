@@ -161,6 +161,7 @@ class ColdStartView:
         self.x = x
         self.edges = edges
         self._receivers = np.sort(edges.node[~edges.inward])
+        self._senders = np.sort(edges.node[edges.inward])
 
     @property
     def num_nodes(self) -> int:
@@ -249,6 +250,22 @@ class ColdStartView:
             self._receivers, nodes
         )
         return degree + received
+
+    def out_degree_rows(self, nodes: np.ndarray) -> np.ndarray:
+        """Out-degrees on the augmented graph: the new node's receivers, and a sender's
+        stored out-degree plus its edges into the new node."""
+        nodes = np.asarray(nodes, dtype=np.int64)
+        receivers = np.full(len(nodes), len(self._receivers), dtype=np.int64)
+        degree = self._by_node(nodes, receivers, self.base.out_degree_rows)
+        sent = np.searchsorted(self._senders, nodes, side="right") - np.searchsorted(
+            self._senders, nodes
+        )
+        return degree + sent
+
+    def largest_out_degree(self) -> int:
+        """The base's largest, or the new node's or one of its senders' when larger."""
+        ends = np.unique(np.append(self._senders, self.new))
+        return max(self.base.largest_out_degree(), int(self.out_degree_rows(ends).max()))
 
     def external_ids(self, nodes: np.ndarray) -> list[int | str]:
         """The base's IDs (the new node has none, and no answer names it)."""

@@ -27,8 +27,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from graph_assets.graph_view import GraphView
 from handler.graph.precomputed import PrecomputedRows
-from model.in_closure import InEdgeLists
+from model.in_closure import InEdgeLists, OutDegrees
 from model.precompute import LocalGraph, layer_rows
 
 NEW_NODE = -1  # the new node's label among global indices (rows of cold-start ego-graphs too)
@@ -175,6 +176,28 @@ def new_node_ego(
         with_embedding=True,
         max_nodes=max_nodes,
         max_edges=max_edges,
+        degrees=augmented_out_degrees(rows.view, sending, len(receiving)),
     )
     assert embedding is not None
     return output, embedding
+
+
+def augmented_out_degrees(view: GraphView, senders: np.ndarray, receivers: int) -> OutDegrees:
+    """Out-degrees of ``view`` with the new node added (``ColdStartView.out_degree_rows``'s
+    rule, the new node being ``NEW_NODE`` here): its own is its ``receivers``, a sender's
+    grows by its edges into it; the largest may be either's."""
+    ordered = np.sort(senders)
+
+    def rows(nodes: np.ndarray) -> np.ndarray:
+        known = nodes != NEW_NODE
+        degree = np.full(len(nodes), receivers, dtype=np.int64)
+        mine = nodes[known]
+        sent = np.searchsorted(ordered, mine, side="right") - np.searchsorted(ordered, mine)
+        degree[known] = view.out_degree_rows(mine) + sent
+        return degree
+
+    def largest() -> int:
+        grown = rows(np.append(ordered, NEW_NODE))
+        return max(view.largest_out_degree(), int(grown.max()))
+
+    return OutDegrees(rows, largest)

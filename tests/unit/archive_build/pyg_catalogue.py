@@ -75,6 +75,11 @@ CATALOGUE: tuple[Case, ...] = (
     Case("TransformerConv", CONV + "TransformerConv", {**IO, "heads": 2, "edge_dim": A},
          "edge_attr"),
     Case("AGNNConv", CONV + "AGNNConv", {}),
+    Case("ChebConv(normalization=None)", CONV + "ChebConv", {**IO, "K": 3, "normalization": None},
+         why=SOURCE_DEGREES),
+    Case("ChebConv(normalization='sym')", CONV + "ChebConv", {**IO, "K": 3}, why=SOURCE_DEGREES),
+    Case("ChebConv(normalization='rw')", CONV + "ChebConv", {**IO, "K": 3, "normalization": "rw"},
+         why=SOURCE_DEGREES),
     Case("TAGConv", CONV + "TAGConv", {**IO, "K": 2}, "edge_weight", why=SOURCE_DEGREES),
     Case("GINConv", "Catalogued", {"case": "GINConv"}),
     Case("GINEConv", "Catalogued", {"case": "GINEConv"}, "edge_attr"),
@@ -169,8 +174,6 @@ NOT_APPLICABLE: dict[str, str] = {
     "NeuralFingerprint": "one row per graph: serve it with --task graph",
     "MetaLayer": "returns (x, edge_attr, u) from blocks of your own",
 }
-# Left out of the parametrisation until the fixes named above land (they fail today).
-FIXED_SEPARATELY: dict[str, str] = {"ChebConv": "its degrees: fixed separately"}
 
 
 def applicable_classes() -> set[str]:
@@ -278,7 +281,6 @@ def markdown_table() -> str:
     """The table docs/models.md carries: layer, what the build does, why."""
     rows = ["| Layer or model | Build | Why |", "| --- | --- | --- |"]
     rows += [f"| `{case.name}` | {case.verdict} | {case.why} |" for case in CATALOGUE]
-    rows += [f"| `{name}` | not served | {why} |" for name, why in FIXED_SEPARATELY.items()]
     rows += [f"| `{name}` | not applicable | {why} |" for name, why in NOT_APPLICABLE.items()]
     return "\n".join(rows)
 

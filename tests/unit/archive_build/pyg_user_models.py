@@ -242,14 +242,19 @@ class FraudRelational(torch.nn.Module):
 
 
 class Cheb(torch.nn.Module):
-    """ChebConv(K=3): two propagation steps (2 hops); ``lambda_max`` passed to forward when
+    """ChebConv(K): ``K - 1`` propagation steps (hops); ``lambda_max`` passed to forward when
     given, as PyG asks for normalisations other than 'sym'."""
 
     def __init__(
-        self, in_channels: int, classes: int, normalization: str | None, lambda_max: float | None
+        self,
+        in_channels: int,
+        classes: int,
+        normalization: str | None,
+        lambda_max: float | None,
+        K: int = 3,
     ) -> None:
         super().__init__()
-        self.conv = pyg_nn.ChebConv(in_channels, classes, K=3, normalization=normalization)
+        self.conv = pyg_nn.ChebConv(in_channels, classes, K=K, normalization=normalization)
         self.lambda_max = lambda_max
 
     def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:

@@ -8,26 +8,30 @@ HGTConv and the relational layers."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
+from torch_geometric.nn import ChebConv
 from torch_geometric.nn.models import PNA
 
 from archive_build import own_model
 from archive_build.verify import Verification, verify
 from graph_assets import GraphStore, open_store, read_graph_dir, write_store
+from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
-from model.chebconv import check_chebconv
 from model.export import load_model
 from model.served_hetero import small_typed_input
 from model.typed_graph import whole_graph_input
 from model.user_model import tensor_parameters
 from tests.edge_graph import CLASSES, FEATURES, edge_feature_store, write_edge_feature_csv
+from tests.live_reference import materialized_forward, materialized_graph, random_update
 from tests.typed_graphs import fraud_store
 from tests.unit.archive_build import pyg_user_models
 
@@ -310,57 +314,126 @@ def test_relational_layers_on_the_typed_graph_made_homogeneous_serve_exactly(con
     assert result.passed and result.worst_abs_diff <= 1e-5, result
 
 
-@pytest.fixture(scope="module")
-def undirected(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
-    """The edge graph with every edge's reverse (``--undirected``): self-loops, parallel
-    edges and a hub, each node with as many out- as in-edges."""
-    root = tmp_path_factory.mktemp("pyg_undirected")
-    write_store(read_graph_dir(write_edge_feature_csv(root / "input"), undirected=True), root / "s")
-    return open_store(root / "s")
-
-
 def cheb_build(tmp_path: Path, store: GraphStore, args: dict[str, Any], *extra: str) -> int:
     torch.manual_seed(0)
     return build(tmp_path, store, pyg_user_models.Cheb(**args), "Cheb", args, *extra)
 
 
-@pytest.mark.parametrize("lambda_max", [None, 2.0, 5.0])
-@pytest.mark.parametrize("normalization", [None, "sym", "rw"])
-def test_chebconv_serves_exactly_with_the_graphs_degrees(
-    normalization, lambda_max, undirected, tmp_path
-):
-    """ChebConv(K=3), 2 hops: its Laplacian reads each node's degree (and, without
-    normalisation nor lambda_max, the largest): exact on single requests, whatever else is
-    in the batch, as on the verification's batches."""
-    args = {
+def cheb_args(k: int, normalization: str | None, lambda_max: float | None) -> dict[str, Any]:
+    return {
         "in_channels": FEATURES, "classes": CLASSES, "normalization": normalization,
-        "lambda_max": lambda_max,
+        "lambda_max": lambda_max, "K": k,
     }  # fmt: skip
-    assert cheb_build(tmp_path, undirected, args) == 0
-    result = verified(tmp_path, undirected)
+
+
+def out_hub(store: GraphStore) -> int:
+    """The node of the largest out-degree (node 0, the in-hub, is another)."""
+    return int(np.argmax(store.out_degree_rows(np.arange(store.num_nodes))))
+
+
+def served_worst(engine: NodeClassificationEngine, ids: list, expected: torch.Tensor) -> float:
+    """The largest difference from ``expected`` (a row per ID of ``ids``) of the answers to
+    ``ids``, asked in one request."""
+    [answer] = engine.handle([{"body": {"node_ids": ids}}])
+    assert answer.status == 200, answer.body
+    got = torch.tensor([p["probabilities"] for p in answer.body["predictions"]])
+    return float((got - expected).abs().max())
+
+
+@pytest.mark.parametrize("lambda_max", [None, 5.0])
+@pytest.mark.parametrize("normalization", [None, "sym", "rw"])
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_chebconv_serves_exactly_on_a_directed_graph(k, normalization, lambda_max, plain, tmp_path):
+    """ChebConv(K) on a directed graph with self-loops, parallel edges, an in-hub and another
+    out-hub: its Laplacian reads each node's full-graph out-degree (and, without normalisation
+    nor lambda_max, the largest): exact asked alone, in one batch, and in the verification's."""
+    hops = ("--num-hops", "0") if k == 1 else ()  # no propagation: PyG calls no message
+    assert cheb_build(tmp_path, plain, cheb_args(k, normalization, lambda_max), *hops) == 0
+    result = verified(tmp_path, plain)
     assert result.passed and result.worst_abs_diff <= 1e-5, result
-    _, config = load_model(tmp_path / "model")
-    assert config.num_layers == 2
-    hub = int(np.argmax(undirected.in_degree))
-    assert config.max_degree == (
-        int(undirected.degree_rows(np.array([hub]))[0]) if normalization is None else 0
-    )
-    assert alone_worst(tmp_path / "model", undirected, [hub, 7, 88]) <= 1e-5
+    model, config = load_model(tmp_path / "model")
+    assert config.num_layers == k - 1
+    largest = plain.largest_out_degree()
+    assert largest > int(plain.out_degree_rows(np.array([0]))[0])  # not the in-hub's
+    assert config.max_degree == (largest if normalization is None else 0)
+    nodes = [0, out_hub(plain), 7, 88, plain.num_nodes - 1]  # the last has no edges
+    assert alone_worst(tmp_path / "model", plain, nodes) <= 1e-5
+    x = torch.from_numpy(np.array(plain.features))
+    with torch.no_grad():
+        full = torch.softmax(model.module(x, torch.from_numpy(plain.edge_index())), -1)
+    settings = ServingSettings(fanouts=(-1,) * config.num_layers)
+    engine = NodeClassificationEngine.create(plain, model, settings, torch.device("cpu"), "1")
+    assert served_worst(engine, plain.external_ids(np.array(nodes)), full[nodes]) <= 1e-5
 
 
-def test_chebconv_is_refused_where_the_ego_graph_cannot_carry_its_degrees(
-    plain, undirected, tmp_path, capsys
-):
-    args = {"in_channels": FEATURES, "classes": CLASSES, "normalization": "sym", "lambda_max": None}
-    assert cheb_build(tmp_path, plain, args) == 1
+def test_chebconv_with_edge_weights_is_refused_in_one_line(tmp_path, capsys):
+    """Weighted out-degrees are not carried: a graph with one edge feature built with
+    --edge-input edge_weight is refused naming --edge-input none, which then builds."""
+    edges_dir = write_edge_feature_csv(tmp_path / "input")
+    edges = pd.read_csv(edges_dir / "edges.csv").drop(columns=["timestamp"])
+    edges.to_csv(edges_dir / "edges.csv", index=False)
+    write_store(read_graph_dir(edges_dir), tmp_path / "store")
+    store = open_store(tmp_path / "store")
+    assert store.edge_feature_dim == 1
+    args = {"in_channels": FEATURES, "out_channels": CLASSES, "K": 2}
+    torch.manual_seed(0)
+    torch.save(ChebConv(**args).state_dict(), tmp_path / "weights.pt")
+
+    def built(edge_input: str) -> int:
+        argv = [
+            "--store", str(store.path), "--model-class", "torch_geometric.nn.ChebConv",
+            "--model-args", json.dumps(args), "--weights", str(tmp_path / "weights.pt"),
+            "--out", str(tmp_path / edge_input), "--edge-input", edge_input,
+        ]  # fmt: skip
+        return own_model.main(argv)
+
+    assert built("edge_weight") == 1
     err = capsys.readouterr().err
-    assert "holds ChebConv, which normalises by each node's out-degree" in err
-    assert "build the graph with --undirected" in err and "Traceback" not in err
-    module = pyg_user_models.Cheb(**args)
-    degrees = np.asarray(undirected.in_degree)
-    assert check_chebconv(module, degrees, np.asarray(undirected.out_degree), False) is None
-    with pytest.raises(ValueError, match=r"sum the edge weights .* --edge-input none"):
-        check_chebconv(module, degrees, degrees, edge_weight=True)
+    assert "ChebConv holds ChebConv, whose Laplacian would sum the edge weights" in err
+    assert err.rstrip().endswith("build with --edge-input none") and "Traceback" not in err
+    assert not (tmp_path / "edge_weight" / "model_config.json").exists()
+    assert built("none") == 0
+
+
+@pytest.mark.parametrize("lambda_max", [None, 5.0])
+@pytest.mark.parametrize("normalization", [None, "sym", "rw"])
+def test_chebconv_stays_exact_under_random_live_updates(normalization, lambda_max, tmp_path):
+    """Before and after 80 random updates (self-loops, parallel edges, removals, new nodes)
+    and the removal of the node of the largest out-degree, every node's answer, asked in
+    batches and alone, is the model's forward on the updated graph."""
+    store = edge_feature_store(tmp_path / "graph")
+    assert cheb_build(tmp_path, store, cheb_args(3, normalization, lambda_max)) == 0
+    model, _ = load_model(tmp_path / "model")
+    live = LiveGraph(store, tmp_path / "updates.log")
+    engine = NodeClassificationEngine.create(
+        store, model, ServingSettings(fanouts=(-1, -1)), torch.device("cpu"), "1", live
+    )
+
+    def check() -> None:
+        ids, expected = materialized_forward(live, model)
+        for start in range(0, len(ids), 16):
+            chunk = slice(start, start + 16)
+            assert served_worst(engine, ids[chunk], expected[chunk]) <= 1e-5
+        for i in (0, len(ids) // 2, len(ids) - 1):
+            assert served_worst(engine, [ids[i]], expected[i : i + 1]) <= 1e-5
+
+    check()
+    rng, counter = random.Random(3), [0]
+    for _ in range(80):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    check()
+    overlay = live.overlay
+    [hub] = overlay.external_ids(np.array([out_hub_now(overlay)]))
+    live.update(UpdateRequest([{"type": "remove_node", "id": hub}]))
+    check()
+
+
+def out_hub_now(overlay: Any) -> int:
+    """The live node of the largest current out-degree."""
+    nodes = np.array(
+        [n for n in range(overlay.num_nodes) if n not in overlay.removed], dtype=np.int64
+    )
+    return int(nodes[np.argmax(overlay.out_degree_rows(nodes))])
 
 
 @pytest.mark.parametrize(
@@ -382,55 +455,130 @@ def test_k_hop_layers_stay_exact(conv, hops, plain, tmp_path):
     assert alone_worst(tmp_path / "model", plain, [hub, 3, 50]) <= 1e-5
 
 
-def test_a_precomputed_chebconv_archive_is_exact(undirected, tmp_path):
-    """--precompute stores ChebConv's rows from in-neighbourhoods, with the graph's degrees."""
-    from model.precompute import precompute, weights_digest
-
-    args = {"in_channels": FEATURES, "classes": CLASSES, "normalization": None, "lambda_max": None}
-    assert cheb_build(tmp_path, undirected, args) == 0
-    model_dir = tmp_path / "model"
-    model, _ = load_model(model_dir)
-    rows = tmp_path / "precomputed"
-    precompute(model, undirected, rows, weights_digest(model_dir / "model.pt"), progress=False)
-    result = verify(model_dir, undirected, ServingSettings(fanouts=(3, 3)), 1e-5, rows)
-    assert result.passed and result.worst_abs_diff <= 1e-5, result
-
-
 @pytest.mark.parametrize("normalization", [None, "sym", "rw"])
-def test_a_chebconv_cold_start_node_with_edges_both_ways_is_exact(
-    normalization, undirected, tmp_path
-):
-    """A new node linked both ways keeps every node's out-degree equal to its in-degree, so
-    its answer is ChebConv's forward on the graph with it added (its neighbours' degrees
-    grown by one)."""
-    args = {
-        "in_channels": FEATURES, "classes": CLASSES, "normalization": normalization,
-        "lambda_max": None,
-    }  # fmt: skip
-    assert cheb_build(tmp_path, undirected, args) == 0
+def test_a_precomputed_chebconv_archive_is_exact_live_and_cold(normalization, tmp_path):
+    """--precompute stores ChebConv's outputs computed on in-neighbourhoods (in chunks of the
+    directed graph) with the graph's out-degrees; after random live updates the outputs they
+    reach are recomputed so (all of them where the largest out-degree moves), and a
+    cold-start node is answered so on the augmented graph."""
+    from model.precompute import open_precomputed, precompute, weights_digest
+
+    store = edge_feature_store(tmp_path / "graph")
+    assert cheb_build(tmp_path, store, cheb_args(3, normalization, None)) == 0
     model, _ = load_model(tmp_path / "model")
+    rows = tmp_path / "precomputed"
+    digest = weights_digest(tmp_path / "model" / "model.pt")
+    precompute(model, store, rows, digest, chunk_edges=64, progress=False)
+    result = verify(tmp_path / "model", store, ServingSettings(fanouts=(3, 3)), 1e-5, rows)
+    assert result.passed and result.worst_abs_diff <= 1e-5, result
+    live = LiveGraph(store, tmp_path / "updates.log")
     engine = NodeClassificationEngine.create(
-        undirected, model, ServingSettings(fanouts=(-1, -1)), torch.device("cpu"), "1"
+        store,
+        model,
+        ServingSettings(fanouts=(-1, -1)),
+        torch.device("cpu"),
+        "1",
+        live,
+        precomputed=open_precomputed(rows, store, digest),
     )
-    hub = int(np.argmax(undirected.in_degree))
-    neighbours = sorted({hub, 5, 40})
+    rng, counter = random.Random(11), [0]
+    for _ in range(40):
+        live.update(UpdateRequest(random_update(rng, live, counter)))
+    largest = live.overlay.largest_out_degree()
+    [hub] = live.overlay.external_ids(np.array([out_hub_now(live.overlay)]))
+    live.update(UpdateRequest([{"type": "remove_node", "id": hub}]))
+    assert live.overlay.largest_out_degree() < largest  # every output's scale moved
+    ids, expected = materialized_forward(live, model)
+    for start in range(0, len(ids), 16):
+        chunk = slice(start, start + 16)
+        assert served_worst(engine, ids[chunk], expected[chunk]) <= 1e-5
+
+    neighbours = [i for i in ids[:30] if i != ids[0]]
     x_new = [0.3, -1.2, 0.8, 0.0, 0.5, -0.4][:FEATURES]
-    ids = undirected.external_ids(np.array(neighbours))
-    body = {"new_node": {"x": x_new, "neighbors": ids, "direction": "both"}}
+    body = {"new_node": {"x": x_new, "neighbors": neighbours, "direction": "both"}}
     [answer] = node_router(engine, "1").handle([{"body": body}])
     assert answer.status == 200, answer.body
-    n = undirected.num_nodes
-    column = torch.tensor(neighbours)
+    _, x, edge_index, _ = materialized_graph(live)
+    n = len(ids)
+    column = torch.tensor([ids.index(i) for i in neighbours])
     edge_index = torch.cat(
         [
-            torch.from_numpy(undirected.edge_index()),
+            edge_index,
             torch.stack([column, torch.full_like(column, n)]),
             torch.stack([torch.full_like(column, n), column]),
         ],
         dim=1,
     )
-    x = torch.cat([torch.from_numpy(np.array(undirected.features)), torch.tensor([x_new])])
+    with torch.no_grad():
+        new_row = model(torch.cat([x, torch.tensor([x_new])]), edge_index)[n]
+    got = torch.tensor(answer.body["probabilities"])
+    assert float((got - torch.softmax(new_row, -1)).abs().max()) <= 1e-5
+
+
+@pytest.mark.parametrize("direction", ["in", "out", "both"])
+@pytest.mark.parametrize("normalization", [None, "sym", "rw"])
+def test_a_chebconv_cold_start_node_is_exact_on_a_directed_graph(
+    normalization, direction, plain, tmp_path
+):
+    """A new node's answer is ChebConv's forward on the graph with it added: its out-edges
+    count for it, its in-edges for its senders (the out-hub among them), and with more
+    neighbours than the largest out-degree it becomes the largest (``out``, ``both``)."""
+    assert cheb_build(tmp_path, plain, cheb_args(3, normalization, None)) == 0
+    model, _ = load_model(tmp_path / "model")
+    engine = NodeClassificationEngine.create(
+        plain, model, ServingSettings(fanouts=(-1, -1)), torch.device("cpu"), "1"
+    )
+    largest = plain.largest_out_degree()
+    neighbours = sorted({0, out_hub(plain), *range(5, 5 + largest + 3)})
+    x_new = [0.3, -1.2, 0.8, 0.0, 0.5, -0.4][:FEATURES]
+    ids = plain.external_ids(np.array(neighbours))
+    body = {"new_node": {"x": x_new, "neighbors": ids, "direction": direction}}
+    [answer] = node_router(engine, "1").handle([{"body": body}])
+    assert answer.status == 200, answer.body
+    n = plain.num_nodes
+    column = torch.tensor(neighbours)
+    into = torch.stack([column, torch.full_like(column, n)])
+    out = torch.stack([torch.full_like(column, n), column])
+    added = {"in": [into], "out": [out], "both": [into, out]}[direction]
+    edge_index = torch.cat([torch.from_numpy(plain.edge_index()), *added], dim=1)
+    x = torch.cat([torch.from_numpy(np.array(plain.features)), torch.tensor([x_new])])
     with torch.no_grad():
         expected = torch.softmax(model.module(x, edge_index)[n], -1)
     got = torch.tensor(answer.body["probabilities"])
     assert float((got - expected).abs().max()) <= 1e-5
+
+
+def test_a_precomputed_chebconv_archive_recomputes_every_output_when_the_largest_moves(
+    tmp_path,
+):
+    """Without normalisation nor lambda_max every output is scaled by the graph's largest
+    out-degree: a new node whose out-edges raise it (far from most nodes of a sparse graph)
+    re-marks every stored output, so each answer is the forward on the updated graph."""
+    from graph_assets import generate_synthetic, open_store
+    from model.precompute import open_precomputed, precompute, weights_digest
+
+    generate_synthetic(400, 800, tmp_path / "graph", feature_dim=FEATURES, num_classes=CLASSES)
+    store = open_store(tmp_path / "graph")
+    assert cheb_build(tmp_path, store, cheb_args(3, None, None)) == 0
+    model, _ = load_model(tmp_path / "model")
+    digest = weights_digest(tmp_path / "model" / "model.pt")
+    precompute(model, store, tmp_path / "p", digest, progress=False)
+    live = LiveGraph(store, tmp_path / "updates.log")
+    engine = NodeClassificationEngine.create(
+        store,
+        model,
+        ServingSettings(fanouts=(-1, -1)),
+        torch.device("cpu"),
+        "1",
+        live,
+        precomputed=open_precomputed(tmp_path / "p", store, digest),
+    )
+    largest = store.largest_out_degree()
+    fan = [{"type": "add_node", "id": 10_000, "x": [0.5] * FEATURES}]
+    fan += [{"type": "add_edge", "src": 10_000, "dst": d} for d in range(largest + 2)]
+    live.update(UpdateRequest(fan))
+    assert live.overlay.largest_out_degree() == largest + 2
+    ids, expected = materialized_forward(live, model)
+    for start in range(0, len(ids), 64):
+        chunk = slice(start, start + 64)
+        assert served_worst(engine, ids[chunk], expected[chunk]) <= 1e-5

@@ -115,6 +115,7 @@ def verify_link(tmp_path: Path, store: GraphStore) -> LinkVerification:
 
 LINK_MODELS = {
     "SageLink": (user_models.SageLink, LINK_ARGS, 2),
+    "ChebLink": (user_models.ChebLink, {"in_channels": FEATURES, "out_channels": 8}, 2),
     "EdgeGatLink": (
         user_models.EdgeGatLink,
         {"in_channels": FEATURES, "hidden": 16, "edge_dim": EDGE_DIM},

@@ -26,7 +26,6 @@ from tests.unit.archive_build.pyg_catalogue import (
     CATALOGUE,
     DEG,
     EXACT,
-    FIXED_SEPARATELY,
     NOT_APPLICABLE,
     SOURCE_DEGREES,
     WEIGHT_DIM,
@@ -109,11 +108,9 @@ def test_each_layer_is_served_exactly_or_refused_naming_why(
 
 
 def test_the_catalogue_covers_every_layer_pyg_ships() -> None:
-    """A layer PyG adds shows up here: served, left out for a named fix, or not applicable."""
+    """A layer PyG adds shows up here: served exactly, refused naming why, or not applicable."""
     listed = {case.name.split("(")[0] for case in CATALOGUE}
-    assert pyg_catalogue.applicable_classes() <= (
-        listed | set(NOT_APPLICABLE) | set(FIXED_SEPARATELY)
-    )
+    assert pyg_catalogue.applicable_classes() <= (listed | set(NOT_APPLICABLE))
     assert not listed & set(NOT_APPLICABLE)
 
 

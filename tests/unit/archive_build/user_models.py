@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from torch_geometric.nn import (
     APPNP,
+    ChebConv,
     GATConv,
     GATv2Conv,
     GCNConv,
@@ -115,6 +116,21 @@ class SageLink(torch.nn.Module):
 
     def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
         return self.encoder(x, edge_index)
+
+    def decode(self, z: Tensor, edge_label_index: Tensor) -> Tensor:
+        return (z[edge_label_index[0]] * z[edge_label_index[1]]).sum(dim=-1)
+
+
+class ChebLink(torch.nn.Module):
+    """GAE-style with a ChebConv(K=3) encoder without normalisation nor lambda_max: its
+    Laplacian reads each node's out-degree and the graph's largest."""
+
+    def __init__(self, in_channels: int, out_channels: int) -> None:
+        super().__init__()
+        self.conv = ChebConv(in_channels, out_channels, K=3, normalization=None)
+
+    def encode(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        return self.conv(x, edge_index)
 
     def decode(self, z: Tensor, edge_label_index: Tensor) -> Tensor:
         return (z[edge_label_index[0]] * z[edge_label_index[1]]).sum(dim=-1)

@@ -132,6 +132,7 @@ def apply_reference(reference: Reference, operation: dict) -> None:
 
 
 def check_equal(overlay: GraphOverlay, reference: Reference) -> None:
+    check_out_degrees(overlay, reference)
     for node_id, features in reference.nodes.items():
         node = int(overlay.lookup([node_id])[0])
         assert node >= 0
@@ -144,6 +145,19 @@ def check_equal(overlay: GraphOverlay, reference: Reference) -> None:
         for source_id, source in zip(overlay.external_ids(sources), sources.tolist(), strict=True):
             expected = reference.edges[(source_id, node_id)]
             assert np.array_equal(rows[sources == source], np.array(expected)), (source_id, node_id)
+
+
+def check_out_degrees(overlay: GraphOverlay, reference: Reference) -> None:
+    """Every node's out-degree (self-loops not counted) and the largest, as a recount of the
+    updated graph's edges has them."""
+    counted: Counter = Counter()
+    for (source, destination), rows in reference.edges.items():
+        if source != destination:
+            counted[source] += len(rows)
+    ids = list(reference.nodes)
+    nodes = overlay.lookup(ids)
+    assert overlay.out_degree_rows(nodes).tolist() == [counted[i] for i in ids]
+    assert overlay.largest_out_degree() == max(counted.values(), default=0)
 
 
 def run_random_updates(store, seed: int) -> GraphOverlay:
@@ -343,3 +357,38 @@ def test_a_listener_that_raises_undoes_nothing_and_the_others_still_hear(store):
     overlay.listeners.remove(failing)
     apply(overlay, [{"type": "add_edge", "src": 900, "dst": 0}], 2)
     assert overlay.seq == 2 and len(heard) == 2 and 900 in overlay.external_ids(overlay.in_list(0))
+
+
+def test_the_largest_out_degree_follows_its_node_down_and_back(edge_store):
+    """Removing the node of the largest out-degree hands the largest to the next one in the
+    base's order; a refused request and a new node's edges leave it exact too."""
+    overlay = GraphOverlay(edge_store)
+    degrees = edge_store.out_degree_rows(np.arange(edge_store.num_nodes))
+    top, second = np.sort(degrees)[::-1][:2].tolist()
+    index = int(np.argmax(degrees))
+    hub = edge_store.external_ids(np.array([index]))[0]
+    assert overlay.largest_out_degree() == edge_store.largest_out_degree() == top
+    apply(overlay, [{"type": "remove_node", "id": hub}], 1)
+    assert overlay.largest_out_degree() == second
+    assert overlay.out_degree_rows(np.array([index])).tolist() == [0]
+    x = [0.0] * edge_store.feature_dim
+    attr = [0.0] * edge_store.edge_feature_dim
+    others = [i for i in edge_store.external_ids(np.arange(top + 1)) if i != hub]
+    with pytest.raises(UpdateRejected):
+        apply(
+            overlay,
+            [
+                {"type": "add_node", "id": "fan", "x": x},
+                *({"type": "add_edge", "src": "fan", "dst": d, "attr": attr} for d in others),
+                {"type": "add_edge", "src": "fan", "dst": "nobody", "attr": attr},
+            ],
+            2,
+        )
+    assert overlay.largest_out_degree() == second
+    operations = [{"type": "add_node", "id": "fan", "x": x}]
+    operations += [{"type": "add_edge", "src": "fan", "dst": d, "attr": attr} for d in others]
+    operations.append({"type": "add_edge", "src": "fan", "dst": "fan", "attr": attr})
+    apply(overlay, operations, 2)
+    fan = overlay.lookup(["fan"])
+    assert overlay.out_degree_rows(fan).tolist() == [len(others)]  # its self-loop not counted
+    assert overlay.largest_out_degree() == max(second, len(others))

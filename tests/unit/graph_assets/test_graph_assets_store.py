@@ -259,3 +259,13 @@ def test_structure_is_checked(
     rewrite_array(store_path, name, np.array(values, dtype=old.dtype))
     message = refusal(store_path, verify_checksum=False)
     assert name in message and expected in message
+
+
+def test_out_degrees_leave_self_loops_out_and_count_parallel_edges(tmp_path):
+    """ChebConv's degrees: each node's out-edges, self-loops not counted, parallel ones each."""
+    edges = [(0, 1), (0, 1), (0, 0), (1, 2), (2, 2), (3, 0)]
+    store = build(tmp_path / "s", [10, 20, 30, 40], edges)
+    assert store.out_degree.tolist() == [3, 1, 1, 1]  # every stored edge
+    assert store.out_degree_rows(np.array([0, 1, 2, 3, 0])).tolist() == [2, 1, 0, 1, 2]
+    assert store.degree_rows(np.arange(4)).tolist() == [1, 2, 1, 0]  # in-degrees, as before
+    assert store.largest_out_degree() == 2

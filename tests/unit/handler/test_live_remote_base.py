@@ -1,6 +1,6 @@
 """The overlay over a graph in a real Redis Cluster answers exactly as over the local store
 after the same seeded random stream of updates: the same in-lists, features, edge features,
-degrees and lookups, on a typed graph and a one-type graph."""
+in- and out-degrees (and the largest) and lookups, on a typed graph and a one-type graph."""
 
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ def test_the_overlay_over_redis_answers_as_over_the_local_store(
     for field in ("indptr", "indices", "edge_ids", "relations"):
         assert np.array_equal(getattr(mine, field), getattr(theirs, field)), field
     assert np.array_equal(local.degree_rows(every), remote.degree_rows(every))
+    assert np.array_equal(local.out_degree_rows(every), remote.out_degree_rows(every))
+    assert local.largest_out_degree() == remote.largest_out_degree()
     types = local.types_of(every)
     for t, node_type in enumerate(store.schema.node_types):
         nodes = every[types == t]

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch_geometric.nn import ChebConv
 from torch_geometric.nn.models import GAT
 
 from archive_build import own_model
@@ -439,3 +440,30 @@ def test_explanations_are_the_stores(remote: Remote, stores, gat, graph: str) ->
 
 def _named(entry: dict) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in entry.items() if k != "attribution"))
+
+
+def test_chebconv_answers_from_redis_are_the_stores(remote: Remote, stores, tmp_path) -> None:
+    """ChebConv without normalisation nor lambda_max on the directed graph reads each row's
+    out-degree and the largest from the degree rows in Redis: answers (a batch, a node alone,
+    a cold-start node) are the mapped store's, which are the full-graph forward's."""
+    store = stores["one_type"]
+    args = {"in_channels": FEATURES, "out_channels": 3, "K": 3, "normalization": None}
+    torch.manual_seed(0)
+    torch.save(ChebConv(**args).state_dict(), tmp_path / "weights.pt")
+    argv = [
+        "--store", str(store.path), "--model-class", "torch_geometric.nn.ChebConv",
+        "--model-args", json.dumps(args), "--weights", str(tmp_path / "weights.pt"),
+        "--out", str(tmp_path / "model"), "--edge-input", "none", "--output", "logits",
+    ]  # fmt: skip
+    assert own_model.main(argv) == 0
+    model = load_model(tmp_path / "model")[0]
+    far = remote("single", "one_type")
+    local, served = engines(store, far, model, [-1, -1])
+    ids = store.external_ids(np.arange(store.num_nodes))
+    bodies = [
+        {"node_ids": ids[:20]},
+        {"node_id": ids[-1]},
+        {"new_node": {"x": [0.5] * FEATURES, "neighbors": ids[:25], "direction": "out"}},
+    ]
+    check_same_answers(answers(local, bodies), answers(served, bodies))
+    assert far.largest_out_degree() == store.largest_out_degree()
