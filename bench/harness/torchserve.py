@@ -304,9 +304,13 @@ def worker_pids(server: TorchServe) -> list[int]:
 def model_worker_pids(server: TorchServe, model: str, ready: bool = False) -> list[int]:
     """PIDs of one model's workers, as TorchServe's describe API lists them (sorted; only the
     READY ones with ``ready``)."""
-    described = requests.get(
+    response = requests.get(
         f"{server.management_url}/models/{model}", headers=server.auth("management"), timeout=10
-    ).json()
+    )
+    if response.status_code == 404:  # not registered (TorchServe drops a model whose workers
+        return []  # all refused to start, sooner or later): it has no workers
+    response.raise_for_status()
+    described = response.json()
     return sorted(
         int(w["pid"])
         for entry in described
