@@ -13,8 +13,8 @@ from pathlib import Path
 
 import redis
 
+from bench.harness.ports import free_ports
 from bench.harness.redis_server import MISSING, RedisServer
-from bench.harness.torchserve import free_ports
 
 PRIMARIES, REPLICAS_PER_PRIMARY = 3, 1
 # What a cluster node needs beyond a plain server: cluster mode, its bus on a port of its own

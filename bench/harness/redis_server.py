@@ -13,7 +13,8 @@ from pathlib import Path
 
 import redis
 
-from bench.harness.torchserve import ROOT, free_ports
+from bench.harness.ports import free_ports
+from bench.harness.torchserve import ROOT
 
 SHIPPED_REDIS_CONFIG = ROOT / "deploy" / "redis" / "redis.conf"
 MISSING = (

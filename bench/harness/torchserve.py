@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,8 @@ from typing import Protocol
 
 import psutil
 import requests
+
+from bench.harness.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -37,18 +38,6 @@ LARGEST_BATCH = re.compile(
 def largest_batches(log_text: str) -> list[int]:
     """The largest batch of each batch summary the handler logged (handler.pipeline.metrics)."""
     return [int(size) for size in LARGEST_BATCH.findall(log_text)]
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` loopback ports free right now, all bound at once so that no two are the same."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass

@@ -17,8 +17,9 @@ import torch
 import yaml
 from torch_geometric.nn.models import GraphSAGE
 
+from bench.harness.ports import free_ports
 from bench.harness.redis_server import MISSING, redis_server_binary
-from bench.harness.torchserve import Serve, TorchServe, free_ports
+from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from graph_assets.remote import load_store

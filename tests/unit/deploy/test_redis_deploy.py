@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bench.harness.ports import free_ports
 from tests.unit.deploy.kustomize import load_docs, only, render
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -192,12 +193,6 @@ def require_redis_binaries() -> None:
     pytest.skip(message)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def cli(port: int, *args: str, password: str | None = None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "REDISCLI_AUTH"}
     if password is not None:
@@ -249,7 +244,7 @@ def running(command: list[str], port: int, log: Path) -> Iterator[subprocess.Pop
 
 def test_the_real_redis_server_loads_the_shipped_config_and_keeps_entries(tmp_path):
     require_redis_binaries()
-    port = free_port()
+    port = free_ports(1)[0]
     command = [
         "redis-server",
         str(REDIS_CONF),
@@ -320,7 +315,7 @@ def test_the_pod_starts_redis_with_the_secret_password_and_its_probes_pass(tmp_p
         assert path in start, f"the start script no longer uses {path}: update this test"
     password = os.urandom(16).hex()
     pod_dirs(tmp_path, password)
-    port = free_port()
+    port = free_ports(1)[0]
     command = ["/bin/sh", "-c", pod_script(start, tmp_path, port)]
     with running(command, port, tmp_path / "redis.log") as server:
         assert "NOAUTH" in cli(port, "PING")
@@ -346,7 +341,7 @@ def test_the_pod_starts_redis_with_the_secret_password_and_its_probes_pass(tmp_p
 def test_the_pod_refuses_a_password_it_cannot_write_safely(tmp_path, password):
     require_redis_binaries()
     pod_dirs(tmp_path, password)
-    start = pod_script(script_of(redis_container()["command"]), tmp_path, free_port())
+    start = pod_script(script_of(redis_container()["command"]), tmp_path, free_ports(1)[0])
     done = subprocess.run(
         ["/bin/sh", "-c", start], capture_output=True, text=True, timeout=10, check=False
     )

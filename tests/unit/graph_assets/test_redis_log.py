@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from bench.harness.torchserve import free_ports
+from bench.harness.ports import free_ports
 from graph_assets.errors import (
     UpdateLogConflict,
     UpdateLogCorrupt,

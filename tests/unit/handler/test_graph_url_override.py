@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.harness.ports import free_ports
 from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
-from bench.harness.torchserve import free_ports
 from graph_assets import GraphStore, StoreError, generate_synthetic, open_store
 from graph_assets.remote import RemoteGraphError, RemoteStore, load_store
 from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE, connect

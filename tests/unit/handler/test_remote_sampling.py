@@ -18,8 +18,8 @@ from torch_geometric.nn import ChebConv
 from torch_geometric.nn.models import GAT
 
 from archive_build import own_model
+from bench.harness.ports import free_ports
 from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
-from bench.harness.torchserve import free_ports
 from graph_assets import GraphStore, StoreError
 from graph_assets.remote import RemoteStore, RemoteUnavailable, load_store, open_remote_store
 from graph_assets.remote.connect import connect

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.harness.ports import free_ports
 from bench.harness.redis_server import RedisServer
-from bench.harness.torchserve import free_ports
 from graph_assets import GraphStore, generate_synthetic, open_store
 from graph_assets.__main__ import main
 from graph_assets.remote import RemoteGraphError, load_store, open_remote_store

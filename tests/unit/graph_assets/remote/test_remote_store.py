@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.harness.ports import free_ports
 from bench.harness.redis_server import RedisServer
-from bench.harness.torchserve import free_ports
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import (
