@@ -35,12 +35,12 @@ from model.export import (
     check_state_dict,
     export_model,
     load_model,
-    preset_keys,
     write_model_files,
 )
 from model.precompute import Mode, load_to_redis, plan_for, precompute, weights_digest
 from model.registry import build_model
 from model.served import serving_needs
+from model.served.factory import preset_keys
 from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
 from model.train import fit, train_node_classifier, train_typed_node_classifier
 from model.typed_graph import hetero_section, whole_graph_input
@@ -115,8 +115,8 @@ def _add_model_flags(command: argparse.ArgumentParser, defaults: dict[str, Any])
 def _precompute(args: dict[str, Any], store: GraphStore) -> str:
     """Writes ``--out``; returns the summary line."""
     model_dir = Path(args["model_dir"])
-    model, config = load_model(model_dir)
-    print(f"  {plan_for(model, config.num_layers).reason}", flush=True)
+    model, _ = load_model(model_dir)
+    print(f"  {plan_for(model).reason}", flush=True)
     started = time.perf_counter()
     meta = precompute(
         model,
@@ -124,7 +124,6 @@ def _precompute(args: dict[str, Any], store: GraphStore) -> str:
         Path(args["out"]),
         weights_digest(model_dir / WEIGHTS_FILE),
         progress=not args["quiet"],
-        hops=config.num_layers,
     )
     types = meta["node_types"]
     kind = "" if store.schema.is_homogeneous else f"{' and '.join(types)} "

@@ -23,7 +23,9 @@ from torch_geometric.nn import models as pyg_models
 from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
-from model.config import Arch, ModelConfig
+from model.config import Arch, ModelConfig, Task
+from model.embedding import with_input_of
+from model.served.contract import Mode, Plan, ServedModel, ServingNeeds
 from model.trimmed import (
     ConvOnRows,
     gnn_layer,
@@ -44,9 +46,22 @@ class NodeClassifier(torch.nn.Module):
     forward then reads no tensor data on the host, so a CUDA graph can capture it.
     """
 
+    task = Task.NODE
+    typed = False
+    target = ""
+    edge_type = None
+    serving_needs = ServingNeeds()
+    has_embedding = True
+    # A node's degree is part of what its out-edges carry (the GCN preset's normalisation).
+    reads_degree = False
+
     def __init__(self, gnn: BasicGNN) -> None:
         super().__init__()
         self.gnn = gnn
+
+    @property
+    def hops(self) -> int:
+        return int(self.gnn.num_layers)
 
     def forward(
         self,
@@ -91,6 +106,32 @@ class NodeClassifier(torch.nn.Module):
         """How a conv computes its rows (None: :func:`model.trimmed.layer_on_rows`)."""
         return None
 
+    def forward_with_embedding(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(output, embedding)`` per row of ``x`` from one forward pass: the embedding is the
+        input of the last layer (``model.embedding``)."""
+        return with_input_of(self.gnn.convs[-1], lambda: self(x, edge_index, degree=degree))
+
+    def precompute_plan(self) -> Plan:
+        """Per-layer rows, one array per layer (``model.precompute``)."""
+        layers = self.hops
+        return Plan(
+            mode=Mode.LAYERS,
+            reason=f"per-layer rows: the {type(self).__name__} preset's {layers} layers",
+            hops=layers,
+            stack=self,
+            degree=self.reads_degree,
+            stored_embedding=True,
+        )
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError(f"the {type(self).__name__} preset reads a graph of one node type")
+
 
 class GCN(NodeClassifier):
     """Kipf & Welling GCN whose normalisation uses full-graph degrees when given.
@@ -99,6 +140,8 @@ class GCN(NodeClassifier):
     weight ``1/(deg_i+1)``: exactly what ``GCNConv(normalize=True)`` computes on the whole
     graph, so an ego-graph with full neighbourhoods and full-graph ``degree`` is exact.
     """
+
+    reads_degree = True
 
     def __init__(
         self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int, dropout: float

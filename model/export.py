@@ -14,15 +14,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from graph_assets.schema import EdgeType
-from model.architectures import NodeClassifier
-from model.config import ModelConfig, Task
+from model.config import ModelConfig
 from model.registry import build_model
-from model.served import UserNodeModel
-from model.served_graph import UserGraphModel
-from model.served_hetero import UserHeteroModel
-from model.served_hetero_link import UserHeteroLinkModel
-from model.served_link import UserLinkModel
+from model.served.factory import preset_keys, served_preset, served_user_model
 from model.train import TrainResult
 from model.user_model import (
     UserModelConfig,
@@ -32,13 +26,6 @@ from model.user_model import (
     read_state_dict,
 )
 from model.weights import key_mismatch
-
-# The adapter that puts the user's class behind each task's served-model protocol.
-_USER_ADAPTERS: dict[Task, type[UserNodeModel | UserLinkModel | UserGraphModel]] = {
-    Task.NODE: UserNodeModel,
-    Task.LINK: UserLinkModel,
-    Task.GRAPH: UserGraphModel,
-}
 
 WEIGHTS_FILE = "model.pt"
 CONFIG_FILE = "model_config.json"
@@ -82,8 +69,8 @@ def load_model(
     model_dir: str | Path, map_location: str | torch.device = "cpu"
 ) -> tuple[torch.nn.Module, ModelConfig | UserModelConfig]:
     """Rebuilds the module from ``model_config.json`` and ``model.pt``, on ``map_location``,
-    in eval mode: a preset, or the user's class behind its task's served-model protocol
-    (``model.served``, ``model.served_link``, ``model.served_graph``). Weights are read with
+    in eval mode: a preset, or the user's class behind the served-model contract, as the one
+    factory builds them (``model.served.factory``). Weights are read with
     ``weights_only=True`` (no code runs on load)."""
     directory = Path(model_dir)
     config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
@@ -120,7 +107,7 @@ def load_model(
             f"{weights_path} must hold a state_dict (a dict of tensors), "
             f"got {type(state_dict).__name__}"
         )
-    model = build_model(config)
+    model = served_preset(config)
     state_dict = preset_keys(model, state_dict)
     check_state_dict(model, state_dict, source=str(weights_path))
     model.load_state_dict(state_dict)
@@ -133,31 +120,7 @@ def _load_user_model(
     module = build_user_module(config, directory)
     weights = directory / WEIGHTS_FILE
     load_weights(module, read_state_dict(weights), str(weights))
-    adapter: torch.nn.Module
-    if config.hetero is not None and config.task is Task.LINK:
-        edge_type = EdgeType.parse(config.hetero["target_edge_type"]).triple
-        adapter = UserHeteroLinkModel(module, edge_type, config.output, config.boundary_degrees)
-    elif config.hetero is not None:
-        adapter = UserHeteroModel(
-            module,
-            config.hetero["target"],
-            config.output,
-            config.boundary_degrees,
-            embedding=config.embedding,
-        )
-    else:
-        adapter = _USER_ADAPTERS[config.task](module, config)
-    return adapter.to(map_location).eval(), config
-
-
-def preset_keys(model: torch.nn.Module, state_dict: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """A preset's weights as saved from the plain PyG model (``GraphSAGE(...).state_dict()``,
-    no ``gnn.`` prefix) under the preset's own keys."""
-    expected = model.state_dict()
-    if set(state_dict) <= set(expected) or not isinstance(model, NodeClassifier):
-        return dict(state_dict)
-    prefixed = {f"gnn.{key}": value for key, value in state_dict.items()}
-    return prefixed if set(prefixed) <= set(expected) else dict(state_dict)
+    return served_user_model(module, config).to(map_location).eval(), config
 
 
 def check_state_dict(

@@ -6,7 +6,7 @@ graph-level model, whoever wrote it: ``forward(x, edge_index, batch=None, edge_a
 gives one row per graph (``batch`` maps each node row to its graph, PyG's ``Batch.batch``; None
 meaning one graph; ``edge_attr`` one row per edge, given exactly when ``edge_dim`` > 0),
 ``forward_with_embedding`` the rows and the graph embeddings of one pass (None when the model
-names no embedding: ``embeds`` is False), ``in_dim`` the node feature width, ``edge_dim`` the
+names no embedding: ``has_embedding`` is False), ``in_dim`` the node feature width, ``edge_dim`` the
 edge feature width it reads (0: none; the presets read none). What
 the rows are follows ``serving_needs(model).output`` (``model.served``). The user's class gets
 the protocol from ``model.served_graph.UserGraphModel``.
@@ -38,6 +38,7 @@ from tqdm import tqdm
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import ModelConfig, Pooling, Task
 from model.early_stopping import EarlyStopping, check_schedule
+from model.served.contract import ServedModel, ServingNeeds
 
 # A graph archive's class names (``{"class_names": [...]}``, null when labels were indices).
 CLASSES_FILE = "classes.json"
@@ -59,7 +60,7 @@ class GraphModel(Protocol):
         ...
 
     @property
-    def embeds(self) -> bool:
+    def has_embedding(self) -> bool:
         """``forward_with_embedding`` gives graph embeddings (``return_embedding`` works)."""
         ...
 
@@ -82,6 +83,13 @@ class GraphModel(Protocol):
 
 class GraphClassifier(torch.nn.Module):
     """Encoder (``encoder.gnn.*``), pooling, head (``head.*``: hidden -> hidden -> classes)."""
+
+    task = Task.GRAPH
+    typed = False
+    target = ""
+    edge_type = None
+    serving_needs = ServingNeeds()
+    has_embedding = True
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -106,8 +114,15 @@ class GraphClassifier(torch.nn.Module):
         return 0
 
     @property
-    def embeds(self) -> bool:
-        return True
+    def hops(self) -> int:
+        return self.encoder.hops
+
+    def precompute_plan(self) -> None:
+        """A graph's rows depend on the graph in the request: nothing to precompute."""
+        return None
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError("a graph model answers graphs, not node types")
 
     def forward(
         self,

@@ -21,8 +21,8 @@ from graph_assets.schema import EdgeType as RelationName
 from model.config import ModelConfig, Task
 from model.hetero_recipes import HeteroRecipe, build_hetero_model
 from model.link import build_decoder, decode_against
-from model.served import ServingNeeds
-from model.served_hetero import HeteroNodeModel
+from model.served.contract import Plan, ServedModel, ServingNeeds
+from model.served_hetero import HeteroNodeModel, typed_plan
 from model.typed_batch import HeteroInput
 from model.typed_graph import hetero_spec
 
@@ -37,13 +37,42 @@ class HeteroLinkModel(torch.nn.Module):
             its scores are.
     """
 
+    task = Task.LINK
+    typed = True
+    target = ""
+    has_embedding = False
     edge_type: EdgeType
     serving_needs: ServingNeeds
+    hops: int
 
     @property
     def decoder_name(self) -> str:
         """What describe reports as the archive's decoder."""
         raise NotImplementedError
+
+    @property
+    def model_name(self) -> str:
+        """The class the build and the logs name (the user's, not its adapter)."""
+        return type(self).__name__
+
+    def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
+        """A typed link model's embeddings are its ends' rows (:meth:`encode`)."""
+        raise ValueError(f"{self.model_name} embeds through encode, per end of its relation")
+
+    def precompute_plan(self) -> Plan:
+        """Every ``encode`` embedding of the relation's two ends."""
+        src, _, dst = self.edge_type
+        types = tuple(dict.fromkeys((src, dst)))
+        stored = f"every {' and '.join(types)} node's embedding (encode)"
+        return typed_plan(
+            self.model_name, types, stored, self.hops, self.serving_needs.boundary_degrees
+        )
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        """``encode``'s rows of ``node_type``, one end of the relation."""
+        if node_type not in (self.edge_type[0], self.edge_type[2]):
+            raise ValueError(f"{node_type!r} is not an end of {self.model_name}'s relation")
+        return TypeRows(self, node_type)
 
     def encode(self, inputs: HeteroInput) -> dict[str, Tensor]:
         """Embeddings of every row of the relation's source and destination types."""
@@ -71,6 +100,7 @@ class HeteroLinkPredictor(HeteroLinkModel):
         self.decoder = build_decoder(config)
         self.edge_type = RelationName.parse(config.hetero["target_edge_type"]).triple
         self.serving_needs = self.encoder.serving_needs
+        self.hops = self.encoder.hops
 
     @property
     def decoder_name(self) -> str:
@@ -98,6 +128,7 @@ class TypeRows(HeteroNodeModel):
         self.link = model
         self.target = node_type
         self.serving_needs = model.serving_needs
+        self.hops = model.hops
 
     def forward(self, inputs: HeteroInput) -> Tensor:
         return self.link.encode(inputs)[self.target]

@@ -276,6 +276,7 @@ class RelationStack(HeteroRecipe):
                 "rgcn or hgt"
             )
         self.arch, self.target, self.dropout = arch, spec.target, spec.dropout
+        self.hops = spec.num_layers
         self.outputs = spec.output_types
         reads_edges = arch in (HeteroArch.GAT, HeteroArch.GIN) and any(spec.edge_dims.values())
         self.serving_needs = ServingNeeds(
@@ -461,6 +462,7 @@ class HeteroRGCN(HeteroRecipe):
     def __init__(self, spec: HeteroSpec) -> None:
         super().__init__()
         self.target, self.dropout = spec.target, spec.dropout
+        self.hops = spec.num_layers
         self.outputs = spec.output_types
         self.node_types, self.edge_types = spec.node_types, spec.edge_types
         self.serving_needs = ServingNeeds()
@@ -508,6 +510,7 @@ class HeteroHGT(HeteroRecipe):
     def __init__(self, spec: HeteroSpec) -> None:
         super().__init__()
         self.target, self.dropout = spec.target, spec.dropout
+        self.hops = spec.num_layers
         self.outputs = spec.output_types
         self.serving_needs = ServingNeeds()
         self.encoder = TypeEncoder(spec)

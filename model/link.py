@@ -30,6 +30,7 @@ from torch_geometric.nn.models import MLP
 
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import Decoder, ModelConfig, Task
+from model.served.contract import Plan, ServedModel, ServingNeeds
 from model.user_model import Output
 
 # Rows of the candidate table scored at once by ``score_against``: bounds the temporaries of
@@ -87,6 +88,13 @@ class MLPDecoder(torch.nn.Module):
 class LinkPredictor(torch.nn.Module):
     """Encoder (``encoder.gnn.*`` in the state_dict) and decoder (``decoder.*``)."""
 
+    task = Task.LINK
+    typed = False
+    target = ""
+    edge_type = None
+    serving_needs = ServingNeeds()
+    has_embedding = True
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if config.task is not Task.LINK:
@@ -99,6 +107,10 @@ class LinkPredictor(torch.nn.Module):
     @property
     def decoder_name(self) -> str:
         return type(self.decoder).__name__
+
+    @property
+    def hops(self) -> int:
+        return self.encoder.hops
 
     def forward(
         self,
@@ -113,6 +125,24 @@ class LinkPredictor(torch.nn.Module):
         return self.encoder(
             x, edge_index, degree=degree, level_sizes=level_sizes, edge_attr=edge_attr
         )
+
+    def forward_with_embedding(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """A node's embedding is its row: ``(z, z)``."""
+        z = self(x, edge_index, degree=degree, edge_attr=edge_attr)
+        return z, z
+
+    def precompute_plan(self) -> Plan:
+        """The encoder's per-layer rows."""
+        return self.encoder.precompute_plan()
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError("the LinkPredictor preset reads a graph of one node type")
 
     def score(self, z_src: Tensor, z_dst: Tensor) -> Tensor:
         """Logits of pairs: row ``i`` of ``z_src`` with row ``i`` of ``z_dst``."""

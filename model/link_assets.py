@@ -31,8 +31,7 @@ import torch
 from graph_assets.errors import StoreError
 from graph_assets.remote import RemoteStore
 from graph_assets.stored.store import GraphStore, file_digests, index_dtype, open_recorded_array
-from model.hetero_link import HeteroLinkModel
-from model.served import serving_needs
+from model.served.contract import served
 from model.typed_graph import whole_graph_input
 from model.user_model import EdgeInput
 
@@ -81,19 +80,23 @@ def full_graph_embeddings(model: torch.nn.Module, store: GraphStore) -> np.ndarr
     or on a typed graph ``model.hetero_link.HeteroLinkModel``: its ends' rows at their global
     indices) over the whole stored graph, with its edge features where the model reads them."""
     model.eval()
-    if isinstance(model, HeteroLinkModel):
+    contract = served(model)
+    if contract.edge_type is not None:  # a typed graph's relation: its ends' rows
+        inputs = whole_graph_input(store)
+        table: np.ndarray | None = None
         with torch.no_grad():
-            z = model.encode(whole_graph_input(store))
-        width = next(iter(z.values())).size(1)
-        table = np.zeros((store.num_nodes, width), dtype=np.float32)
-        for key, rows in z.items():
-            node_type = store.schema.node_type(key)
-            table[node_type.offset : node_type.stop] = rows.float().numpy()
+            for key in dict.fromkeys((contract.edge_type[0], contract.edge_type[2])):
+                rows = contract.rows_of(key)(inputs)
+                if table is None:
+                    table = np.zeros((store.num_nodes, rows.size(1)), dtype=np.float32)
+                node_type = store.schema.node_type(key)
+                table[node_type.offset : node_type.stop] = rows.float().numpy()
+        assert table is not None
         return table
     x = torch.from_numpy(np.array(store.features, dtype=np.float32))
     edge_index = torch.from_numpy(store.edge_index())
     edges = {}
-    if serving_needs(model).edge_input is not EdgeInput.NONE:
+    if contract.serving_needs.edge_input is not EdgeInput.NONE:
         edges["edge_attr"] = torch.from_numpy(np.array(store.edge_features, dtype=np.float32))
     with torch.no_grad():
         return model(x, edge_index, **edges).float().numpy()
@@ -134,9 +137,10 @@ def write_link_assets(model: torch.nn.Module, store: GraphStore, out_dir: Path) 
 def predicted_relation(model: torch.nn.Module, store: GraphStore) -> int | None:
     """Index of the relation a typed graph's link model predicts; None for a graph of one
     type (every edge counts)."""
-    if not isinstance(model, HeteroLinkModel):
+    edge_type = served(model).edge_type
+    if edge_type is None:
         return None
-    return store.schema.relation_index("__".join(model.edge_type))
+    return store.schema.relation_index("__".join(edge_type))
 
 
 def open_link_assets(

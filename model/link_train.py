@@ -26,7 +26,6 @@ from model.config import ModelConfig
 from model.early_stopping import EarlyStopping, check_schedule
 from model.link import LinkPredictor
 from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
-from model.registry import build_model
 
 HITS_AT = (10, 50)
 
@@ -187,7 +186,7 @@ def train_link_predictor(
     test_fraction: float = 0.1,
     progress: bool = True,
 ) -> LinkTrainResult:
-    """Trains ``build_model(config)`` (a :class:`LinkPredictor`) full-batch with Adam.
+    """Trains a :class:`LinkPredictor` of ``config`` full-batch with Adam.
 
     Each epoch scores every training edge against as many negatives drawn afresh (PyG's
     ``negative_sampling``, seeded) with a binary cross-entropy loss; training stops after
@@ -200,8 +199,7 @@ def train_link_predictor(
     start = time.perf_counter()
     with torch.random.fork_rng(), seeded_python_random(seed):
         torch.manual_seed(seed)
-        model = build_model(config)
-        assert isinstance(model, LinkPredictor)
+        model = LinkPredictor(config)
 
         def loss() -> Tensor:
             z = model(x, split.train)

@@ -44,13 +44,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch_geometric.nn.models.basic_gnn import BasicGNN
 from tqdm import tqdm
 
 from graph_assets.durable import fsync_path
@@ -60,9 +58,7 @@ from graph_assets.remote.reader import RemoteStore, open_remote_store
 from graph_assets.remote.rows import RemoteRows, load_rows, read_meta, rows_id
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore, file_digests, open_recorded_array
-from model.architectures import GCN, NodeClassifier
 from model.export import WEIGHTS_FILE
-from model.hetero_link import HeteroLinkModel, TypeRows
 from model.in_closure import (
     Closure,
     OutDegrees,
@@ -72,13 +68,8 @@ from model.in_closure import (
     store_in_edges,
     typed_closure_forward,
 )
-from model.link import LinkPredictor
 from model.link_assets import out_csr
-from model.served import UserNodeModel, serving_needs
-from model.served_hetero import HeteroNodeModel, UserHeteroModel
-from model.served_hetero_link import UserHeteroLinkModel
-from model.served_link import UserLinkModel
-from model.trimmed import trims_by_rows
+from model.served.contract import Mode, Plan, served
 from model.user_model import EdgeInput
 
 PRECOMPUTED_DIR = "precomputed"
@@ -93,175 +84,22 @@ CHUNK_NODES = 1 << 18
 _REBUILD = "rebuild the archive with ./build_mar.sh --precompute"
 
 
-class Mode(str, Enum):
-    """What a precomputed archive stores: every layer's rows, or every node's output."""
-
-    LAYERS = "layers"
-    OUTPUT = "output"
-
-
-@dataclass(frozen=True, eq=False)
-class Plan:
-    """How a model's rows are precomputed and kept current (:func:`plan_for`).
-
-    Attributes:
-        mode: per-layer rows or every node's output (module docstring).
-        reason: why, as the build prints it.
-        hops: layers mode: the layers stored; output mode: the model's hops, how far
-            downstream an update reaches.
-        stack: layers mode: the layers (a user's ``BasicGNN`` under a ``NodeClassifier``,
-            whose ``layer`` is the one rule); None in output mode.
-        degree: a node's degree is part of what its out-edges carry (GCN's normalisation, a
-            user's degree-normalising layers): a changed in-list reaches its out-neighbours
-            too; the GCN preset's layers read full-graph degrees.
-        edge_attr: the layers read their in-edges' features (by edge ID).
-        stored_embedding: a node's embedding is its layer ``L-1`` row (the input of the last
-            layer); otherwise it is computed from the node's in-neighbourhood.
-        types: on a typed graph, the node types whose rows are stored (a node model's target,
-            a link model's two ends); empty: the graph's one type.
-    """
-
-    mode: Mode
-    reason: str
-    hops: int
-    stack: NodeClassifier | None = None
-    degree: bool = False
-    edge_attr: bool = False
-    stored_embedding: bool = False
-    types: tuple[str, ...] = ()
-
-    @property
-    def arrays(self) -> int:
-        """Row arrays stored: one per layer, or the one output."""
-        return self.hops if self.mode is Mode.LAYERS else 1
-
-
-def plan_for(model: torch.nn.Module, hops: int | None = None) -> Plan:
-    """Per-layer rows for a stack of by-rows layers (the presets, a link preset's encoder, a
-    user's qualifying ``BasicGNN``), every node's output for any other node model and every
-    node's embedding (``encode``) for a user's link model and any typed graph's link model.
-    ``hops``: the receptive field of a typed graph's model, which does not carry it (its
-    config's ``num_layers``); the others say their own. ValueError, one line, for a model
+def plan_for(model: torch.nn.Module) -> Plan:
+    """The model's plan (the contract's ``precompute_plan``): per-layer rows for a stack of
+    by-rows layers (the presets, a link preset's encoder, a user's qualifying ``BasicGNN``),
+    every node's output for any other node model and every node's embedding (``encode``) for
+    a user's link model and any typed graph's link model. ValueError, one line, for a model
     whose rows are not precomputed."""
-    if isinstance(model, HeteroNodeModel | HeteroLinkModel):
-        return _typed_plan(model, hops)
-    if isinstance(model, LinkPredictor):
-        model = model.encoder
-    if isinstance(model, NodeClassifier):
-        layers = model.gnn.num_layers
-        return Plan(
-            mode=Mode.LAYERS,
-            reason=f"per-layer rows: the {type(model).__name__} preset's {layers} layers",
-            hops=layers,
-            stack=model,
-            degree=isinstance(model, GCN),
-            stored_embedding=True,
-        )
-    if not isinstance(model, UserNodeModel | UserLinkModel):
-        raise TypeError(f"{type(model).__name__} has no node-level rows to precompute")
-    module, config = model.module, model.config
-    name = type(module).__name__
-    if isinstance(model, UserLinkModel):
-        why_not: str | None = "is a link model (its encode's embeddings are the rows)"
-    else:
-        why_not = _not_by_layers(module, config.edge_input, config.boundary_degrees)
-    if why_not is None:
-        assert isinstance(module, BasicGNN)
-        layers = module.num_layers
-        edge_attr = config.edge_input is EdgeInput.EDGE_ATTR
-        return Plan(
-            mode=Mode.LAYERS,
-            reason=(
-                f"per-layer rows: {name} is a torch_geometric.nn.models model whose {layers} "
-                "layers compute by rows, with no degree normalisation"
-                + (" (their edge features read by edge ID)" if edge_attr else "")
-            ),
-            hops=layers,
-            stack=NodeClassifier(module),
-            edge_attr=edge_attr,
-            stored_embedding=config.embedding == f"convs.{layers - 1}",
-        )
-    hops = config.num_layers
-    return Plan(
-        mode=Mode.OUTPUT,
-        reason=(
-            f"every node's output: {name} {why_not}; an update recomputes the outputs within "
-            f"{hops} hops downstream of what it changed, each from its whole {hops}-hop "
-            "in-neighbourhood"
-        ),
-        hops=hops,
-        degree=config.boundary_degrees,
-    )
-
-
-def _typed_plan(model: HeteroNodeModel | HeteroLinkModel, hops: int | None) -> Plan:
-    """Every output (a link model's: every ``encode`` embedding) of the node types answers
-    read on a typed graph, each recomputed from its whole in-neighbourhood over every
-    relation."""
-    if hops is None or hops < 1:
-        raise ValueError(
-            f"the hops of {type(model).__name__} must be given (its config's num_layers, >= 1); "
-            f"got {hops}"
-        )
-    user = isinstance(model, UserHeteroModel | UserHeteroLinkModel)
-    plain = model.module if user else model  # the user's class, not its adapter
-    if isinstance(model, HeteroLinkModel):
-        src, _, dst = model.edge_type
-        types = tuple(dict.fromkeys((src, dst)))
-        stored = f"every {' and '.join(types)} node's embedding (encode)"
-    else:
-        types = (model.target,)
-        stored = f"every {model.target} node's output"
-    return Plan(
-        mode=Mode.OUTPUT,
-        reason=(
-            f"{stored}: {type(plain).__name__} reads a graph of several node types; an update "
-            f"recomputes the {' and '.join(types)} rows within {hops} hops downstream of what "
-            f"it changed (over every relation), each from its whole {hops}-hop "
-            "in-neighbourhood"
-        ),
-        hops=hops,
-        degree=serving_needs(model).boundary_degrees,
-        types=types,
-    )
-
-
-def row_model(model: torch.nn.Module, node_type: str) -> HeteroNodeModel:
-    """What a typed graph's model computes ``node_type``'s stored rows with: a node model
-    itself (its target's outputs), a link model's ``encode`` rows of that type."""
-    if isinstance(model, HeteroLinkModel):
-        return TypeRows(model, node_type)
-    assert isinstance(model, HeteroNodeModel) and model.target == node_type
-    return model
-
-
-def _not_by_layers(
-    module: torch.nn.Module, edge_input: EdgeInput, boundary_degrees: bool
-) -> str | None:
-    """Why ``module`` is not stored layer by layer, or None when it is."""
-    if not isinstance(module, BasicGNN):
-        return "is not a torch_geometric.nn.models model (a stack of layers run one at a time)"
-    if module.jk_mode is not None:
-        return f"has jumping knowledge (jk={module.jk_mode!r}), which reads every layer's rows"
-    kinds = ", ".join(sorted({type(conv).__name__ for conv in module.convs}))
-    if boundary_degrees:
-        return f"normalises messages by their sources' degrees ({kinds})"
-    if not trims_by_rows(module):
-        norms = ", ".join(sorted({type(norm).__name__ for norm in module.norms}))
-        return (
-            f"has layers ({kinds}; norms {norms}) that do not compute a destination's row "
-            "from its in-neighbours' rows alone"
-        )
-    if edge_input is EdgeInput.EDGE_WEIGHT:
-        return "reads its edge feature as edge_weight"
-    return None
+    plan = served(model).precompute_plan()
+    if plan is None:
+        raise ValueError(f"{type(model).__name__} has no node-level rows to precompute")
+    return plan
 
 
 def check_plan(precomputed: Precomputed, model: torch.nn.Module) -> Plan:
     """The model's plan, which must be the one the rows were built with (StoreError, one
-    line ending in the rebuild command, otherwise); a typed model's hops are the ones the rows
-    were built with."""
-    plan = plan_for(model, precomputed.hops)
+    line ending in the rebuild command, otherwise)."""
+    plan = plan_for(model)
     if plan.types and plan.types != precomputed.node_types:
         raise StoreError(
             f"{precomputed.path}: holds rows of {', '.join(precomputed.node_types)} nodes, the "
@@ -368,12 +206,10 @@ def precompute(
     weights_sha256: str,
     chunk_edges: int = CHUNK_EDGES,
     progress: bool = True,
-    hops: int | None = None,
 ) -> dict[str, Any]:
-    """Writes ``out_dir`` (the archive's ``precomputed/``); returns its meta.json content.
-    ``hops``: a typed graph's model's (:func:`plan_for`)."""
+    """Writes ``out_dir`` (the archive's ``precomputed/``); returns its meta.json content."""
     model.eval()
-    plan = plan_for(model, hops)
+    plan = plan_for(model)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if plan.mode is Mode.LAYERS:
@@ -510,12 +346,12 @@ def _closure_rows(
 ) -> np.ndarray:
     """The seeds' output rows (of ``node_type``) of the model's own forward on ``closure`` of
     the stored graph (a typed graph's model on the closure split by type)."""
-    if isinstance(model, HeteroNodeModel | HeteroLinkModel):
-        typed = row_model(model, node_type)
-        rows, _ = typed_closure_forward(typed, closure, store.schema, store)
+    contract = served(model)
+    if contract.typed:
+        rows, _ = typed_closure_forward(contract.rows_of(node_type), closure, store.schema, store)
         return rows
     x = np.take(store.features, closure.nodes, axis=0)
-    reads_edges = serving_needs(model).edge_input is not EdgeInput.NONE
+    reads_edges = contract.serving_needs.edge_input is not EdgeInput.NONE
     attr = store.edge_feature_rows(closure.edge_ids) if reads_edges else None
     rows, _ = closure_forward(model, closure, x, attr, degrees=OutDegrees.of(store))
     return rows

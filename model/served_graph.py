@@ -23,8 +23,10 @@ from torch import Tensor
 from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
 
+from model.config import Task
 from model.embedding import with_input_of
-from model.served import ServingNeeds, edge_kwargs
+from model.served import edge_kwargs
+from model.served.contract import ServedModel, ServingNeeds
 from model.user_model import EdgeInput, UserModelConfig
 
 _LINEAR = (torch.nn.Linear, PygLinear)
@@ -35,10 +37,17 @@ class UserGraphModel(torch.nn.Module):
     """The user's graph-level module behind the graph protocol (its weights under
     ``module.``)."""
 
+    task = Task.GRAPH
+    typed = False
+    target = ""
+    edge_type = None
+
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
         super().__init__()
         self.module = module
         self.config = config
+        self.hops = config.num_layers
+        self.has_embedding = bool(config.embedding)
         self.serving_needs = ServingNeeds(output=config.output, edge_input=config.edge_input)
 
     @property
@@ -49,9 +58,12 @@ class UserGraphModel(torch.nn.Module):
     def edge_dim(self) -> int:
         return 0 if self.config.edge_input is EdgeInput.NONE else self.config.edge_dim
 
-    @property
-    def embeds(self) -> bool:
-        return bool(self.config.embedding)
+    def precompute_plan(self) -> None:
+        """A graph's rows depend on the graph in the request: nothing to precompute."""
+        return None
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError("a graph model answers graphs, not node types")
 
     def forward(
         self,

@@ -20,16 +20,23 @@ from torch import Tensor
 from torch_geometric.nn import MessagePassing
 from torch_geometric.typing import EdgeType
 
-from model.served import _SOURCE_DEGREE_LAYERS, ServingNeeds
+from model.config import Task
+from model.served import _SOURCE_DEGREE_LAYERS
+from model.served.contract import Mode, Plan, ServedModel, ServingNeeds
 from model.typed_batch import HeteroInput, TypedLayout
 from model.user_model import EdgeInput, Output
 
 
 class HeteroNodeModel(torch.nn.Module):
-    """A model whose rows are those of :attr:`target`, the node type it answers for."""
+    """A model whose rows are those of :attr:`target`, the node type it answers for, within
+    :attr:`hops` hops (the served-model contract's typed node model)."""
 
+    task = Task.NODE
+    typed = True
+    edge_type = None
     target: str
     serving_needs: ServingNeeds
+    hops: int
 
     def forward(self, inputs: HeteroInput) -> Tensor:
         """``[rows of the target type, C]``."""
@@ -44,9 +51,50 @@ class HeteroNodeModel(torch.nn.Module):
         """Whether :meth:`forward_with_embedding` answers (``return_embedding``)."""
         return True
 
+    @property
+    def model_name(self) -> str:
+        """The class the build and the logs name (the user's, not its adapter)."""
+        return type(self).__name__
+
+    def precompute_plan(self) -> Plan:
+        """Every output of the target type, each from its whole in-neighbourhood."""
+        return typed_plan(
+            self.model_name,
+            (self.target,),
+            f"every {self.target} node's output",
+            self.hops,
+            self.serving_needs.boundary_degrees,
+        )
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        if node_type != self.target:
+            raise ValueError(f"{self.model_name} answers for {self.target!r}, not {node_type!r}")
+        return self
+
+
+def typed_plan(name: str, types: tuple[str, ...], stored: str, hops: int, degree: bool) -> Plan:
+    """Every output (a link model's: every ``encode`` embedding) of the node types answers
+    read on a typed graph, each recomputed from its whole in-neighbourhood over every
+    relation."""
+    if hops < 1:
+        raise ValueError(
+            f"the hops of {name} must be given (its config's num_layers, >= 1); got {hops}"
+        )
+    return Plan(
+        mode=Mode.OUTPUT,
+        reason=(
+            f"{stored}: {name} reads a graph of several node types; an update recomputes the "
+            f"{' and '.join(types)} rows within {hops} hops downstream of what it changed "
+            f"(over every relation), each from its whole {hops}-hop in-neighbourhood"
+        ),
+        hops=hops,
+        degree=degree,
+        types=types,
+    )
+
 
 def answer_seeds(
-    model: HeteroNodeModel,
+    model: ServedModel,
     layout: TypedLayout,
     features: Mapping[str, Tensor],
     n_id: Mapping[str, Tensor],
@@ -75,6 +123,8 @@ def answer_seeds(
     if not embedding:
         return model(inputs)[:num_seeds], None
     out, emb = model.forward_with_embedding(inputs)
+    if emb is None:
+        raise ValueError(f"the model answering for {model.target!r} has no embedding")
     return out[:num_seeds], emb[:num_seeds]
 
 
@@ -125,6 +175,7 @@ class UserHeteroModel(HeteroNodeModel):
         embedding: name of a submodule whose first input holds the embedding (an ``x_dict``,
             the target's rows, or a relation into the target's ``(source, target)`` pair), or
             ``""`` for none.
+        hops: its receptive field (the config's ``num_layers``); 0 while a build probes it.
     """
 
     def __init__(
@@ -134,10 +185,12 @@ class UserHeteroModel(HeteroNodeModel):
         output: Output = Output.LOGITS,
         boundary_degrees: bool | None = None,
         embedding: str = "",
+        hops: int = 0,
     ) -> None:
         super().__init__()
         self.module = module
         self.target = target
+        self.hops = hops
         self._call = DictCall(module.forward)
         self.serving_needs = self._call.needs(module, output, boundary_degrees)
         self._embedding = module.get_submodule(embedding) if embedding else None
@@ -158,6 +211,10 @@ class UserHeteroModel(HeteroNodeModel):
     @property
     def has_embedding(self) -> bool:
         return self._embedding is not None
+
+    @property
+    def model_name(self) -> str:
+        return type(self.module).__name__
 
     def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
         """The output and the target's rows of the embedding submodule's input, captured in

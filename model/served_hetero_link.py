@@ -37,6 +37,7 @@ class UserHeteroLinkModel(HeteroLinkModel):
             their sigmoid).
         boundary_degrees: the ego-graph must carry the deepest hop's in-degrees; None: True
             when the module holds a layer that normalises by its sources' degrees (GCNConv).
+        hops: its receptive field (the config's ``num_layers``); 0 while a build probes it.
     """
 
     def __init__(
@@ -45,16 +46,22 @@ class UserHeteroLinkModel(HeteroLinkModel):
         edge_type: EdgeType,
         output: Output = Output.LOGITS,
         boundary_degrees: bool | None = None,
+        hops: int = 0,
     ) -> None:
         super().__init__()
         self.module = module
         self.edge_type = edge_type
+        self.hops = hops
         self._encode = DictCall(method_of(module, "encode"))
         self.serving_needs = self._encode.needs(module, output, boundary_degrees)
 
     @property
     def decoder_name(self) -> str:
         return f"{type(self.module).__name__}.decode"
+
+    @property
+    def model_name(self) -> str:
+        return type(self.module).__name__
 
     def encode(self, inputs: HeteroInput) -> dict[str, Tensor]:
         """``encode``'s rows of both ends of the relation (checked: one per row)."""

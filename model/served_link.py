@@ -18,8 +18,10 @@ import torch
 from torch import Tensor
 
 from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
+from model.config import Task
 from model.link import SCORE_CHUNK_ROWS
-from model.served import ServingNeeds, edge_kwargs
+from model.served import edge_kwargs, output_plan
+from model.served.contract import Plan, ServedModel, ServingNeeds
 from model.user_model import UserModelConfig
 
 LINK_METHODS = ("encode", "decode")
@@ -41,11 +43,18 @@ def check_link_methods(module: torch.nn.Module) -> None:
 class UserLinkModel(torch.nn.Module):
     """The user's GAE-style module behind the link protocol (its weights under ``module.``)."""
 
+    task = Task.LINK
+    typed = False
+    target = ""
+    edge_type = None
+    has_embedding = True
+
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
         super().__init__()
         check_link_methods(module)
         self.module = module
         self.config = config
+        self.hops = config.num_layers
         self.serving_needs = ServingNeeds(
             output=config.output,
             edge_input=config.edge_input,
@@ -84,6 +93,30 @@ class UserLinkModel(torch.nn.Module):
                 f"[{x.size(0)}, D] tensor; it returned {_shape(z)}"
             )
         return z
+
+    def forward_with_embedding(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """A node's embedding is its row, ``encode``'s: ``(z, z)``."""
+        z = self(x, edge_index, degree=degree, edge_attr=edge_attr)
+        return z, z
+
+    def precompute_plan(self) -> Plan:
+        """Every node's embedding (``encode``), recomputed from its in-neighbourhood."""
+        config = self.config
+        return output_plan(
+            type(self.module).__name__,
+            "is a link model (its encode's embeddings are the rows)",
+            config.num_layers,
+            config.boundary_degrees,
+        )
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError(f"{type(self.module).__name__} reads a graph of one node type")
 
     def score(self, z_src: Tensor, z_dst: Tensor) -> Tensor:
         """``decode`` of pairs: row ``i`` of ``z_src`` with row ``i`` of ``z_dst``."""

@@ -21,7 +21,7 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from model.graph_level import (
     as_data,
     train_graph_classifier,
 )
-from model.hetero_link import HeteroLinkModel
+from model.hetero_link import HeteroLinkPredictor
 from model.link import LinkPredictor
 from model.link_assets import LINK_DIR, write_link_assets
 from model.link_train import evaluate_link_predictor, split_edges, train_link_predictor
@@ -49,6 +49,8 @@ from model.typed_link_train import (
     train_typed_link_predictor,
 )
 from model.user_model import read_state_dict
+
+_Module = TypeVar("_Module", bound=torch.nn.Module)
 
 # The flags every training command shares (python -m model train|link|graph).
 MODEL_FLAGS = {
@@ -163,9 +165,9 @@ def _config(args: dict[str, Any], base: dict[str, Any], task: Task) -> ModelConf
     return config
 
 
-def _load_weights(args: dict[str, Any], config: ModelConfig) -> torch.nn.Module:
+def _load_weights(args: dict[str, Any], model: _Module) -> _Module:
+    """``model`` (the preset the config names, untrained) with ``--weights`` loaded."""
     state_dict = read_state_dict(Path(args["weights"]))
-    model = build_model(config)
     check_state_dict(model, state_dict, source=str(args["weights"]))
     model.load_state_dict(state_dict)
     return model.eval()
@@ -201,11 +203,18 @@ def _link(args: dict[str, Any]) -> str:
             f"not {wanted or 'this graph of one type'}"
         )
     if args.get("weights"):
-        model = _load_weights(args, config)
+        seed = args.get("seed", 0)
+        model: torch.nn.Module
+        if config.hetero is not None:
+            model = _load_weights(args, HeteroLinkPredictor(config))
+            held = _held_out_typed(model, store, seed)
+        else:
+            model = _load_weights(args, LinkPredictor(config))
+            held = _held_out(model, store, seed)
         metrics: dict[str, Any] = {
             "arch": config.arch.value,
             "decoder": config.decoder.value,
-            **{f"test_{name}": value for name, value in _held_out(model, store, args).items()},
+            **{f"test_{name}": value for name, value in held.items()},
             "weights": Path(args["weights"]).name,
             "note": "weights trained elsewhere: their training may have seen the test pairs",
         }
@@ -233,17 +242,19 @@ def _link(args: dict[str, Any]) -> str:
     )
 
 
-def _held_out(model: torch.nn.Module, store: GraphStore, args: dict[str, Any]) -> dict[str, float]:
+def _held_out_typed(model: HeteroLinkPredictor, store: GraphStore, seed: int) -> dict[str, float]:
+    """Test metrics of given weights of a typed graph's relation on the split training would
+    make (``--seed``)."""
+    inputs = whole_graph_input(store)
+    held = split_relation(inputs, model.edge_type, seed=seed)
+    known = inputs.edge_index_dict[model.edge_type]
+    return evaluate_typed_link_predictor(
+        model, held.message, held.test_pos, held.test_neg, known, seed=seed
+    )
+
+
+def _held_out(model: LinkPredictor, store: GraphStore, seed: int) -> dict[str, float]:
     """Test metrics of given weights on the split training would make (``--seed``)."""
-    seed = args.get("seed", 0)
-    if isinstance(model, HeteroLinkModel):
-        inputs = whole_graph_input(store)
-        held = split_relation(inputs, model.edge_type, seed=seed)
-        known = inputs.edge_index_dict[model.edge_type]
-        return evaluate_typed_link_predictor(
-            model, held.message, held.test_pos, held.test_neg, known, seed=seed
-        )
-    assert isinstance(model, LinkPredictor)
     x = torch.from_numpy(np.array(store.features, dtype=np.float32))
     edge_index = torch.from_numpy(store.edge_index())
     split = split_edges(edge_index, store.num_nodes, seed=seed)
@@ -269,8 +280,7 @@ def _graph(args: dict[str, Any]) -> str:
         )
     graphs = [as_data(x, edge_index, label) for x, edge_index, label in dataset.graphs()]
     if args.get("weights"):
-        model = _load_weights(args, config)
-        assert isinstance(model, GraphClassifier)
+        model = _load_weights(args, GraphClassifier(config))
         labelled = [g for g in graphs if int(g.y) >= 0]
         metrics: dict[str, Any] = {
             "arch": config.arch.value,

@@ -23,7 +23,7 @@ from torch_geometric.utils import negative_sampling
 from graph_assets.schema import REVERSE_PREFIX
 from model.config import ModelConfig
 from model.early_stopping import check_schedule
-from model.hetero_link import HeteroLinkModel
+from model.hetero_link import HeteroLinkModel, HeteroLinkPredictor
 from model.link_train import (
     HITS_AT,
     LinkTrainResult,
@@ -33,7 +33,6 @@ from model.link_train import (
     seeded_python_random,
 )
 from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
-from model.registry import build_model
 from model.typed_batch import HeteroInput
 
 
@@ -211,16 +210,15 @@ def train_typed_link_predictor(
     test_fraction: float = 0.1,
     progress: bool = True,
 ) -> LinkTrainResult:
-    """Trains ``build_model(config)`` (a ``HeteroLinkPredictor`` of the config's
-    ``target_edge_type``) full-batch with Adam on the whole graph ``inputs``: each epoch scores
-    every training edge of the relation against as many unlinked pairs drawn afresh with a
-    binary cross-entropy loss; metrics as :func:`model.link_train.train_link_predictor`'s."""
+    """Trains a ``HeteroLinkPredictor`` (of the config's ``target_edge_type``) full-batch
+    with Adam on the whole graph ``inputs``: each epoch scores every training edge of the
+    relation against as many unlinked pairs drawn afresh with a binary cross-entropy loss;
+    metrics as :func:`model.link_train.train_link_predictor`'s."""
     check_schedule(epochs, patience)
     start = time.perf_counter()
     with torch.random.fork_rng(), seeded_python_random(seed):
         torch.manual_seed(seed)
-        model = build_model(config)
-        assert isinstance(model, HeteroLinkModel)
+        model = HeteroLinkPredictor(config)
         split = split_relation(inputs, model.edge_type, val_fraction, test_fraction, seed)
         ends = Ends.of(inputs, model.edge_type)
 

@@ -22,7 +22,8 @@ from torch_geometric.typing import EdgeType
 
 from graph_assets.graph_view import GraphView
 from graph_assets.schema import GraphSchema
-from model.served_hetero import HeteroNodeModel, answer_seeds
+from model.served.contract import ServedModel
+from model.served_hetero import answer_seeds
 from model.typed_batch import HeteroInput, TypedLayout
 
 TypeFeatureRows = Callable[[int, np.ndarray], Tensor]
@@ -126,7 +127,7 @@ def gather_typed(
 def typed_rows(
     schema: GraphSchema,
     view: GraphView,
-    model: HeteroNodeModel,
+    model: ServedModel,
     node: np.ndarray,
     edge_index: Tensor,
     edge_ids: np.ndarray,

@@ -54,7 +54,7 @@ def measure(nodes: int, edges: int, repeats: int, home: Path) -> dict[str, Any]:
         {"arch": "gcn", "in_dim": 128, "out_dim": store.num_classes, "hidden_dim": 64}
     ).eval()
     started = time.perf_counter()
-    meta = precompute(model, store, home / "p", "weights", progress=False, hops=2)
+    meta = precompute(model, store, home / "p", "weights", progress=False)
     built = time.perf_counter() - started
     cluster = LocalCluster(home / "cluster").start()
     try:

@@ -1,14 +1,15 @@
-"""The served-model protocol: what the engines may ask of a node-level model, whoever wrote it.
+"""Served models: the contract (``contract.py``), the one factory that builds every served
+model (``factory.py``), and here the adapter of a user's node model and the rules the
+adapters share.
 
-``forward(x, edge_index, degree=None, level_sizes=None, edge_attr=None, hop_edges=None) -> rows``
-on a sampled ego-graph (or the whole graph when ``level_sizes`` is None), ``hop_edges`` being
-the edges into each hop as the sampler knows them (None: counted from ``edge_index``, a read of
-its data on the host that a CUDA graph cannot capture): the presets
-(``model.architectures``) implement it themselves; the user's class gets it from
-:class:`UserNodeModel`, a thin adapter that calls PyG's own signature, ``forward(x, edge_index)``
-plus ``edge_attr`` or ``edge_weight`` where the model takes them. :func:`serving_needs` says
-what a model asks of the ego-graph (boundary degrees, edge features) and what its rows are.
-"""
+A node model's forward on a graph of one type is ``forward(x, edge_index, degree=None,
+level_sizes=None, edge_attr=None, hop_edges=None) -> rows`` on a sampled ego-graph (or the
+whole graph when ``level_sizes`` is None), ``hop_edges`` being the edges into each hop as the
+sampler knows them (None: counted from ``edge_index``, a read of its data on the host that a
+CUDA graph cannot capture): the presets (``model.architectures``) implement it themselves; the
+user's class gets it from :class:`UserNodeModel`, a thin adapter that calls PyG's own
+signature, ``forward(x, edge_index)`` plus ``edge_attr`` or ``edge_weight`` where the model
+takes them."""
 
 from __future__ import annotations
 
@@ -24,8 +25,13 @@ from torch_geometric.nn import MessagePassing
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
-from model.trimmed import known_hop_edges, trimmed_forward, trims_by_rows
+from model.config import Task
+from model.embedding import with_input_of
+from model.served.contract import Mode, Plan, ServedModel, ServingNeeds, served
+from model.trimmed import gnn_layer, known_hop_edges, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig
+
+_METHOD = "method:"
 
 # Layers that normalise a message by its source's degree (PyG's gcn_norm and the like): on an
 # ego-graph the deepest hop's degrees must be the graph's (SampledSubgraph.boundary).
@@ -45,22 +51,6 @@ _SOURCE_DEGREE_LAYERS = (
 )
 
 
-@dataclass(frozen=True)
-class ServingNeeds:
-    """What a served model asks of the ego-graph, and what its rows are.
-
-    ``out_degrees``: the ego-graph's ``degree`` is each row's full-graph out-degree (ChebConv's
-    Laplacian, ``model.chebconv``), not its in-degree (GCN); ``largest_degree``: the model is
-    told the graph version's largest out-degree before each forward (its ``largest_degree``).
-    """
-
-    output: Output = Output.LOGITS
-    edge_input: EdgeInput = EdgeInput.NONE
-    boundary_degrees: bool = False
-    out_degrees: bool = False
-    largest_degree: bool = False
-
-
 def tell_largest_degree(model: torch.nn.Module, largest: Callable[[], int]) -> None:
     """Where ``model``'s ChebConv scales by the graph's largest out-degree
     (``ServingNeeds.largest_degree``), sets it to ``largest()`` of the graph version about to
@@ -77,18 +67,25 @@ def answer_rows(rows: Tensor, output: Output) -> Tensor:
 
 
 def serving_needs(model: torch.nn.Module) -> ServingNeeds:
-    """The presets' needs are the defaults; :class:`UserNodeModel` says its own."""
-    needs = getattr(model, "serving_needs", None)
-    return needs if isinstance(needs, ServingNeeds) else ServingNeeds()
+    """What ``model`` declares it needs (the contract's ``serving_needs``, no default: a
+    module outside the contract is a TypeError)."""
+    return served(model).serving_needs
 
 
 class UserNodeModel(torch.nn.Module):
-    """The user's module behind the served-model protocol (its weights under ``module.``)."""
+    """The user's module behind the served-model contract (its weights under ``module.``)."""
+
+    task = Task.NODE
+    typed = False
+    target = ""
+    edge_type = None
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
         super().__init__()
         self.module = module
         self.config = config
+        self.hops = config.num_layers
+        self.has_embedding = bool(config.embedding)
         self._chebconv = bool(chebconv_layers(module))
         self.serving_needs = ServingNeeds(
             output=config.output,
@@ -149,12 +146,107 @@ class UserNodeModel(torch.nn.Module):
             return nullcontext()
         return graph_degrees(self.module, degree, self.largest_degree)
 
-    def embedding_module(self) -> torch.nn.Module | None:
-        """The module whose input is a node's embedding (None for a named method)."""
+    def forward_with_embedding(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``(output, embedding)`` per row of ``x`` from one forward pass: the input of the
+        submodule the build named, or what the method named by ``--embedding-method``
+        returns."""
         name = self.config.embedding
-        if not name or name.startswith("method:"):
-            return None
-        return self.module.get_submodule(name)
+        if not name:
+            raise ValueError(f"no embedding was named for {type(self.module).__name__}")
+        if name.startswith(_METHOD):
+            method = getattr(self.module, name.removeprefix(_METHOD))
+            extra = edge_kwargs(self.config.edge_input, edge_attr)
+            output = self(x, edge_index, degree=degree, edge_attr=edge_attr)
+            with self.graph_degrees(degree):
+                return output, method(x, edge_index, **extra)
+        layer = self.module.get_submodule(name)
+        return with_input_of(layer, lambda: self(x, edge_index, degree=degree, edge_attr=edge_attr))
+
+    def layer(
+        self,
+        index: int,
+        x: Tensor,
+        edge_index: Tensor,
+        rows: int,
+        degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
+        """Layer ``index`` of the module (a ``BasicGNN`` whose plan is per-layer rows) for the
+        first ``rows`` rows of ``x``: the presets' rule, ``model.trimmed.gnn_layer``."""
+        module = self.module
+        assert isinstance(module, BasicGNN), "per-layer rows are a BasicGNN's"
+        return gnn_layer(module, index, x, rows, edge_index, edge_attr)
+
+    def precompute_plan(self) -> Plan:
+        """Per-layer rows for a ``BasicGNN`` whose layers compute by rows, with no degree
+        normalisation and edge features (if any) read as ``edge_attr``; every node's output
+        otherwise."""
+        module, config = self.module, self.config
+        name = type(module).__name__
+        why_not = not_by_layers(module, config.edge_input, config.boundary_degrees)
+        if why_not is not None:
+            return output_plan(name, why_not, config.num_layers, config.boundary_degrees)
+        assert isinstance(module, BasicGNN)
+        layers = module.num_layers
+        edge_attr = config.edge_input is EdgeInput.EDGE_ATTR
+        return Plan(
+            mode=Mode.LAYERS,
+            reason=(
+                f"per-layer rows: {name} is a torch_geometric.nn.models model whose {layers} "
+                "layers compute by rows, with no degree normalisation"
+                + (" (their edge features read by edge ID)" if edge_attr else "")
+            ),
+            hops=layers,
+            stack=self,
+            edge_attr=edge_attr,
+            stored_embedding=config.embedding == f"convs.{layers - 1}",
+        )
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError(f"{type(self.module).__name__} reads a graph of one node type")
+
+
+def output_plan(name: str, why_not: str, hops: int, degree: bool) -> Plan:
+    """Every node's output, recomputed from its whole in-neighbourhood (``model.in_closure``):
+    the plan of a one-type model that is not a stack of by-rows layers."""
+    return Plan(
+        mode=Mode.OUTPUT,
+        reason=(
+            f"every node's output: {name} {why_not}; an update recomputes the outputs within "
+            f"{hops} hops downstream of what it changed, each from its whole {hops}-hop "
+            "in-neighbourhood"
+        ),
+        hops=hops,
+        degree=degree,
+    )
+
+
+def not_by_layers(
+    module: torch.nn.Module, edge_input: EdgeInput, boundary_degrees: bool
+) -> str | None:
+    """Why ``module`` is not stored layer by layer, or None when it is."""
+    if not isinstance(module, BasicGNN):
+        return "is not a torch_geometric.nn.models model (a stack of layers run one at a time)"
+    if module.jk_mode is not None:
+        return f"has jumping knowledge (jk={module.jk_mode!r}), which reads every layer's rows"
+    kinds = ", ".join(sorted({type(conv).__name__ for conv in module.convs}))
+    if boundary_degrees:
+        return f"normalises messages by their sources' degrees ({kinds})"
+    if not trims_by_rows(module):
+        norms = ", ".join(sorted({type(norm).__name__ for norm in module.norms}))
+        return (
+            f"has layers ({kinds}; norms {norms}) that do not compute a destination's row "
+            "from its in-neighbours' rows alone"
+        )
+    if edge_input is EdgeInput.EDGE_WEIGHT:
+        return "reads its edge feature as edge_weight"
+    return None
 
 
 def edge_kwargs(edge_input: EdgeInput, edge_attr: Tensor | None) -> dict[str, Any]:
