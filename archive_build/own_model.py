@@ -25,7 +25,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -36,13 +36,16 @@ from graph_assets.stored.store import GraphStore
 from model.chebconv import check_chebconv, scales_by_largest_degree
 from model.config import Task
 from model.export import CONFIG_FILE, METRICS_FILE, WEIGHTS_FILE
-from model.graph_level import CLASSES_FILE, as_data
+from model.graph_level import CLASSES_FILE, GraphModel, as_data
+from model.link import LinkModel
 from model.link_assets import LINK_DIR, write_link_assets
 from model.served import Probe, choose_edge_input, probe, trims
-from model.served_graph import UserGraphModel, probe_graph
+from model.served.contract import served
+from model.served.factory import own_model, served_user_model
+from model.served_graph import probe_graph
 from model.served_hetero import UserHeteroModel, probe_hetero, small_typed_input
 from model.served_hetero_link import UserHeteroLinkModel
-from model.served_link import UserLinkModel, check_link_methods, decoded_scores, method_of
+from model.served_link import check_link_methods, decoded_scores
 from model.typed_graph import hetero_section, target_relation
 from model.user_model import (
     MODEL_FILE_DIR,
@@ -202,7 +205,7 @@ def package_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig
         boundary_degrees=seen.source_degrees,
         max_degree=_graph_degrees(module, store, edge_input),
     )
-    model = UserLinkModel(module, config).eval()
+    model = served_user_model(module, config).eval()
     scores = _probe_decode(model, seen.out_dim)
     out = Path(args.out)
     _write(out, loaded, config)
@@ -263,10 +266,11 @@ def package_typed_link(args: argparse.Namespace, store: GraphStore) -> UserModel
         boundary_degrees=needs.boundary_degrees,
         hetero=hetero_section(schema, edge_type.name),
     )
-    scores = _probe_decode(probing, seen.out_dim)
+    model = served_user_model(module, config).eval()
+    scores = _probe_decode(model, seen.out_dim)
     out = Path(args.out)
     _write(out, loaded, config)
-    meta = write_link_assets(probing.eval(), store, out / LINK_DIR)
+    meta = write_link_assets(model, store, out / LINK_DIR)
     how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
     print(f"  model {name}: {hops} hops ({how}; --num-hops sets it)")
     reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
@@ -312,7 +316,8 @@ def package_graph(args: argparse.Namespace, dataset: GraphDataset) -> UserModelC
     out = Path(args.out)
     metrics = {}
     if output is not Output.RAW:
-        metrics["labelled_accuracy"] = labelled_accuracy(UserGraphModel(module, config), dataset)
+        graph_model = cast(GraphModel, served_user_model(module, config))
+        metrics["labelled_accuracy"] = labelled_accuracy(graph_model, dataset)
     _write(out, loaded, config, metrics)
     (out / CLASSES_FILE).write_text(json.dumps({"class_names": dataset.class_names}) + "\n")
     plural = "" if seen.steps == 1 else "s"
@@ -335,7 +340,7 @@ def package_graph(args: argparse.Namespace, dataset: GraphDataset) -> UserModelC
     return config
 
 
-def labelled_accuracy(model: UserGraphModel, dataset: GraphDataset) -> float:
+def labelled_accuracy(model: GraphModel, dataset: GraphDataset) -> float:
     """Share of the dataset's labelled graphs whose predicted class is their label (each graph
     alone: the build's figure, not a test score)."""
     correct = labelled = 0
@@ -351,18 +356,20 @@ def labelled_accuracy(model: UserGraphModel, dataset: GraphDataset) -> float:
     return correct / max(1, labelled)
 
 
-def _probe_decode(model: UserLinkModel | UserHeteroLinkModel, width: int) -> torch.Tensor:
-    """``decode`` on three pairs of random embeddings: one score per pair, or a one-line
-    refusal naming what it returned."""
+def _probe_decode(model: torch.nn.Module, width: int) -> torch.Tensor:
+    """``decode`` of a user's link model on three pairs of random embeddings: one score per
+    pair, or a one-line refusal naming what it returned."""
     z = torch.randn(4, width, generator=torch.Generator().manual_seed(0))
-    name = type(model.module).__name__
+    own = own_model(model)
+    assert own.decode is not None, "a user's link model decodes"
+    name = type(own.module).__name__
     called = "decode(z, edge_label_index)"
     try:
         with torch.no_grad():
-            if isinstance(model, UserHeteroLinkModel):
+            if served(model).typed:  # the adapter hands decode a z_dict of the ends' rows
                 called = "decode(z_dict, edge_label_index)"
-                return model.score(z[:3], z[1:])
-            scores = method_of(model.module, "decode")(z, torch.tensor([[0, 1, 2], [1, 2, 3]]))
+                return cast(LinkModel, model).score(z[:3], z[1:])
+            scores = own.decode(z, torch.tensor([[0, 1, 2], [1, 2, 3]]))
     except Exception as error:
         raise ValueError(
             f"{name}.{called} failed on 3 pairs of {width}-wide embeddings: "

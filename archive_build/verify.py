@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -55,16 +55,14 @@ from handler.tasks.node.engine import NodeClassificationEngine
 from model.config import Task
 from model.export import CONFIG_FILE, WEIGHTS_FILE, load_model
 from model.graph_level import GraphModel, as_data
-from model.hetero_link import HeteroLinkModel
 from model.in_closure import in_closure, store_in_edges, typed_closure_forward
 from model.link import LinkModel, answer_scores
 from model.link_assets import LINK_DIR, LinkAssets, open_link_assets
 from model.precompute import Precomputed, open_precomputed, weights_digest
-from model.served import UserNodeModel, answer_rows, edge_kwargs, serving_needs
-from model.served_graph import UserGraphModel
-from model.served_hetero import HeteroNodeModel, UserHeteroModel
-from model.served_hetero_link import UserHeteroLinkModel
-from model.served_link import UserLinkModel, decoded_scores, method_of
+from model.served import answer_rows, edge_kwargs, serving_needs
+from model.served.contract import served as contract_of
+from model.served.factory import own_model, with_boundary_degrees
+from model.served_link import decoded_scores
 from model.typed_graph import whole_graph_input
 from model.user_model import EdgeInput, Output
 
@@ -250,14 +248,15 @@ def reference_outputs(
     graph, or for a graph over ``WHOLE_GRAPH_EDGES`` every in-edge of every node within
     ``hops`` of the ``nodes`` (``model.in_closure``, the rule precomputed rows use too: a local
     model's answer and its sources' degrees are the whole graph's)."""
-    if isinstance(model, HeteroNodeModel) and store.num_edges <= WHOLE_GRAPH_EDGES:
+    contract = contract_of(model)
+    if contract.typed and store.num_edges <= WHOLE_GRAPH_EDGES:
         with torch.inference_mode():  # the target type's rows, the first indices
-            out = _own_forward(model)(whole_graph_input(store))
+            out = own_model(model).forward(whole_graph_input(store))
         return out, np.arange(store.schema.target_type.num_nodes)
-    if isinstance(model, HeteroNodeModel):  # every relation's in-edges, per-type features
+    if contract.typed:  # every relation's in-edges, per-type features
         seeds = np.unique(nodes)
         closure = in_closure(store_in_edges(store), seeds, hops + 1)
-        rows, _ = typed_closure_forward(model, closure, store.schema, store)
+        rows, _ = typed_closure_forward(contract, closure, store.schema, store)
         return torch.from_numpy(rows), seeds
     order = None
     if store.num_edges <= WHOLE_GRAPH_EDGES:
@@ -273,24 +272,12 @@ def reference_outputs(
     if needs.edge_input is not EdgeInput.NONE:
         edge_attr = torch.from_numpy(store.edge_feature_rows(edge_ids))
     with torch.inference_mode():
-        out = _own_forward(model)(
+        out = own_model(model).forward(
             x, torch.from_numpy(edge_index), **edge_kwargs(needs.edge_input, edge_attr)
         )
     if order is not None:  # the closure's rows come seeds first: sort them as promised
         return out[torch.from_numpy(order)], rows[order]
     return out, rows
-
-
-def _own_forward(model: torch.nn.Module) -> Any:
-    """The call the model itself makes on a whole graph: the user's module, not the adapter
-    the serving path goes through (a preset is its own)."""
-    if isinstance(model, UserLinkModel):
-        return method_of(model.module, "encode")
-    if isinstance(model, UserNodeModel | UserGraphModel):
-        return model.module
-    if isinstance(model, UserHeteroModel):
-        return model.forward  # PyG's dict call on the user's module, the target's rows
-    return model
 
 
 def reference_rows(
@@ -307,42 +294,44 @@ def reference_scores(
 ) -> torch.Tensor:
     """``decode(encode(whole graph), pairs)`` (the preset's ``score``) of ``pairs`` ``[P, 2]``,
     as answers carry them."""
-    if isinstance(model, HeteroLinkModel):
+    if contract_of(model).typed:
         return typed_reference_scores(model, store, pairs)
     z, rows = reference_outputs(model, store, np.unique(pairs), hops)
     index = torch.from_numpy(np.searchsorted(rows, pairs).T.copy())
+    own = own_model(model)
     with torch.inference_mode():
-        if isinstance(model, UserLinkModel):
-            name = type(model.module).__name__
-            scores = method_of(model.module, "decode")(z, index)
-            scores = decoded_scores(name, scores, index.size(1))
+        if own.decode is not None:
+            scores = own.decode(z, index)
+            scores = decoded_scores(type(own.module).__name__, scores, index.size(1))
         else:
-            assert isinstance(model, LinkModel)
-            scores = model.score(z[index[0]], z[index[1]])
+            scores = cast(LinkModel, model).score(z[index[0]], z[index[1]])
     return answer_scores(scores, serving_needs(model).output)
 
 
 def typed_reference_scores(
-    model: HeteroLinkModel, store: GraphStore, pairs: np.ndarray
+    model: torch.nn.Module, store: GraphStore, pairs: np.ndarray
 ) -> torch.Tensor:
     """``decode(encode(whole typed graph), pairs)`` of global ``[P, 2]`` pairs of the
     relation's ends: the user's ``decode`` on the whole ``z_dict``, or the recipe's
     ``score``; as answers carry them."""
-    src, _, dst = model.edge_type
+    contract = contract_of(model)
+    assert contract.edge_type is not None, "a typed graph's link model predicts a relation"
+    src, _, dst = contract.edge_type
     schema = store.schema
     index = torch.from_numpy(
         np.stack(
             [pairs[:, 0] - schema.node_type(src).offset, pairs[:, 1] - schema.node_type(dst).offset]
         )
     )
+    own = own_model(model)
     with torch.inference_mode():
-        z = model.encode(whole_graph_input(store))
-        if isinstance(model, UserHeteroLinkModel):
-            name = type(model.module).__name__
-            scores = method_of(model.module, "decode")(z, index)
-            scores = decoded_scores(name, scores, index.size(1))
+        inputs = whole_graph_input(store)
+        z = {key: contract.rows_of(key)(inputs) for key in dict.fromkeys((src, dst))}
+        if own.decode is not None:
+            scores = own.decode(z, index)
+            scores = decoded_scores(type(own.module).__name__, scores, index.size(1))
         else:
-            scores = model.score(z[src][index[0]], z[dst][index[1]])
+            scores = cast(LinkModel, model).score(z[src][index[0]], z[dst][index[1]])
     return answer_scores(scores, serving_needs(model).output)
 
 
@@ -644,7 +633,7 @@ def verify_link(
     pristine = copy.deepcopy(model)  # the reference's fresh copies (see verify)
     assets = open_link_assets(model_dir / LINK_DIR, store)
     exact = exact_settings(settings, hops)
-    ends = LinkEnds.of(store, model)
+    ends = LinkEnds.of(store, contract_of(model).edge_type)
     pairs = verification_pairs(store, ends)
     alone = alone_sample(np.arange(len(pairs)))
     top_pairs, top_scores = served_top_k(model, store, assets, exact)
@@ -750,10 +739,9 @@ def served_with_boundary_retry(
     result = served(model)
     if result.worst <= tolerance:
         return model, result, serving_needs(model).boundary_degrees
-    if not isinstance(model, UserNodeModel | UserLinkModel) or model.config.boundary_degrees:
+    with_boundary = with_boundary_degrees(model)
+    if with_boundary is None:
         return model, result, serving_needs(model).boundary_degrees
-    config = dataclasses.replace(model.config, boundary_degrees=True)
-    with_boundary = type(model)(model.module, config).eval()
     retried = served(with_boundary)
     if retried.worst > tolerance:
         return model, result, False
@@ -817,7 +805,7 @@ def likely_cause(
             "differs from a fresh copy's (e.g. a statistic cached on the first call), so an "
             "answer depends on the requests before it"
         )
-    named = non_local_module(user_module(model)) or out_neighbour_reader(model, store)
+    named = non_local_module(own_model(model).module) or out_neighbour_reader(model, store)
     if named:
         return f"the model is not local: {named}, which no ego-graph of in-edges can serve"
     if deeper().worst <= tolerance:
@@ -894,14 +882,6 @@ NON_LOCAL = (
 )
 
 
-_ADAPTERS = (UserNodeModel, UserLinkModel, UserGraphModel, UserHeteroModel, UserHeteroLinkModel)
-
-
-def user_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The user's own module behind a served-model adapter, or the preset itself."""
-    return model.module if isinstance(model, _ADAPTERS) else model
-
-
 def non_local_module(top: torch.nn.Module) -> str:
     """``LayerNorm(mode='graph') at norms.0 normalises over the whole graph``: the first
     module of ``top`` (in ``named_modules`` order) of a kind in ``NON_LOCAL``, or ``""``."""
@@ -917,9 +897,10 @@ def out_neighbour_reader(model: torch.nn.Module, store: GraphStore) -> str:
     gets a reversed edge in one forward on a small directed ring (``forward``, a link model's
     ``encode``), or ``""`` (also for a model that cannot be probed so: a typed one, a
     preset)."""
-    module = user_module(model)
-    if module is model or isinstance(model, HeteroNodeModel | HeteroLinkModel):
+    own = own_model(model)
+    if not own.ring_probe:
         return ""
+    module = own.module
     nodes = 8
     ring = torch.tensor([list(range(nodes)), [(i + 1) % nodes for i in range(nodes)]])
     forward_edges = set(map(tuple, ring.t().tolist()))
@@ -951,8 +932,7 @@ def out_neighbour_reader(model: torch.nn.Module, store: GraphStore) -> str:
     ]
     try:
         with torch.inference_mode():
-            call = method_of(module, "encode") if isinstance(model, UserLinkModel) else module
-            call(x, ring, **kwargs)
+            own.forward(x, ring, **kwargs)
     except Exception:  # a probe of the cause only: the comparison has already failed
         return ""
     finally:
@@ -982,10 +962,10 @@ def verify_graphs(
     one)."""
     started = time.perf_counter()
     model, _ = load_model(model_dir)
-    assert isinstance(model, GraphModel)
+    graph_model = cast(GraphModel, model)  # a graph archive's
     chosen = verification_graphs(dataset)
     graphs = [
-        (*dataset.graph(int(g)), dataset.graph_edge_attr(int(g)) if model.edge_dim else None)
+        (*dataset.graph(int(g)), dataset.graph_edge_attr(int(g)) if graph_model.edge_dim else None)
         for g in chosen
     ]
     requests = [
@@ -996,7 +976,7 @@ def verify_graphs(
                     "edge_index": edge_index.tolist(),
                     **({} if edge_attr is None else {"edge_attr": edge_attr.tolist()}),
                 },
-                "return_embedding": model.embeds,
+                "return_embedding": graph_model.has_embedding,
             }
         }
         for x, edge_index, edge_attr in graphs
@@ -1053,15 +1033,16 @@ def graph_alone(
     """One graph's answer row alone, as served, and its embedding (empty when the model has
     none): the model's own forward (the user's module itself, with ``edge_attr`` as its
     forward takes it) on the graph as a request gives it."""
-    assert isinstance(model, GraphModel)
     graph = as_data(x, np.asarray(edge_index, dtype=np.int64), edge_attr=edge_attr)
     batch = torch.zeros(graph.num_nodes, dtype=torch.long)
     edge_attr_t = graph.edge_attr if edge_attr is not None else None
     kwargs = edge_kwargs(serving_needs(model).edge_input, edge_attr_t)
     with torch.inference_mode():
-        rows = _own_forward(model)(graph.x, graph.edge_index, batch, **kwargs)
+        rows = own_model(model).forward(graph.x, graph.edge_index, batch, **kwargs)
         answer = answer_rows(rows, serving_needs(model).output)[0].double().numpy()
-        _, embedding = model.forward_with_embedding(graph.x, graph.edge_index, batch, edge_attr_t)
+        _, embedding = contract_of(model).forward_with_embedding(
+            graph.x, graph.edge_index, batch, edge_attr_t
+        )
     return answer, np.zeros(0) if embedding is None else embedding[0].double().numpy()
 
 

@@ -41,7 +41,7 @@ import torch
 from torch_geometric.explain import Explainer
 from torch_geometric.explain.algorithm import CaptumExplainer
 
-from handler.graph.ego import EgoGraphs, plain_module, seed_rows
+from handler.graph.ego import EgoGraphs, seed_rows
 from handler.pipeline.batch import Batch, BatchEngine, Group, timed
 from handler.protocol.errors import BadRequest
 from handler.sampling.sampler import SampledSubgraph
@@ -346,7 +346,7 @@ class EgoExplanation:
             edge_index=sub.edge_index.clone(),
             rows=seed_rows(seeds, nodes),
             keys=sub.node.cpu().numpy(),
-            model=plain_module(self.ego.model),
+            model=self.ego.model,
             edge_attr=self.ego.edge_features(sub.edge),
         )
 

@@ -31,7 +31,6 @@ from torch_geometric.typing import EdgeType
 
 from handler.explain.ego_explain import Attribution, Naming, within_budget
 from handler.protocol.errors import BadRequest
-from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
 from model.typed_rows import TypedSubgraph
 
@@ -42,7 +41,7 @@ class TargetRows(torch.nn.Module):
     """A served typed model in the signature PyG's explainers call: ``forward(x_dict,
     edge_index_dict, n_id_dict, edge_attr_dict)`` -> the target type's rows."""
 
-    def __init__(self, model: HeteroNodeModel) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
@@ -137,7 +136,7 @@ class RelationMaskedModel(CaptumHeteroModel):
 
 
 def typed_integrated_gradients(
-    model: HeteroNodeModel,
+    model: torch.nn.Module,
     ego: TypedSubgraph,
     *,
     mode: str,

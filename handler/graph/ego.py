@@ -35,18 +35,12 @@ from handler.settings import ServingSettings
 from model.device import to_serving_device
 from model.precompute import Precomputed
 from model.served import EdgeInput, serving_needs, tell_largest_degree
+from model.served.contract import served
 
 logger = logging.getLogger(__name__)
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_LISTED_MISSING = 20
-
-
-def plain_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The module itself when it was wrapped by ``torch.compile`` (hooks and autograd paths
-    such as embeddings and explanations run on the eager module)."""
-    original = getattr(model, "_orig_mod", None)
-    return original if isinstance(original, torch.nn.Module) else model
 
 
 @dataclass
@@ -104,8 +98,7 @@ class EgoGraphs:
     def served_node_type(self) -> str:
         """The node type the model answers for: a heterogeneous model's target, else the
         graph's one type."""
-        target = getattr(plain_module(self.model), "target", None)
-        return target if isinstance(target, str) else self.store.schema.target
+        return served(self.model).target or self.store.schema.target
 
     def check_node_type(self, node_type: str | None) -> None:
         """BadRequest unless ``node_type`` is None or the type this archive answers for."""
@@ -209,7 +202,7 @@ class EgoGraphs:
         present = np.where(boundary, 0, nodes) if any_boundary else nodes
         if serving_needs(self.model).out_degrees:
             degrees = view.out_degree_rows(present)
-            tell_largest_degree(plain_module(self.model), view.largest_out_degree)
+            tell_largest_degree(self.model, view.largest_out_degree)
         else:
             degrees = view.degree_rows(present)
         if any_boundary:

@@ -27,7 +27,7 @@ On a graph of several node types, rows are kept for the types answers read
 follows out-edges of every relation, through nodes of any type, and the rows marked are the
 nodes of those types it reaches (nodes an update added included); each type's rows are
 recomputed by the model's forward on their in-neighbourhoods split by type
-(``model.in_closure.typed_closure_forward``, with ``model.precompute.row_model``'s rows of
+(``model.in_closure.typed_closure_forward``, with the contract's ``rows_of``: the rows of
 that type).
 
 A marked row is recomputed before anything reads it: a read recomputes the marked rows it needs
@@ -59,7 +59,6 @@ from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
 from graph_assets.live.overlay import GraphOverlay, ListenerBehind, OverlayChange
 from graph_assets.remote import RemoteStore
-from model.hetero_link import HeteroLinkModel
 from model.in_closure import (
     UNLIMITED,
     Closure,
@@ -78,10 +77,9 @@ from model.precompute import (
     Precomputed,
     check_plan,
     layer_rows,
-    row_model,
 )
 from model.served import serving_needs
-from model.served_hetero import HeteroNodeModel
+from model.served.contract import served
 from model.user_model import EdgeInput
 
 logger = logging.getLogger(__name__)
@@ -123,9 +121,10 @@ class PrecomputedRows:
         schema = store.schema
         self._types = np.array([schema.type_index(name) for name in precomputed.node_types])
         # A typed graph's model: what each stored type's rows are computed with.
+        contract = served(model)
         self._row_models = (
-            {schema.type_index(name): row_model(model, name) for name in precomputed.node_types}
-            if isinstance(model, HeteroNodeModel | HeteroLinkModel)
+            {schema.type_index(name): contract.rows_of(name) for name in precomputed.node_types}
+            if contract.typed
             else {}
         )
         # How far one array's change reaches in the next (module docstring).

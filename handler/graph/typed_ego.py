@@ -17,14 +17,14 @@ from handler.gpu.device_features import TypedDeviceFeatures
 from handler.gpu.padding import PaddedSubgraph, RowTypes, pad_subgraph
 from handler.graph.graph_source import ServedGraph
 from handler.sampling.sampler import SampledSubgraph
-from model.served_hetero import HeteroNodeModel
+from model.served.contract import ServedModel
 from model.typed_rows import TypeFeatureRows, gather_typed, typed_rows
 
 
 def typed_answer(
     store: ServedGraph,
     view: GraphView,
-    model: HeteroNodeModel,
+    model: ServedModel,
     sub: SampledSubgraph,
     device: torch.device,
     embedding: bool = False,

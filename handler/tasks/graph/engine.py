@@ -11,7 +11,7 @@ node rows are (class answers of logits or probabilities, ``output`` for raw rows
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -21,9 +21,11 @@ from handler.protocol.errors import BadRequest
 from handler.protocol.kserve_v2 import class_outputs, inference_response
 from handler.settings import ServingSettings
 from handler.tasks.graph.requests import GraphRequest, parse_graph_request
+from model.config import Task
 from model.device import to_serving_device
 from model.graph_level import GraphModel, as_data, batch_of
 from model.served import answer_rows, serving_needs
+from model.served.contract import served
 
 
 class GraphEngine(BatchEngine[GraphRequest]):
@@ -40,15 +42,16 @@ class GraphEngine(BatchEngine[GraphRequest]):
         model_version: str,
         model_name: str = "graphs",
     ) -> None:
-        if not isinstance(model, GraphModel):
+        contract = served(model)
+        if contract.task is not Task.GRAPH:
             raise TypeError(
                 f"a graph archive needs a graph model (forward_with_embedding, in_dim), got "
-                f"{type(model).__name__}"
+                f"{type(model).__name__}, a {contract.task.value} model"
             )
         self.model = to_serving_device(model, device)
-        self.classifier = model
-        self.in_dim = model.in_dim
-        self.edge_dim = model.edge_dim
+        self.classifier = cast(GraphModel, model)
+        self.in_dim = self.classifier.in_dim
+        self.edge_dim = self.classifier.edge_dim
         self.output = serving_needs(model).output
         self.class_names = class_names
         self.settings = settings
@@ -61,7 +64,7 @@ class GraphEngine(BatchEngine[GraphRequest]):
         request = parse_graph_request(
             item, self.in_dim, settings.max_graph_nodes, settings.max_graph_edges, self.edge_dim
         )
-        if request.return_embedding and not self.classifier.embeds:
+        if request.return_embedding and not self.classifier.has_embedding:
             raise BadRequest(
                 "return_embedding: this archive's model names no graph embedding (its forward "
                 "calls no Linear layer on one row per graph); rebuild it with "

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from handler.explain.ego_explain import explanation_mode, integrated_gradients, summarize
-from handler.graph.ego import plain_module
 from handler.pipeline.batch import Batch
 from handler.protocol.class_answer import node_answer
 from handler.protocol.kserve_v2 import explanation_refusal
@@ -42,7 +41,7 @@ class GraphExplanation:
 
     def explain(self, target: GraphRequest, payload: Any, batch: Batch[Any]) -> dict[str, Any]:
         device, settings = self.graphs.device, self.settings
-        model = plain_module(self.graphs.model)
+        model = self.graphs.model
         x = torch.from_numpy(target.x).to(device)
         edge_index = torch.from_numpy(target.edge_index).to(device)
         assignment = torch.zeros(x.shape[0], dtype=torch.long, device=device)

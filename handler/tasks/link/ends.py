@@ -13,13 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteStore
 from graph_assets.schema import EdgeType
 from graph_assets.stored.store import GraphStore
-from model.hetero_link import HeteroLinkModel
 from model.link_assets import LinkAssets
 
 
@@ -47,13 +45,15 @@ class LinkEnds:
     relation: str
 
     @classmethod
-    def of(cls, store: GraphStore | RemoteStore, model: torch.nn.Module) -> LinkEnds:
-        """The ends of the relation a typed graph's link model predicts
-        (``model.hetero_link.HeteroLinkModel``), or of a graph of one type's one relation."""
+    def of(
+        cls, store: GraphStore | RemoteStore, predicted: tuple[str, str, str] | None
+    ) -> LinkEnds:
+        """The ends of ``predicted``, the relation a typed graph's link model predicts (the
+        contract's ``edge_type``), or (None) of a graph of one type's one relation."""
         schema = store.schema
         relation = schema.relations[0].edge_type
-        if isinstance(model, HeteroLinkModel):
-            relation = EdgeType(*model.edge_type)
+        if predicted is not None:
+            relation = EdgeType(*predicted)
         names = schema.edge_type_names
         inward = [relation.name] if relation.src == relation.dst else []
         inward.append(relation.reverse().name)

@@ -31,7 +31,7 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from handler.graph.ego import EgoGraphs, OnEgoGraphs, plain_module, seed_rows
+from handler.graph.ego import EgoGraphs, OnEgoGraphs, seed_rows
 from handler.graph.typed_ego import typed_answer
 from handler.pipeline.batch import Batch, BatchEngine, Group, timed
 from handler.protocol.body import NodeId
@@ -41,10 +41,11 @@ from handler.sampling.arrays import readonly_tensor
 from handler.sampling.sampler import SampledSubgraph
 from handler.tasks.link.ends import LinkEnds
 from handler.tasks.link.requests import PairRequest, TopKRequest, parse_link_request
-from model.hetero_link import HeteroLinkModel, TypeRows
+from model.config import Task
 from model.link import LinkModel, answer_scores
 from model.link_assets import LinkAssets
 from model.served import serving_needs
+from model.served.contract import served
 
 
 @dataclass(frozen=True)
@@ -61,16 +62,16 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
     def __init__(
         self, ego: EgoGraphs, assets: LinkAssets, model_version: str, model_name: str = "link"
     ) -> None:
-        model = plain_module(ego.model)
-        if not isinstance(model, HeteroLinkModel | LinkModel):
+        model = served(ego.model)
+        if model.task is not Task.LINK:
             raise TypeError(
                 f"a link archive needs a link model (forward, score, score_against), got "
-                f"{type(ego.model).__name__}"
+                f"{type(ego.model).__name__}, a {model.task.value} model"
             )
         self.ego = ego
         # Both protocols score alike: score(z_src, z_dst) and score_against(z_src, table).
         self.predictor = cast(LinkModel, ego.model)
-        self.ends = LinkEnds.of(ego.store, model)
+        self.ends = LinkEnds.of(ego.store, model.edge_type)
         self._candidate_type = ego.store.schema.type_index(self.ends.dst_type)
         recorded = assets.meta.get("target_edge_type")
         if self.ends.typed and recorded != self.ends.relation:
@@ -80,8 +81,8 @@ class LinkEngine(OnEgoGraphs, BatchEngine[ResolvedLink]):
             )
         # One type's rows of a typed model: what each end's ego-graph is run through.
         self.type_rows = (
-            {key: TypeRows(model, key) for key in (self.ends.src_type, self.ends.dst_type)}
-            if isinstance(model, HeteroLinkModel)
+            {key: model.rows_of(key) for key in (self.ends.src_type, self.ends.dst_type)}
+            if model.typed
             else {}
         )
         self.output = serving_needs(ego.model).output

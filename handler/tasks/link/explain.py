@@ -5,7 +5,7 @@ of both endpoints."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -45,12 +45,11 @@ class PairExplanation(EgoExplanation):
 
     def explain(self, target: PairTarget, payload: Any, batch: Batch[Any]) -> dict[str, Any]:
         inputs = self.ego_input(target.nodes, payload, batch)
-        model = inputs.model
-        assert isinstance(model, LinkModel)
+        model = cast(LinkModel, inputs.model)  # the link engine checked the task
         output = serving_needs(inputs.model).output
         pair = torch.tensor([[inputs.rows[0]], [inputs.rows[1]]], device=inputs.x.device)
         with torch.no_grad():
-            z = model(inputs.x, inputs.edge_index, **inputs.forward_kwargs())
+            z = inputs.model(inputs.x, inputs.edge_index, **inputs.forward_kwargs())
             score = float(answer_scores(model.score(z[pair[0]], z[pair[1]]), output)[0])
         answer: dict[str, Any] = {"src": target.ids[0], "dst": target.ids[1], "score": score}
         attribution = self.attributions(

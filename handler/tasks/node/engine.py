@@ -15,7 +15,7 @@ from graph_assets.graph_view import GraphView
 from handler.gpu.captured_forward import CapturedForward
 from handler.gpu.device_features import TypedDeviceFeatures
 from handler.gpu.padding import PaddedSubgraph
-from handler.graph.ego import EgoGraphs, OnEgoGraphs, missing_nodes, plain_module
+from handler.graph.ego import EgoGraphs, OnEgoGraphs, missing_nodes
 from handler.graph.graph_source import ServedGraph
 from handler.graph.typed_ego import captured_typed_answer, pad_typed, typed_answer
 from handler.live.live_graph import LiveGraph
@@ -38,7 +38,7 @@ from handler.settings import ServingSettings
 from handler.tasks.node.requests import NodeId, NodeRequest, parse_node_request
 from model.precompute import Precomputed
 from model.served import answer_rows, serving_needs
-from model.served_hetero import HeteroNodeModel
+from model.served.contract import served
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         self.captured: CapturedForward | None = None
         if self.device.type == "cuda" and ego.settings.cuda_graphs:
             self.captured = CapturedForward(ego.model, self.device)
-        self._typed_model = isinstance(plain_module(ego.model), HeteroNodeModel)
+        self._typed_model = served(ego.model).typed
         # Each type has its own IDs: on a graph of several, answers say which (set once).
         typed = not ego.store.schema.is_homogeneous
         self._answer_type = {"node_type": ego.served_node_type} if typed else {}
@@ -212,8 +212,8 @@ class NodeClassificationEngine(OnEgoGraphs, BatchEngine[ResolvedRequest]):
         times = batch.times
         times.sampled_nodes += sub.num_nodes
         times.sampled_edges += sub.num_edges
-        model = plain_module(self.model)
-        if isinstance(model, HeteroNodeModel):  # per-type features, per-relation edges
+        model = served(self.model)
+        if model.typed:  # per-type features, per-relation edges
             stop = timed(times, "forward")
             with torch.inference_mode():
                 view = self.ego.view()

@@ -13,7 +13,6 @@ from pydantic import ValidationError
 
 from handler.explain.ego_explain import EgoExplanation, explanation_mode, summarize
 from handler.explain.typed_explain import typed_integrated_gradients, typed_naming
-from handler.graph.ego import plain_module
 from handler.pipeline.batch import Batch
 from handler.protocol.body import NodeId, as_request
 from handler.protocol.class_answer import node_answer
@@ -21,7 +20,8 @@ from handler.protocol.errors import BadRequest
 from handler.protocol.validation import IdField, Strict, describe_errors
 from handler.sampling.sampler import SampledSubgraph
 from model.served import answer_rows, serving_needs
-from model.served_hetero import HeteroNodeModel, answer_seeds
+from model.served.contract import served
+from model.served_hetero import answer_seeds
 from model.typed_rows import gather_typed
 
 _EXAMPLE = '{"node_id": 42}'
@@ -53,9 +53,8 @@ class NodeExplanation(EgoExplanation):
         return NodeTarget(parsed.node_id, self.ego.lookup([parsed.node_id], parsed.node_type))
 
     def explain(self, target: NodeTarget, payload: Any, batch: Batch[Any]) -> dict[str, Any]:
-        model = plain_module(self.ego.model)
-        if isinstance(model, HeteroNodeModel):
-            return self._explain_typed(target, payload, batch, model)
+        if served(self.ego.model).typed:
+            return self._explain_typed(target, payload, batch)
         inputs = self.ego_input(target.nodes, payload, batch)
         output = serving_needs(inputs.model).output
         with torch.no_grad():
@@ -72,7 +71,6 @@ class NodeExplanation(EgoExplanation):
         target: NodeTarget,
         payload: tuple[torch.Tensor, SampledSubgraph],
         batch: Batch[Any],
-        model: HeteroNodeModel,
     ) -> dict[str, Any]:
         """The seed's served answer (the node engine's trimmed forward) and the attributions
         of its predicted class, listed with their node types and relations."""
@@ -85,6 +83,7 @@ class NodeExplanation(EgoExplanation):
         # tensor.
         edge_index = sub.edge_index.to(self.device).clone()
         typed = gather_typed(schema, view, keys, edge_index, sub.edge.cpu().numpy(), self.device)
+        model = served(self.ego.model)
         output = model.serving_needs.output
         with torch.no_grad():  # the node engine's answer: its trimmed forward
             rows, _ = answer_seeds(
@@ -103,7 +102,7 @@ class NodeExplanation(EgoExplanation):
         answer.update(node_answer(row, output, self.ego.store.class_names))
         mode = explanation_mode(output, len(row))
         attribution = typed_integrated_gradients(
-            model,
+            self.ego.model,
             typed,
             mode=mode,
             target=None if mode == "regression" else int(np.argmax(row)),

@@ -29,7 +29,7 @@ import torch
 from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteCounters
-from handler.graph.ego import EgoGraphs, on_device, plain_module, seed_rows
+from handler.graph.ego import EgoGraphs, on_device, seed_rows
 from handler.graph.typed_ego import typed_answer
 from handler.pipeline.batch import Batch, BatchEngine, Group, StageTimes, timed
 from handler.protocol.class_answer import node_answer
@@ -45,9 +45,8 @@ from handler.tasks.node.cold_start import (
 )
 from handler.tasks.node.new_node_rows import new_node_ego, new_node_rows
 from handler.tasks.node.requests import EmbeddingRequest, NewNodeRequest, parse_node_extra
-from model.embedding import forward_with_embedding, has_embedding
 from model.served import answer_rows, serving_needs
-from model.served_hetero import HeteroNodeModel
+from model.served.contract import served
 from model.user_model import EdgeInput
 
 
@@ -98,8 +97,7 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
     def parse(self, item: Any) -> Resolved:
         settings, schema = self.ego.settings, self.ego.store.schema
         request = parse_node_extra(item, schema, settings.max_ids_per_request)
-        model = plain_module(self.ego.model)
-        if request.return_embedding and not has_embedding(model):
+        if request.return_embedding and not served(self.ego.model).has_embedding:
             raise BadRequest(
                 "return_embedding: this archive's model names no embedding; build it "
                 "with --embedding-method SUBMODULE (the submodule whose input is a "
@@ -185,8 +183,8 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The seeds' answer rows and embeddings: the model's forward on ``sub``, its nodes
         and edges read through ``view`` (split by type for a typed model)."""
-        model = plain_module(self.ego.model)
-        if isinstance(model, HeteroNodeModel):
+        model = served(self.ego.model)
+        if model.typed:
             stop = timed(times, "forward")
             with torch.inference_mode():
                 # Scoring needs the forward alone; a model without an embedding answers none.
@@ -206,9 +204,10 @@ class NodeExtrasEngine(BatchEngine[Resolved]):
         stop = timed(times, "forward")
         edge_index = sub.edge_index.to(self.device)
         with torch.inference_mode():
-            if has_embedding(model):
-                logits, hidden = forward_with_embedding(model, x, edge_index, degree, edge_attr)
-            else:  # scoring (a cold-start node) needs the forward alone
+            hidden = None
+            if model.has_embedding:
+                logits, hidden = model.forward_with_embedding(x, edge_index, degree, edge_attr)
+            if hidden is None:  # scoring (a cold-start node) needs the forward alone
                 logits = model(x, edge_index, degree=degree, edge_attr=edge_attr)
                 hidden = torch.empty(logits.size(0), 0)
             probabilities = answer_rows(logits[: sub.num_seeds], self.output).cpu()
