@@ -24,15 +24,10 @@ WEIGHTS = "weights"
 CHUNK_EDGES = 64  # small chunks: a build of the small test graphs spans many
 
 
-def build_rows(
-    model: torch.nn.Module, store: GraphStore, directory: Path, hops: int | None = None
-) -> Path:
-    """``directory``'s rows, built by the first worker of an archive and reused by the next.
-    ``hops``: a typed graph's model's (see model.precompute.plan_for)."""
+def build_rows(model: torch.nn.Module, store: GraphStore, directory: Path) -> Path:
+    """``directory``'s rows, built by the first worker of an archive and reused by the next."""
     if not directory.exists():
-        precompute(
-            model, store, directory, WEIGHTS, chunk_edges=CHUNK_EDGES, progress=False, hops=hops
-        )
+        precompute(model, store, directory, WEIGHTS, chunk_edges=CHUNK_EDGES, progress=False)
     return directory
 
 
@@ -54,12 +49,11 @@ def node_worker(
     directory: Path,
     log: Path | RedisLogConfig | None = None,
     fanouts: Sequence[int] = (2, 2),
-    hops: int | None = None,
     follow_interval_s: float = 0.0,
 ) -> tuple[NodeClassificationEngine, LiveGraph | None]:
     """A worker of a node archive whose rows live in ``directory`` (sampled fanouts: the
     stored rows make answers exact), following ``log`` when given."""
-    build_rows(model, store, directory, hops)
+    build_rows(model, store, directory)
     live = live_graph(store, log, follow_interval_s)
     settings = ServingSettings.from_yaml_section({"fanouts": list(fanouts)})
     engine = NodeClassificationEngine.create(
@@ -80,14 +74,13 @@ def link_worker(
     directory: Path,
     log: Path | None = None,
     fanouts: Sequence[int] = (2, 2),
-    hops: int | None = None,
 ) -> tuple[LinkEngine, LiveGraph | None]:
     """A worker of a link archive under ``directory`` (its precomputed/ rows and link/ assets,
     built by the first worker), following ``log`` when given."""
     rows = directory / "precomputed"
     if not rows.exists():
         write_link_assets(model, store, directory / "link")
-    build_rows(model, store, rows, hops)
+    build_rows(model, store, rows)
     live = live_graph(store, log)
     settings = ServingSettings.from_yaml_section({"task": "link", "fanouts": list(fanouts)})
     ego = EgoGraphs.create(

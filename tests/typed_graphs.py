@@ -66,4 +66,4 @@ def hetero_conv_model(store: GraphStore) -> UserHeteroModel:
         for sub in module.modules():
             if isinstance(getattr(sub, "lin_edge", None), torch.nn.Module):
                 sub.lin_edge.weight.mul_(1e-3)
-    return UserHeteroModel(module, store.schema.target, embedding="head").eval()
+    return UserHeteroModel(module, store.schema.target, embedding="head", hops=2).eval()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from handler.protocol.answer_check import non_finite_error
+from tests.served_wrapper import Wrapping
 
 from .conftest import graph_engine, graph_requests, make_engine, random_model
 from .test_engine_faults import assert_same_answers, isolated_ids
@@ -26,12 +27,12 @@ def message_for(subject: str) -> str:
     )
 
 
-class NonFiniteOnNode(torch.nn.Module):
+class NonFiniteOnNode(Wrapping):
     """``inner``'s output, with ``value`` in every row whose input features are ``marker``."""
 
     def __init__(self, inner: torch.nn.Module, marker: torch.Tensor, value: float):
-        super().__init__()
-        self.inner, self.marker, self.value = inner, marker, value
+        super().__init__(inner)
+        self.marker, self.value = marker, value
 
     def forward(self, x, edge_index, degree=None, level_sizes=None):
         rows = self.inner(x, edge_index, degree=degree, level_sizes=level_sizes).clone()

@@ -28,6 +28,7 @@ from handler.settings import ServingSettings
 from model.served import UserNodeModel
 from model.user_model import UserModelConfig
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, edge_feature_store
+from tests.served_wrapper import Wrapping
 
 from .conftest import random_model
 
@@ -99,29 +100,21 @@ def edge_gat(store) -> UserNodeModel:
     return UserNodeModel(module, config).eval()
 
 
-class ReadsOnHost(torch.nn.Module):
+class ReadsOnHost(Wrapping):
     """A user's forward that branches on a tensor's value: a host read."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, x: Tensor, edge_index: Tensor, **kwargs) -> Tensor:
         if float(x.abs().sum()) > 0:
-            return self.model(x, edge_index, **kwargs)
-        return self.model(x, edge_index, **kwargs)
+            return self.inner(x, edge_index, **kwargs)
+        return self.inner(x, edge_index, **kwargs)
 
 
-class SyncsTheDevice(torch.nn.Module):
+class SyncsTheDevice(Wrapping):
     """A user's forward that waits for the device: no op HostReads sees, the capture fails."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
 
     def forward(self, x: Tensor, edge_index: Tensor, **kwargs) -> Tensor:
         torch.cuda.synchronize()
-        return self.model(x, edge_index, **kwargs)
+        return self.inner(x, edge_index, **kwargs)
 
 
 @pytest.mark.parametrize(

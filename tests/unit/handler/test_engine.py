@@ -19,6 +19,7 @@ from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
 from model.typed_graph import whole_graph_input
+from tests.served_wrapper import Wrapping
 from tests.typed_graphs import fraud_store, node_recipe
 
 from .conftest import make_engine, random_model
@@ -259,12 +260,11 @@ def test_union_over_the_limit_is_served_request_by_request(int_store):
     assert_same_answers([r.body for r in responses[:6]], [r.body for r in expected])
 
 
-class FailsOnBatches(torch.nn.Module):
+class FailsOnBatches(Wrapping):
     """A model that breaks whenever it sees more than one seed's subgraph."""
 
     def __init__(self, inner: torch.nn.Module, max_rows: int) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.max_rows = max_rows
 
     def forward(self, x, edge_index, degree=None, level_sizes=None):

@@ -11,16 +11,17 @@ import pytest
 import torch
 
 from handler.pipeline.batch import DeviceFailure, is_fatal_device_error
+from tests.served_wrapper import Wrapping
 
 from .conftest import make_engine, random_model
 
 
-class FailsOnNode(torch.nn.Module):
+class FailsOnNode(Wrapping):
     """Raises ``error`` whenever the feature row of one chosen node is in its input."""
 
     def __init__(self, inner: torch.nn.Module, marker: torch.Tensor, error: BaseException):
-        super().__init__()
-        self.inner, self.marker, self.error = inner, marker, error
+        super().__init__(inner)
+        self.marker, self.error = marker, error
 
     def forward(self, x, edge_index, degree=None, level_sizes=None):
         if bool((x == self.marker).all(dim=1).any()):

@@ -21,7 +21,6 @@ from graph_assets.compact import compact, replay
 from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from handler.tasks.node.task import node_router
-from model.embedding import forward_with_embedding
 from model.export import load_model
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, edge_feature_store
 from tests.live_reference import live_ids, materialized_forward, materialized_graph, random_update
@@ -201,7 +200,7 @@ def test_cold_start_with_edge_attr_equals_the_forward_with_the_node_added(
     assert answer.status == 200, answer.body
     x, edge_index, edge_attr = with_new_node(live, x_new, neighbours, rows, direction)
     with torch.no_grad():
-        logits, hidden = forward_with_embedding(model, x, edge_index, None, edge_attr)
+        logits, hidden = model.forward_with_embedding(x, edge_index, None, edge_attr)
     expected = torch.softmax(logits[-1], -1)
     assert float((torch.tensor(answer.body["probabilities"]) - expected).abs().max()) <= 1e-5
     assert float((torch.tensor(answer.body["embedding"]) - hidden[-1]).abs().max()) <= 1e-5

@@ -10,7 +10,6 @@ from handler.sampling.sampler import boundary_node
 from handler.tasks.node.cold_start import ColdStartView, NewEdges, sample_with_new_node
 from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.node.task import node_router
-from model.embedding import forward_with_embedding
 
 from .conftest import make_engine, random_model
 
@@ -37,7 +36,7 @@ def test_embedding_requests_equal_the_full_graph_forward(int_store, arch):
     engine = extras(int_store, arch)
     x, edge_index = full_graph(int_store)
     with torch.no_grad():
-        logits, hidden = forward_with_embedding(engine.ego.model, x, edge_index)
+        logits, hidden = engine.ego.model.forward_with_embedding(x, edge_index)
     ids = int_store.external_ids(np.arange(int_store.num_nodes))
     [(status, body)] = bodies(engine, [{"node_ids": ids, "return_embedding": True}])
     assert status == 200
@@ -99,7 +98,7 @@ def test_cold_start_equals_the_forward_on_the_graph_with_the_node_added(int_stor
     assert status == 200, body
     x, edge_index = augmented(int_store, x_new, sorted(set(neighbours)), direction)
     with torch.no_grad():
-        logits, hidden = forward_with_embedding(engine.ego.model, x, edge_index)
+        logits, hidden = engine.ego.model.forward_with_embedding(x, edge_index)
     expected = torch.softmax(logits[-1], -1)
     assert float((torch.tensor(body["probabilities"]) - expected).abs().max()) <= 1e-5
     assert float((torch.tensor(body["embedding"]) - hidden[-1]).abs().max()) <= 1e-5

@@ -25,7 +25,6 @@ from handler.tasks.node.extras import NodeExtrasEngine
 from handler.tasks.spec import Archive, Loaded
 from model import build_model
 from model.config import ModelConfig
-from model.embedding import forward_with_embedding
 from model.export import load_model
 from model.link_assets import write_link_assets
 from model.precompute import Precomputed, open_precomputed, precompute, weights_digest
@@ -88,7 +87,7 @@ def test_embeddings_are_the_stored_last_hidden_layer(int_store, tmp_path):
     engine, _ = node_worker(int_store, model, tmp_path / "rows")
     x = torch.from_numpy(np.array(int_store.features))
     with torch.no_grad():
-        _, embedding = forward_with_embedding(model, x, torch.from_numpy(int_store.edge_index()))
+        _, embedding = model.forward_with_embedding(x, torch.from_numpy(int_store.edge_index()))
     ids = int_store.external_ids(np.arange(5))
     (answer,) = engine_extras(engine).handle(
         [{"body": {"node_ids": ids, "return_embedding": True}}]

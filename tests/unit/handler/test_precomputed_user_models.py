@@ -25,7 +25,6 @@ from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.extras import NodeExtrasEngine
 from model import __main__ as model_cli
-from model.embedding import forward_with_embedding
 from model.export import load_model
 from model.precompute import Mode, open_precomputed, plan_for, precompute
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, edge_feature_store
@@ -204,7 +203,7 @@ def test_exact_after_random_updates_on_two_workers(
     assert first.ego.precomputed is not None and first.ego.precomputed.stats.rows > 0
     _, x, edge_index, edge_attr = materialized_graph(live)
     with torch.no_grad():
-        _, embedding = forward_with_embedding(model, x, edge_index, None, edge_attr)
+        _, embedding = model.forward_with_embedding(x, edge_index, None, edge_attr)
     picked = ids[:: max(1, len(ids) // 12)]
     (answer,) = NodeExtrasEngine(first.ego, "1.0").handle(
         [{"body": {"node_ids": picked, "return_embedding": True}}]

@@ -74,7 +74,7 @@ def pair(
     """Precomputes ``model``'s rows, loads the graph and then the rows into the cluster under
     ``prefix`` (small blocks: a read spans many groups), and opens both."""
     directory = home / "precomputed"
-    precompute(model, store, directory, "weights", chunk_edges=64, progress=False, hops=2)
+    precompute(model, store, directory, "weights", chunk_edges=64, progress=False)
     client = connect(cluster.url, 5000)
     try:
         assert load_store(store, client, prefix, shown_url=cluster.url, block_size=8).complete
@@ -253,7 +253,7 @@ def test_two_builds_rows_live_side_by_side_and_unloaded_rows_are_refused_in_one_
     try:
         again = tmp_path / "second" / "precomputed"
         other = random_model(int_store, "gcn")
-        precompute(other, int_store, again, "other", chunk_edges=64, progress=False, hops=2)
+        precompute(other, int_store, again, "other", chunk_edges=64, progress=False)
         with pytest.raises(StoreError, match=r"holds no precomputed rows \w+ of this") as error:
             open_remote_precomputed(again, rows.graph, "other")
         assert "\n" not in str(error.value)

@@ -84,7 +84,7 @@ def hetero_conv(store: GraphStore) -> UserHeteroModel:
         for sub in module.modules():
             if isinstance(getattr(sub, "lin_edge", None), torch.nn.Module):
                 sub.lin_edge.weight.mul_(1e-3)
-    return UserHeteroModel(module, store.schema.target, embedding="head").eval()
+    return UserHeteroModel(module, store.schema.target, embedding="head", hops=2).eval()
 
 
 def router(store: GraphStore, model: torch.nn.Module, fanouts=(-1, -1), live=None, **extra):
@@ -370,7 +370,7 @@ def test_a_new_user_on_a_precomputed_archive_equals_the_forward_with_it_added(
     """A precomputed archive stores outputs, sampled fanouts notwithstanding: a new node's
     answer is the forward on its whole in-neighbourhood, so it is exact with fanouts [1, 1]."""
     model = hetero_conv(store) if arch == "heteroconv" else node_recipe(store, arch)
-    precompute(model, store, tmp_path / "rows", "weights", progress=False, hops=2)
+    precompute(model, store, tmp_path / "rows", "weights", progress=False)
     settings = ServingSettings.from_yaml_section({"fanouts": [1, 1]})
     engine = NodeClassificationEngine.create(
         store,
@@ -400,7 +400,7 @@ def test_a_user_model_without_an_embedding_scores_a_new_node_with_its_forward(st
             [list(r.edge_type.triple) for r in store.schema.relations],
         ],
     )
-    model = UserHeteroModel(module, store.schema.target).eval()
+    model = UserHeteroModel(module, store.schema.target, hops=2).eval()
     assert not model.has_embedding
     body, edges, x = payment_request(store)
     del body["return_embedding"]

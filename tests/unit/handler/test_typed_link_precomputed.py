@@ -44,7 +44,7 @@ def link_model(store: GraphStore, arch: str, decoder: str) -> HeteroLinkModel:
     torch.manual_seed(0)
     if arch == "own":
         module = user_models.FraudPaysLink(devices=DEVICES, hidden=8, edge_dim=2)
-        model: torch.nn.Module = UserHeteroLinkModel(module, ("user", "pays", "merchant"))
+        model: torch.nn.Module = UserHeteroLinkModel(module, ("user", "pays", "merchant"), hops=2)
     else:
         config = ModelConfig(
             task="link", arch=arch, decoder=decoder, in_dim=store.feature_dim, out_dim=8,
@@ -63,7 +63,7 @@ def worker(
     store: GraphStore, model: HeteroLinkModel, directory: Path, log: Path
 ) -> tuple[LinkEngine, LiveGraph]:
     """A worker of the link archive under ``directory`` with sampled fanouts, on ``log``."""
-    engine, live = link_worker(store, model, directory, log, fanouts=(2, 1), hops=2)
+    engine, live = link_worker(store, model, directory, log, fanouts=(2, 1))
     assert live is not None
     return engine, live
 

@@ -26,7 +26,6 @@ from tests.typed_graphs import fraud_store, hetero_conv_model, node_recipe
 from tests.typed_live_reference import materialized_typed, random_typed_update
 
 UPDATES = 60
-HOPS = 2
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +41,7 @@ def worker(
     store: GraphStore, model: torch.nn.Module, rows: Path, log: Path | RedisLogConfig
 ) -> tuple[NodeClassificationEngine, LiveGraph]:
     """A worker of the typed archive whose rows live in ``rows``, following ``log``."""
-    engine, live = node_worker(store, model, rows, log, fanouts=(2, 1), hops=HOPS)
+    engine, live = node_worker(store, model, rows, log, fanouts=(2, 1))
     assert live is not None
     return engine, live
 

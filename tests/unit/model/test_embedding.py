@@ -7,7 +7,6 @@ import torch
 
 from model import ModelConfig, build_model
 from model.architectures import gcn_norm_with_degree
-from model.embedding import forward_with_embedding
 
 
 @pytest.mark.parametrize("arch", ["gcn", "sage", "gat", "gin"])
@@ -17,7 +16,7 @@ def test_embedding_is_the_last_layers_input(small_graph, arch):
     model = build_model(ModelConfig.from_dict(config)).eval()
     x, edge_index = small_graph.x, small_graph.edge_index
     with torch.no_grad():
-        logits, hidden = forward_with_embedding(model, x, edge_index)
+        logits, hidden = model.forward_with_embedding(x, edge_index)
         assert torch.equal(logits, model(x, edge_index))
         # Rebuilt by hand: the first L-1 layers, each followed by the ReLU (eval: no dropout).
         kwargs = {}
@@ -35,18 +34,19 @@ def test_embedding_is_the_last_layers_input(small_graph, arch):
 def test_one_layer_embeds_the_input_features(small_graph):
     model = build_model(ModelConfig(in_dim=6, out_dim=3, num_layers=1)).eval()
     with torch.no_grad():
-        _, hidden = forward_with_embedding(model, small_graph.x, small_graph.edge_index)
+        _, hidden = model.forward_with_embedding(small_graph.x, small_graph.edge_index)
     assert torch.equal(hidden, small_graph.x)
 
 
 def test_a_link_predictor_embeds_with_its_encoder(small_graph):
     model = build_model({"task": "link", "in_dim": 6, "out_dim": 4}).eval()
     with torch.no_grad():
-        z, embedding = forward_with_embedding(model, small_graph.x, small_graph.edge_index)
+        z, embedding = model.forward_with_embedding(small_graph.x, small_graph.edge_index)
     assert z is embedding and z.shape == (small_graph.x.shape[0], 4)
 
 
-def test_graph_classifiers_have_no_node_embedding(small_graph):
-    model = build_model({"task": "graph", "in_dim": 6, "out_dim": 3})
-    with pytest.raises(TypeError, match="no node embedding"):
-        forward_with_embedding(model, small_graph.x, small_graph.edge_index)
+def test_a_graph_classifiers_embedding_is_its_graphs(small_graph):
+    model = build_model({"task": "graph", "in_dim": 6, "out_dim": 3, "hidden_dim": 8}).eval()
+    with torch.no_grad():
+        rows, embedding = model.forward_with_embedding(small_graph.x, small_graph.edge_index)
+    assert rows.shape == (1, 3) and embedding.shape == (1, 8)

@@ -18,7 +18,6 @@ from torch_geometric.nn.dense import Linear
 from torch_geometric.nn.models import MLP
 
 from model import build_model
-from model.embedding import forward_with_embedding
 from model.hetero_recipes import HeteroArch, HeteroSpec, build_hetero_model
 from model.served_hetero import HeteroNodeModel, UserHeteroModel
 from model.typed_batch import inputs_from_hetero_data
@@ -103,12 +102,12 @@ def one_type_gaps(model: torch.nn.Module, graph: Graph, hops: int, full_degrees:
     num_nodes = graph.x.size(0)
     degree = in_degree(graph.edge_index, num_nodes)
     with torch.no_grad():
-        full, full_embedding = forward_with_embedding(model, graph.x, graph.edge_index)
+        full, full_embedding = model.forward_with_embedding(graph.x, graph.edge_index)
         ego, ego_embedding = [], []
         for seed in range(num_nodes):
             nodes, sub_edges = ego_tree(graph.edge_index, num_nodes, seed, hops)
             sub_degree = degree[nodes] if full_degrees else None
-            out, embedding = forward_with_embedding(model, graph.x[nodes], sub_edges, sub_degree)
+            out, embedding = model.forward_with_embedding(graph.x[nodes], sub_edges, sub_degree)
             ego.append(out[0])
             ego_embedding.append(embedding[0])
     output = (torch.stack(ego).softmax(dim=-1) - full.softmax(dim=-1)).abs().max().item()

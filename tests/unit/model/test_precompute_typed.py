@@ -24,6 +24,7 @@ from model.precompute import (
     precompute,
     weights_digest,
 )
+from model.served_hetero import UserHeteroModel
 from model.typed_graph import hetero_section, whole_graph_input
 from tests.typed_graphs import fraud_store, hetero_conv_model, node_recipe
 
@@ -38,7 +39,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> GraphStore:
 def stored_against_whole_graph(
     model: torch.nn.Module, store: GraphStore, directory, chunk_edges: int
 ) -> float:
-    precompute(model, store, directory, "weights", chunk_edges, progress=False, hops=2)
+    precompute(model, store, directory, "weights", chunk_edges, progress=False)
     rows = open_precomputed(directory, store, "weights")
     with torch.no_grad():
         expected = model(whole_graph_input(store))
@@ -61,18 +62,18 @@ def test_a_user_heteroconv_model_reading_edge_features_whole_and_in_chunks(store
 
 
 def test_the_plan_is_every_target_nodes_output(store):
-    plan = plan_for(node_recipe(store, "gcn", hidden=8), 2)
+    plan = plan_for(node_recipe(store, "gcn", hidden=8))
     assert plan.mode is Mode.OUTPUT and plan.hops == 2 and plan.degree
     assert "every user node's output" in plan.reason and "every relation" in plan.reason
-    assert not plan_for(node_recipe(store, "sage", hidden=8), 3).degree
-    assert (
-        "FraudHeteroConv reads a graph of several" in plan_for(hetero_conv_model(store), 2).reason
-    )
+    assert not plan_for(node_recipe(store, "sage", hidden=8)).degree
+    assert "FraudHeteroConv reads a graph of several" in plan_for(hetero_conv_model(store)).reason
 
 
 def test_a_typed_model_without_its_hops_is_refused(store):
-    with pytest.raises(ValueError, match="num_layers"):
-        plan_for(node_recipe(store, "sage", hidden=8))
+    """An adapter built before its hops are known (a build's probe) has no plan."""
+    probing = UserHeteroModel(hetero_conv_model(store).module, store.schema.target)
+    with pytest.raises(ValueError, match=r"FraudHeteroConv must be given .*num_layers.*got 0"):
+        plan_for(probing)
 
 
 @pytest.mark.parametrize("arch", ["sage", "gat"])
@@ -87,10 +88,10 @@ def test_a_typed_link_models_rows_are_both_ends_encode_embeddings(store, tmp_pat
         heads=2, hetero=section,
     )  # fmt: skip
     model = HeteroLinkPredictor(config).eval()
-    plan = plan_for(model, 2)
+    plan = plan_for(model)
     assert plan.types == ("user", "merchant")
     assert plan.reason.startswith("every user and merchant node's embedding (encode)")
-    precompute(model, store, tmp_path / "p", "weights", 64, progress=False, hops=2)
+    precompute(model, store, tmp_path / "p", "weights", 64, progress=False)
     rows = np.array(open_precomputed(tmp_path / "p", store, "weights").layers[0])
     expected = full_graph_embeddings(model, store)
     assert rows.shape == (store.schema.node_type("merchant").stop, 8)
@@ -99,7 +100,7 @@ def test_a_typed_link_models_rows_are_both_ends_encode_embeddings(store, tmp_pat
 
 def test_rows_of_another_graph_are_refused(store, tmp_path):
     model = node_recipe(store, "sage", hidden=8)
-    precompute(model, store, tmp_path / "p", "weights", progress=False, hops=2)
+    precompute(model, store, tmp_path / "p", "weights", progress=False)
     rows = open_precomputed(tmp_path / "p", store, "weights")
     assert rows.hops == 2
     other = fraud_store(tmp_path / "other", 81, 15, 30, 250, 6)

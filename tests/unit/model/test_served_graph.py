@@ -39,7 +39,7 @@ def test_the_default_embedding_is_the_input_of_the_last_linear_layer_on_graph_ro
     module = user_models.GinGraph(8, 16, 4)
     assert probe_graph(module, 8, None).last_linear == "head2"
     model = adapter(module, "head2")
-    assert isinstance(model, GraphModel) and model.embeds and model.in_dim == 8
+    assert isinstance(model, GraphModel) and model.has_embedding and model.in_dim == 8
     x, edge_index, batch = two_graphs()
     with torch.no_grad():
         rows, embedding = model.forward_with_embedding(x, edge_index, batch)
@@ -68,7 +68,7 @@ def test_a_model_whose_linear_layers_see_only_node_rows_names_no_embedding():
     x, edge_index, batch = two_graphs()
     with torch.no_grad():
         rows, embedding = model.forward_with_embedding(x, edge_index, batch)
-    assert not model.embeds and embedding is None and rows.shape == (2, 4)
+    assert not model.has_embedding and embedding is None and rows.shape == (2, 4)
 
 
 class NoBatch(torch.nn.Module):
