@@ -98,6 +98,7 @@ class GraphClassifier(torch.nn.Module):
         self.encoder: NodeClassifier = build_node_classifier(
             dataclasses.replace(config, task=Task.NODE, out_dim=config.hidden_dim)
         )
+        self._in_dim = config.in_dim
         self.pool = _POOL[config.pooling]
         self.head = MLP(
             [config.hidden_dim, config.hidden_dim, config.out_dim],
@@ -107,7 +108,7 @@ class GraphClassifier(torch.nn.Module):
 
     @property
     def in_dim(self) -> int:
-        return int(self.encoder.gnn.in_channels)
+        return self._in_dim
 
     @property
     def edge_dim(self) -> int:
