@@ -247,7 +247,7 @@ def test_presets_equal_the_plain_pyg_model_with_self_loops_and_parallel_edges(
     """Weights saved from the plain PyG model load into the preset (no renaming), and the
     preset's served answer is that plain model's full-graph forward on the graph as given."""
     from model import build_model
-    from model.export import preset_keys
+    from model.served.factory import preset_keys
 
     torch.manual_seed(0)
     extra = {"heads": 4} if arch == "gat" else {}
