@@ -24,7 +24,7 @@ from torch_geometric.nn.models import MLP
 from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from model.config import Arch, ModelConfig, Task
-from model.embedding import with_input_of
+from model.served.capture import with_input_of
 from model.served.contract import Mode, Plan, ServedModel, ServingNeeds
 from model.trimmed import (
     ConvOnRows,

@@ -12,30 +12,30 @@
   ``--embedding-method`` returns, else the input of the last Linear layer
   (``model.served_graph``).
 
-Captured from the same forward pass that gives the prediction (:func:`with_input_of`, a
-forward pre-hook on the layer), so an embedding always belongs to the answer it comes with.
+Captured from the same forward pass that gives the prediction
+(``model.served.capture.with_input_of``, a forward pre-hook on the layer), so an embedding
+always belongs to the answer it comes with.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
+from model.served.contract import served
 
-def with_input_of(layer: torch.nn.Module, forward: Any) -> tuple[Tensor, Tensor]:
-    """``forward()``'s output and the input of ``layer``'s last call in it (the destination
-    rows of a bipartite call)."""
-    captured: list[Tensor] = []
 
-    def keep_input(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        value = args[0] if args else kwargs["x"]
-        captured.append(value[1] if isinstance(value, tuple) else value)
-
-    handle = layer.register_forward_pre_hook(keep_input, with_kwargs=True)
-    try:
-        output = forward()
-    finally:
-        handle.remove()
-    return output, captured[-1]
+def forward_with_embedding(
+    model: torch.nn.Module,
+    x: Tensor,
+    edge_index: Tensor,
+    degree: Tensor | None = None,
+    edge_attr: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(output, embedding)`` per row of ``x`` from one forward pass of a node-level model of
+    a graph of one type (the contract's ``forward_with_embedding``); ValueError for a model
+    with none."""
+    output, embedding = served(model).forward_with_embedding(x, edge_index, degree, edge_attr)
+    if embedding is None:
+        raise ValueError(f"no node embedding is defined for {type(model).__name__}")
+    return output, embedding

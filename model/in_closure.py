@@ -31,8 +31,9 @@ from graph_assets.errors import SubgraphTooLarge
 from graph_assets.graph_view import GraphView
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore
+from model.embedding import forward_with_embedding
 from model.served import serving_needs, tell_largest_degree
-from model.served.contract import ServedModel, served
+from model.served.contract import ServedModel
 from model.typed_rows import typed_rows
 from model.user_model import EdgeInput
 
@@ -205,11 +206,7 @@ def closure_forward(
         tell_largest_degree(model, degrees.largest)
     with torch.inference_mode():
         if with_embedding:
-            out, embedding = served(model).forward_with_embedding(
-                features, edge_index, degree, attr
-            )
-            if embedding is None:
-                raise ValueError(f"{type(model).__name__} has no embedding")
+            out, embedding = forward_with_embedding(model, features, edge_index, degree, attr)
             vectors = embedding[: closure.seeds].float().cpu().numpy()
         else:
             out, vectors = model(features, edge_index, degree=degree, edge_attr=attr), None

@@ -24,8 +24,8 @@ from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
 
 from model.config import Task
-from model.embedding import with_input_of
 from model.served import edge_kwargs
+from model.served.capture import with_input_of
 from model.served.contract import ServedModel, ServingNeeds
 from model.user_model import EdgeInput, UserModelConfig
 

@@ -26,7 +26,7 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
 from model.config import Task
-from model.embedding import with_input_of
+from model.served.capture import with_input_of
 from model.served.contract import Mode, Plan, ServedModel, ServingNeeds, served
 from model.trimmed import gnn_layer, known_hop_edges, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from model import ModelConfig, build_model
 from model.architectures import gcn_norm_with_degree
+from model.embedding import forward_with_embedding
+from model.served.factory import served_user_model
+from model.user_model import UserModelConfig, import_model_class, instantiate
 
 
 @pytest.mark.parametrize("arch", ["gcn", "sage", "gat", "gin"])
@@ -50,3 +55,24 @@ def test_a_graph_classifiers_embedding_is_its_graphs(small_graph):
     with torch.no_grad():
         rows, embedding = model.forward_with_embedding(small_graph.x, small_graph.edge_index)
     assert rows.shape == (1, 3) and embedding.shape == (1, 8)
+
+
+def test_the_accessor_refuses_a_model_that_names_no_embedding(small_graph):
+    """``model.embedding.forward_with_embedding`` is the contract's, and a user's model whose
+    build named no embedding layer has none."""
+    config = UserModelConfig(
+        model_class="torch_geometric.nn.models.GraphSAGE",
+        model_args={"in_channels": 6, "hidden_channels": 8, "num_layers": 2, "out_channels": 3},
+        in_dim=6,
+        out_dim=3,
+        num_layers=2,
+    )
+    module = instantiate(import_model_class(config.model_class, None), config.model_args)
+    model = served_user_model(module.eval(), config)
+    with pytest.raises(ValueError, match="no embedding was named for GraphSAGE"):
+        forward_with_embedding(model, small_graph.x, small_graph.edge_index)
+    named = served_user_model(module, dataclasses.replace(config, embedding="convs.1"))
+    with torch.no_grad():
+        rows, embedding = forward_with_embedding(named, small_graph.x, small_graph.edge_index)
+        assert torch.equal(rows, module(small_graph.x, small_graph.edge_index))
+    assert embedding.shape == (small_graph.x.shape[0], 8)
