@@ -6,10 +6,10 @@ graph-level model, whoever wrote it: ``forward(x, edge_index, batch=None, edge_a
 gives one row per graph (``batch`` maps each node row to its graph, PyG's ``Batch.batch``; None
 meaning one graph; ``edge_attr`` one row per edge, given exactly when ``edge_dim`` > 0),
 ``forward_with_embedding`` the rows and the graph embeddings of one pass (None when the model
-names no embedding: ``has_embedding`` is False), ``in_dim`` the node feature width, ``edge_dim`` the
-edge feature width it reads (0: none; the presets read none). What
-the rows are follows ``serving_needs(model).output`` (``model.served``). The user's class gets
-the protocol from ``model.served_graph.UserGraphModel``.
+names no embedding: ``has_embedding`` is False), ``in_dim`` the node feature width,
+``edge_dim`` the edge feature width it reads (0: none; the presets read none). What the rows
+are follows the model's ``serving_needs.output`` (``model.served``). The user's class gets the
+protocol from ``model.served_graph.UserGraphModel``.
 
 ``GraphClassifier.forward`` gives per-graph logits. A graph's answer depends only on its own
 nodes and edges, so graphs batched together (a disjoint union, as ``torch_geometric.data.Batch``

@@ -7,9 +7,9 @@ level_sizes=None, edge_attr=None)`` encodes an ego-graph (or the whole graph) in
 embedding per row, the node protocol's keywords (``model.served``); ``score(z_src, z_dst)``
 scores pairs of embeddings and ``score_against(z_src, table)`` one node against every row of a
 table. :class:`LinkPredictor` implements it; the user's GAE-style class gets it from
-``model.served_link.UserLinkModel``. What a score is follows ``serving_needs(model).output``:
-``logits`` (the presets) are served as ``sigmoid(logit)``, ``probabilities`` and ``raw`` as
-they are (:func:`answer_scores`).
+``model.served_link.UserLinkModel``. What a score is follows the model's
+``serving_needs.output``: ``logits`` (the presets) are served as ``sigmoid(logit)``,
+``probabilities`` and ``raw`` as they are (:func:`answer_scores`).
 
 ``LinkPredictor.forward`` returns the encoder's last layer (``out_dim`` wide, no activation):
 that is the node's embedding, the same thing the decoder consumes. Both decoders are symmetric

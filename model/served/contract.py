@@ -1,12 +1,12 @@
 """The one served-model contract: everything serving asks of a model, whoever wrote it.
 
-Every model a worker, a build or a verification serves is built by
-:func:`model.served.factory.served_model` (``model.export.load_model`` calls it) and declares
-what the engines need as attributes, as PyG's ``BasicGNN`` declares ``supports_edge_attr``:
-which task it answers, whether it reads a graph of several node types (``typed``), what the
-ego-graph must carry (``serving_needs``), its hops, whether it has embedding rows and how its
-rows are precomputed. The engines read those declarations and never ask which class a model
-is or reach inside one; only the factory knows the classes.
+Every model a worker, a build or a verification serves is built by the one factory
+(``model.served.factory``: ``served_preset``, ``served_user_model``; ``model.export.load_model``
+calls it) and declares what the engines need as attributes, as PyG's ``BasicGNN`` declares
+``supports_edge_attr``: which task it answers, whether it reads a graph of several node types
+(``typed``), what the ego-graph must carry (``serving_needs``), its hops, whether it has
+embedding rows and how its rows are precomputed. The engines read those declarations and
+never ask which class a model is or reach inside one; only the factory knows the classes.
 """
 
 from __future__ import annotations
