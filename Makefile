@@ -1,11 +1,11 @@
-# One-command set-up: `make serve` (install, build the demo archive, start TorchServe) and
-# `make test` (install, lint, type-check, the whole suite).
+# One-command set-up: `make serve` (install, build the demo archive, start TorchServe),
+# `make test` (install, lint, type-check, the whole suite) and `make test-quick` (unit tests).
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install mar serve stop test lint typecheck unit integration bench bench-full demo-report clean \
+.PHONY: install mar serve stop test test-quick lint typecheck unit integration bench bench-full demo-report clean \
 	redis-server \
 	audit \
 	status register set-default scale unregister resume
@@ -60,14 +60,17 @@ lint: install
 typecheck: install
 	$(BIN)/mypy
 
-unit: install redis-server
-	$(BIN)/pytest tests/unit -q
+# The unit tests, the inner loop: in parallel, one pytest-xdist worker per core, each test file
+# on one worker (its module fixtures are built once); then the few marked `serial`, whose time
+# bounds a busy neighbour could break, alone. Each run prints its 15 slowest tests.
+test-quick unit: install redis-server
+	$(BIN)/pytest tests/unit -q -n auto --dist loadfile -m "not serial" --durations=15
+	$(BIN)/pytest tests/unit -q -p no:xdist -m serial --durations=15
 
 integration: install redis-server
-	$(BIN)/pytest tests/integration -q
+	$(BIN)/pytest tests/integration -q --durations=15
 
-test: install lint typecheck redis-server
-	$(BIN)/pytest -q
+test: install lint typecheck unit integration
 
 # The Redis update log is tested against a real redis-server (Debian's redis-server is 7.0):
 # installed here when missing and running as root, else the one command to run is printed.

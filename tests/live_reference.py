@@ -16,7 +16,8 @@ def live_ids(live: LiveGraph) -> list:
     overlay = live.overlay
     kept = [n for n in range(overlay.num_nodes) if n not in overlay.removed]
     ids = overlay.external_ids(np.array(kept, dtype=np.int64))
-    return [i for i in ids if overlay.lookup([i])[0] >= 0]
+    found = overlay.lookup(ids) if ids else np.empty(0, dtype=np.int64)
+    return [i for i, node in zip(ids, found.tolist(), strict=True) if node >= 0]
 
 
 def random_update(rng: random.Random, live: LiveGraph, counter: list[int]) -> list[dict]:

@@ -15,6 +15,8 @@ from bench.harness import loadgen  # noqa: E402
 from bench.harness.ports import free_ports  # noqa: E402
 
 SERVICE_S = 0.05
+# Latencies are held to bounds of a few service times: a busy neighbour worker would stretch them.
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")

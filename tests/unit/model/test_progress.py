@@ -25,8 +25,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def train_command(store: Path, out: Path, *extra: str) -> list[str]:
-    """``python -m model train`` for a few epochs: long enough to draw a bar."""
-    options = ["--hidden-dim", "8", "--epochs", "20", "--patience", "20", *extra]
+    """``python -m model train`` for a few epochs: a bar is drawn from the first one."""
+    options = ["--hidden-dim", "8", "--epochs", "3", "--patience", "3", *extra]
     command = [sys.executable, "-m", "model", "train", "--store", str(store), "--out", str(out)]
     return command + options
 
