@@ -34,11 +34,12 @@ class RedisServer:
     home: Path
     port: int = 0
     config: Path = SHIPPED_REDIS_CONFIG
+    db: int = 0  # the database ``url`` and ``client`` select (tests share one server by db)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://127.0.0.1:{self.port}/{self.db}"
 
     def start(self, timeout_s: float = 20.0) -> RedisServer:
         """Starts it (on the same port and data as before, after a stop or a kill) and waits
@@ -83,7 +84,7 @@ class RedisServer:
             client.close()
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return redis.Redis(host="127.0.0.1", port=self.port, db=self.db, socket_timeout=5)
 
     def log_text(self) -> str:
         log = self.home / "redis.log"

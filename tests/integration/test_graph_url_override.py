@@ -16,7 +16,7 @@ import requests
 import torch
 from torch_geometric.nn.models import GraphSAGE
 
-from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
+from bench.harness.redis_server import RedisServer
 from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
 from graph_assets import generate_synthetic, open_store
 from graph_assets.remote import load_store
@@ -39,14 +39,10 @@ def load(url: str, store: Path, prefix: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def production(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
-    cluster = LocalCluster(tmp_path_factory.mktemp("production"))
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
+def production(redis_cluster: LocalCluster) -> LocalCluster:
+    """The session's Redis Cluster (tests/conftest.py), empty for this module; the staging
+    Redis is this module's own: it is stopped once the archives are built."""
+    return redis_cluster
 
 
 @pytest.fixture(scope="module")

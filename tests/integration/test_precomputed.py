@@ -16,7 +16,6 @@ import pytest
 import requests
 import torch
 
-from bench.harness.redis_server import RedisServer
 from bench.harness.torchserve import TorchServe
 from graph_assets import open_store
 from graph_assets.live.redis_log import RedisLogConfig
@@ -119,34 +118,30 @@ def test_exact_after_a_random_update_stream_on_two_workers(serve, tmp_path, arch
         assert custom["precomputed"]["layers"] == 2
 
 
-def test_two_replicas_on_one_redis_log_hold_identical_rows(serve, tmp_path):
+def test_two_replicas_on_one_redis_log_hold_identical_rows(serve, tmp_path, redis_server):
     model_store = precomputed_archive(tmp_path, "gcn")
-    redis = RedisServer(tmp_path / "redis").start()
-    env = {"GNNSERVE_UPDATE_SECRET": SECRET, "GNNSERVE_UPDATE_LOG_URL": redis.url}
-    try:
-        with contextlib.ExitStack() as stack:
-            replicas = [
-                stack.enter_context(serve(model_store, "gnn=gnn.mar", name=f"pre-{i}", env=env))
-                for i in range(2)
-            ]
-            config = RedisLogConfig(redis.url)
-            live, model = stack.enter_context(
-                reference_graph(model_store, tmp_path / "reference", redis_log=config)
-            )
-            rng, counter = random.Random(5), [0]
-            last = 0
-            for _ in range(60):
-                live.sync()
-                answer = update(rng.choice(replicas), random_update(rng, live, counter))
-                assert answer.status_code == 200, answer.text
-                last = answer.json()["seq"]
-            assert live.catch_up(last, timeout_s=10)
-            ids, expected = materialized_forward(live, model)
-            first, second = (served(replica, ids) for replica in replicas)
-            assert float((first - second).abs().max()) <= 1e-6
-            assert float((first - expected).abs().max()) <= 1e-5
-    finally:
-        redis.stop()
+    env = {"GNNSERVE_UPDATE_SECRET": SECRET, "GNNSERVE_UPDATE_LOG_URL": redis_server.url}
+    with contextlib.ExitStack() as stack:
+        replicas = [
+            stack.enter_context(serve(model_store, "gnn=gnn.mar", name=f"pre-{i}", env=env))
+            for i in range(2)
+        ]
+        config = RedisLogConfig(redis_server.url)
+        live, model = stack.enter_context(
+            reference_graph(model_store, tmp_path / "reference", redis_log=config)
+        )
+        rng, counter = random.Random(5), [0]
+        last = 0
+        for _ in range(60):
+            live.sync()
+            answer = update(rng.choice(replicas), random_update(rng, live, counter))
+            assert answer.status_code == 200, answer.text
+            last = answer.json()["seq"]
+        assert live.catch_up(last, timeout_s=10)
+        ids, expected = materialized_forward(live, model)
+        first, second = (served(replica, ids) for replica in replicas)
+        assert float((first - second).abs().max()) <= 1e-6
+        assert float((first - expected).abs().max()) <= 1e-5
 
 
 def test_a_live_link_archive_scores_and_ranks_the_updated_graph(serve, tmp_path):

@@ -18,7 +18,6 @@ import yaml
 from torch_geometric.nn.models import GraphSAGE
 
 from bench.harness.ports import free_ports
-from bench.harness.redis_server import MISSING, redis_server_binary
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
@@ -36,14 +35,9 @@ COMMON = ["--fanouts", "3,2", "--batch-size", "4", "--max-batch-delay", "50", "-
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
-    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        yield cluster.start()
-    finally:
-        cluster.stop()
+def cluster(redis_cluster: LocalCluster) -> LocalCluster:
+    """The session's Redis Cluster (tests/conftest.py), empty for this module."""
+    return redis_cluster
 
 
 @pytest.fixture(scope="module")

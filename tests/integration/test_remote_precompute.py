@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import requests
 
-from bench.harness.redis_server import MISSING, redis_server_binary
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from handler.live.live_graph import LiveGraph, UpdateRequest
@@ -44,18 +43,18 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(
+    serve: Serve, tmp_path_factory: pytest.TempPathFactory, redis_cluster: LocalCluster
+) -> Iterator[Served]:
     """``<task>_local`` (the store in the archive) and ``<task>_remote`` (the store loaded into
-    the cluster, the rows loaded beside it by the build; the same weights), in one TorchServe."""
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
+    the session's cluster, the rows loaded beside it by the build; the same weights), in one
+    TorchServe."""
     root = tmp_path_factory.mktemp("remote_precompute")
     graph, store, model_store = write_small_graph(root / "graph"), root / "store", root / "mars"
     python_m("graph_assets", "build", "--graph", str(graph), "--out", str(store))
-    cluster = LocalCluster(root / "cluster").start()
     reference = LiveGraph(open_store(store), root / "reference.log")
     try:
-        load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
+        load = ["--store", str(store), "--url", redis_cluster.url, "--prefix", PREFIX]
         python_m("graph_assets", "load-redis", *load, "--block-size", "8")
         models = []
         for task, options in TASKS.items():
@@ -64,7 +63,7 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
             with zipfile.ZipFile(model_store / f"{local}.mar") as archive:
                 weights = Path(archive.extract("model.pt", root / local))
             remote = f"{task}_remote"
-            where = ["--graph-location", f"{cluster.url}/{PREFIX}", "--weights", str(weights)]
+            where = ["--graph-location", f"{redis_cluster.url}/{PREFIX}", "--weights", str(weights)]
             named = ["--store", str(store), "--name", remote]
             built(*COMMON, *named, *where, *options, *paths(root, remote))
             with zipfile.ZipFile(model_store / f"{remote}.mar") as archive:
@@ -77,7 +76,6 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
             yield Served(server, reference)
     finally:
         reference.close()
-        cluster.stop()
 
 
 def paths(root: Path, state: str) -> list[str]:

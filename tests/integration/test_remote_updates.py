@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 import requests
 
-from bench.harness.redis_server import MISSING, redis_server_binary
 from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
@@ -55,13 +54,16 @@ class Served:
 
 @pytest.fixture(scope="module", params=sorted(GRAPHS))
 def served(
-    request: pytest.FixtureRequest, serve: Serve, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    serve: Serve,
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_cluster: LocalCluster,
 ) -> Iterator[Served]:
     """``local`` (the store in the archive) and ``remote`` (the same store loaded into the
-    cluster; the same weights), each on its own state directory, in one TorchServe."""
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
+    session's cluster under a prefix of its own; the same weights), each on its own state
+    directory, in one TorchServe."""
     name = request.param
+    prefix = f"{PREFIX}-{name}"  # both graphs share the module's cluster
     build_options, model = GRAPHS[name]
     root = tmp_path_factory.mktemp(f"remote_updates_{name}")
     if name == "typed":
@@ -71,16 +73,15 @@ def served(
     store, model_store = root / "store", root / "model_store"
     build = ["--graph", str(graph), "--out", str(store), *build_options]
     python_m("graph_assets", "build", *build)
-    cluster = LocalCluster(root / "cluster").start()
     reference = LiveGraph(open_store(store), root / "reference.log")
     try:
-        load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
+        load = ["--store", str(store), "--url", redis_cluster.url, "--prefix", prefix]
         python_m("graph_assets", "load-redis", *load, "--block-size", "8")
         local = ["--name", "local", "--epochs", "5", *model, *paths(root, "a")]
         built(*COMMON, "--store", str(store), *local)
         with zipfile.ZipFile(model_store / "local.mar") as archive:
             weights = Path(archive.extract("model.pt", root / "local"))
-        remote = ["--graph-location", f"{cluster.url}/{PREFIX}", "--weights", str(weights)]
+        remote = ["--graph-location", f"{redis_cluster.url}/{prefix}", "--weights", str(weights)]
         named = ["--store", str(store), "--name", "remote"]
         built(*COMMON, *named, *remote, *model, *paths(root, "b"))
         env = {"GNNSERVE_UPDATE_SECRET": SECRET}
@@ -89,7 +90,6 @@ def served(
             yield Served(server, reference, typed=name == "typed")
     finally:
         reference.close()
-        cluster.stop()
 
 
 def paths(root: Path, state: str) -> list[str]:

@@ -118,13 +118,13 @@ def test_a_wait_that_times_out_is_written_but_not_acknowledged(redis_server, mon
     assert log.size() == 1
 
 
-def test_a_full_redis_refuses_the_record_whole(redis_server):
-    log, _ = open_redis_update_log(Lineage(), RedisLogConfig(redis_server.url))
-    redis_server.client().config_set("maxmemory", "1")
+def test_a_full_redis_refuses_the_record_whole(own_redis_server):
+    log, _ = open_redis_update_log(Lineage(), RedisLogConfig(own_redis_server.url))
+    own_redis_server.client().config_set("maxmemory", "1")
     with pytest.raises(UpdateLogWriteFailed, match="maxmemory") as refused:
         log.append(ADD, 1, at=0)
     assert refused.value.errno == errno.ENOSPC and refused.value.rolled_back
-    redis_server.client().config_set("maxmemory", "0")
+    own_redis_server.client().config_set("maxmemory", "0")
     assert log.size() == 0
 
 

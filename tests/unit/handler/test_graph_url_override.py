@@ -7,7 +7,6 @@ one line. ``GNNSERVE_GRAPH_PASSWORD_FILE`` gives the graph's cluster its own pas
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,18 +58,13 @@ def load(server: RedisServer, store: GraphStore, prefix: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def production(
-    tmp_path_factory: pytest.TempPathFactory, stores: dict[str, GraphStore]
-) -> Iterator[RedisServer]:
-    """A Redis holding the graph under two names and another graph under a third."""
-    server = start_redis(tmp_path_factory.mktemp("redis"))
-    try:
-        load(server, stores["graph"], "graph")
-        load(server, stores["graph"], "prod")
-        load(server, stores["other"], "other")
-        yield server
-    finally:
-        server.stop()
+def production(single_redis: RedisServer, stores: dict[str, GraphStore]) -> RedisServer:
+    """A Redis (the session's, tests/conftest.py) holding the graph under two names and another
+    graph under a third."""
+    load(single_redis, stores["graph"], "graph")
+    load(single_redis, stores["graph"], "prod")
+    load(single_redis, stores["other"], "other")
+    return single_redis
 
 
 def archive(location: str, checksum: str) -> ServingSettings:

@@ -67,20 +67,20 @@ def test_racing_writers_never_share_a_seq(int_store, redis_server):
     assert (first.overlay.lookup([90_001, 90_002]) >= 0).all()
 
 
-def test_redis_down_serves_the_last_version_and_refuses_updates(int_store, redis_server):
-    live, other = replicas(int_store, redis_server)
+def test_redis_down_serves_the_last_version_and_refuses_updates(int_store, own_redis_server):
+    live, other = replicas(int_store, own_redis_server)
     model = random_model(int_store, "sage")
     x = [0.2] * int_store.feature_dim
     live.update(UpdateRequest([{"type": "add_node", "id": 90_010, "x": x}]))
     some = live_ids(live)[:3]
     served = answers(live, model, some)
-    redis_server.kill()
+    own_redis_server.kill()
     assert torch.equal(answers(live, model, some), served)  # the last version, no error
     assert live.unreachable is not None and live.log_errors >= 1
     with pytest.raises(UpdateLogUnavailable, match="unreachable"):  # 503
         live.update(UpdateRequest([{"type": "add_node", "id": 90_011, "x": x}]))
     assert live.seq == 1 and live.overlay.lookup([90_011])[0] < 0  # nothing half-applied
-    redis_server.start()
+    own_redis_server.start()
     assert live.update(UpdateRequest([{"type": "add_node", "id": 90_012, "x": x}])).seq == 2
     assert live.unreachable is None
     assert other.catch_up(2, timeout_s=5) and other.version == live.version
@@ -118,40 +118,40 @@ def test_an_append_whose_answer_times_out_is_not_called_unapplied(
     assert redis_server.client().xlen(live.log.key) == 1
 
 
-def test_acknowledged_updates_survive_redis_killed(int_store, redis_server):
-    live, _ = replicas(int_store, redis_server)
+def test_acknowledged_updates_survive_redis_killed(int_store, own_redis_server):
+    live, _ = replicas(int_store, own_redis_server)
     x = [0.3] * int_store.feature_dim
     for i in range(40):
         live.update(UpdateRequest([{"type": "add_node", "id": 91_000 + i, "x": x}]))
-    redis_server.kill()  # appendfsync always: what was acknowledged is on disk
-    redis_server.start()
-    fresh = replicas(int_store, redis_server, count=1)[0]
+    own_redis_server.kill()  # appendfsync always: what was acknowledged is on disk
+    own_redis_server.start()
+    fresh = replicas(int_store, own_redis_server, count=1)[0]
     assert fresh.seq == 40
     assert (fresh.overlay.lookup([91_000 + i for i in range(40)]) >= 0).all()
 
 
-def test_a_log_that_lost_records_stops_updates(int_store, redis_server):
-    live, _ = replicas(int_store, redis_server)
+def test_a_log_that_lost_records_stops_updates(int_store, own_redis_server):
+    live, _ = replicas(int_store, own_redis_server)
     x = [0.4] * int_store.feature_dim
     live.update(UpdateRequest([{"type": "add_node", "id": 92_000, "x": x}]))
-    redis_server.client().flushall()  # what a Redis without its append-only file does
+    own_redis_server.client().flushall()  # what a Redis without its append-only file does
     with pytest.raises(UpdatesHalted):  # 503: the append sees it: nothing is written after a gap
         live.update(UpdateRequest([{"type": "add_node", "id": 92_001, "x": x}]))
     assert live.failure is not None and "lost acknowledged records" in live.failure.reason
-    assert redis_server.client().xlen(live.log.key) == 0
+    assert own_redis_server.client().xlen(live.log.key) == 0
 
 
-def test_the_follower_applies_other_replicas_updates_and_comes_back(int_store, redis_server):
-    writer, follower = replicas(int_store, redis_server, count=1) + replicas(
-        int_store, redis_server, count=1, follow_interval_s=0.005
+def test_the_follower_applies_other_replicas_updates_and_comes_back(int_store, own_redis_server):
+    writer, follower = replicas(int_store, own_redis_server, count=1) + replicas(
+        int_store, own_redis_server, count=1, follow_interval_s=0.005
     )
     try:
         x = [0.5] * int_store.feature_dim
         writer.update(UpdateRequest([{"type": "add_node", "id": 93_000, "x": x}]))
         wait_for(lambda: follower.seq == 1)
-        redis_server.kill()
+        own_redis_server.kill()
         wait_for(lambda: follower.unreachable is not None)
-        redis_server.start()
+        own_redis_server.start()
         writer.update(UpdateRequest([{"type": "add_node", "id": 93_001, "x": x}]))
         wait_for(lambda: follower.seq == 2 and follower.unreachable is None)
         assert follower.lag == 0 and follower.log_errors >= 1

@@ -5,13 +5,11 @@ in- and out-degrees (and the largest) and lookups, on a typed graph and a one-ty
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
-from bench.harness.redis_server import MISSING, redis_server_binary
 from graph_assets import GraphStore
 from graph_assets.live.operations import decode_operations
 from graph_assets.live.overlay import GraphOverlay
@@ -39,14 +37,9 @@ class _Live:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
-    started = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
-    try:
-        yield started
-    finally:
-        started.stop()
+def cluster(redis_cluster: LocalCluster) -> LocalCluster:
+    """The session's Redis Cluster (tests/conftest.py), empty for this module."""
+    return redis_cluster
 
 
 def _remote(cluster: LocalCluster, store: GraphStore, prefix: str) -> GraphOverlay:

@@ -7,7 +7,6 @@ another build are refused at start in one line."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from bench.harness.redis_server import MISSING, redis_server_binary
 from graph_assets import GraphStore, StoreError
 from graph_assets.remote import RemoteDataCorrupt, RemoteDataLost, RemoteStore, open_remote_store
 from graph_assets.remote.connect import connect
@@ -49,14 +47,9 @@ TOLERANCE = 1e-6
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
-    started = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
-    try:
-        yield started
-    finally:
-        started.stop()
+def cluster(redis_cluster: LocalCluster) -> LocalCluster:
+    """The session's Redis Cluster (tests/conftest.py), empty for this module."""
+    return redis_cluster
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from torch_geometric.nn.models import GAT
 
 from archive_build import own_model
 from bench.harness.ports import free_ports
-from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
+from bench.harness.redis_server import RedisServer
 from graph_assets import GraphStore, StoreError
 from graph_assets.remote import RemoteStore, RemoteUnavailable, load_store, open_remote_store
 from graph_assets.remote.connect import connect
@@ -53,18 +53,9 @@ Remote = Callable[[str, str], RemoteStore]
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
-    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
-    single = RedisServer(tmp_path_factory.mktemp("redis"))
-    try:
-        cluster.start()
-        single.start()
-        yield {"cluster": cluster.url, "single": single.url.rsplit("/", 1)[0]}
-    finally:
-        single.stop()
-        cluster.stop()
+def servers(redis_cluster: LocalCluster, single_redis: RedisServer) -> dict[str, str]:
+    """The session's cluster and redis-server (tests/conftest.py), empty for this module."""
+    return {"cluster": redis_cluster.url, "single": single_redis.url.rsplit("/", 1)[0]}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
+from bench.harness.redis_server import RedisServer
 from graph_assets.live.log_lineage import update_log_path
 from graph_assets.remote import RemoteStore, load_store, open_remote_store
 from graph_assets.remote.connect import connect
@@ -21,25 +21,21 @@ SECRET = "a-secret-of-at-least-16-chars"
 
 
 @pytest.fixture(scope="module")
-def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RemoteStore]:
-    if redis_server_binary() is None:
-        pytest.fail(MISSING)
+def remote(
+    tmp_path_factory: pytest.TempPathFactory, single_redis: RedisServer
+) -> Iterator[RemoteStore]:
     store = edge_feature_store(tmp_path_factory.mktemp("edges"))
-    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    url = single_redis.url.rsplit("/", 1)[0]
+    client = connect(url, 5000)
     try:
-        url = server.url.rsplit("/", 1)[0]
-        client = connect(url, 5000)
-        try:
-            assert load_store(store, client, "policy", shown_url=url).complete
-        finally:
-            client.close()
-        graph = open_remote_store(url, "policy", store.checksum, cache_mb=1, timeout_ms=5000)
-        try:
-            yield graph
-        finally:
-            graph.close()
+        assert load_store(store, client, "policy", shown_url=url).complete
     finally:
-        server.stop()
+        client.close()
+    graph = open_remote_store(url, "policy", store.checksum, cache_mb=1, timeout_ms=5000)
+    try:
+        yield graph
+    finally:
+        graph.close()
 
 
 def settings(task: str, state: Path) -> ServingSettings:

@@ -152,20 +152,20 @@ def test_the_cli_refuses_in_one_line(
 
 
 def test_a_password_is_used_never_printed_nor_stored(
-    redis_server: RedisServer,
+    own_redis_server: RedisServer,
     one_type_store: GraphStore,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     secret = "s3cret-Pa55"
-    admin = redis_server.client()
+    admin = own_redis_server.client()
     admin.config_set("requirepass", secret)
     admin.close()
     password_file = tmp_path / "password"
     password_file.write_text(secret + "\n")
     os.chmod(password_file, 0o600)
-    args = ["load-redis", "--store", str(one_type_store.path), "--url", redis_server.url]
+    args = ["load-redis", "--store", str(one_type_store.path), "--url", own_redis_server.url]
 
     assert main(args) == 2  # no password: refused in one line
     err = capsys.readouterr().err
@@ -173,13 +173,13 @@ def test_a_password_is_used_never_printed_nor_stored(
 
     monkeypatch.setenv(PASSWORD_FILE_VARIABLE, str(password_file))
     assert main(args) == 0
-    in_url = f"redis://:{secret}@127.0.0.1:{redis_server.port}"
+    in_url = f"redis://:{secret}@127.0.0.1:{own_redis_server.port}"
     assert main([*args[:-1], in_url]) == 0
     printed = capsys.readouterr()
     assert secret not in printed.out + printed.err and ":***@127.0.0.1" in printed.out
-    same_reads(redis_server.url, "graph", one_type_store)
+    same_reads(own_redis_server.url, "graph", one_type_store)
 
-    reader = connect(redis_server.url, 2000)
+    reader = connect(own_redis_server.url, 2000)
     stored = [
         reader.get(key) if reader.type(key) == b"string" else repr(reader.hgetall(key)).encode()
         for key in reader.scan_iter()

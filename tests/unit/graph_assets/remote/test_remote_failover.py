@@ -3,7 +3,7 @@ primary that stops answering fails a read within a bound of the timeout, never a
 next reads are the graph's again; a primary killed with kill -9 fails reads
 (RemoteUnavailable, never another answer) until the cluster promotes its replica, and reads
 then succeed, identically, on the same store object: redis-py's slot map is refreshed, with no
-restart. The kill runs last: this module's cluster is its own (module-scoped fixture)."""
+restart. The kill runs last: this module's cluster is its own (own_redis_cluster)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,14 @@ pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")
-def remote(redis_cluster: LocalCluster, typed_store: GraphStore) -> Iterator[RemoteStore]:
-    client = connect(redis_cluster.url, 5000)
+def remote(own_redis_cluster: LocalCluster, typed_store: GraphStore) -> Iterator[RemoteStore]:
+    client = connect(own_redis_cluster.url, 5000)
     try:
-        load_store(typed_store, client, "faults", shown_url=redis_cluster.url, block_size=8)
+        load_store(typed_store, client, "faults", shown_url=own_redis_cluster.url, block_size=8)
     finally:
         client.close()
     store = open_remote_store(
-        redis_cluster.url, "faults", typed_store.checksum, cache_mb=0, timeout_ms=TIMEOUT_MS
+        own_redis_cluster.url, "faults", typed_store.checksum, cache_mb=0, timeout_ms=TIMEOUT_MS
     )
     try:
         yield store
@@ -62,11 +62,11 @@ def same(got: list[np.ndarray], want: list[np.ndarray]) -> bool:
 
 
 def test_a_stopped_primary_fails_a_read_within_the_timeout_and_the_next_reads_are_exact(
-    redis_cluster: LocalCluster, remote: RemoteStore
+    own_redis_cluster: LocalCluster, remote: RemoteStore
 ) -> None:
     read = reads(remote)
     want = read()
-    primary, _ = redis_cluster.a_primary()
+    primary, _ = own_redis_cluster.a_primary()
     assert primary.process is not None
     os.kill(primary.process.pid, signal.SIGSTOP)
     try:
@@ -82,11 +82,11 @@ def test_a_stopped_primary_fails_a_read_within_the_timeout_and_the_next_reads_ar
 
 
 def test_a_killed_primary_fails_reads_until_its_replica_is_promoted_then_reads_are_exact(
-    redis_cluster: LocalCluster, remote: RemoteStore
+    own_redis_cluster: LocalCluster, remote: RemoteStore
 ) -> None:
     read = reads(remote)
     want = read()
-    primary, replica = redis_cluster.a_primary()
+    primary, replica = own_redis_cluster.a_primary()
     primary.kill()
     killed = time.monotonic()
     outcomes: list[str] = []
@@ -106,7 +106,7 @@ def test_a_killed_primary_fails_reads_until_its_replica_is_promoted_then_reads_a
         assert time.monotonic() < deadline, f"no exact read 30 s after the kill: {outcomes}"
         time.sleep(0.05)
     recovered = time.monotonic() - killed
-    redis_cluster.wait_promoted(replica, timeout_s=5)
+    own_redis_cluster.wait_promoted(replica, timeout_s=5)
     for _ in range(3):
         assert same(read(), want)
     print(
