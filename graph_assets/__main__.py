@@ -105,17 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         "reverse and is not doubled); a relation between two types gets its reverse as "
         "<dst>__rev_<relation>__<src>",
     )
-    build.add_argument(
-        "--drop-self-loops",
-        action="store_true",
-        help="drop edges whose src is their dst (default: keep them, as given)",
-    )
-    build.add_argument(
-        "--drop-duplicate-edges",
-        action="store_true",
-        help="keep only the first edge of each (src, dst) in input order (default: keep "
-        "parallel edges, each with its own edge features)",
-    )
+    _add_drop_flags(build, "(src, dst)")
 
     synthetic = commands.add_parser(
         "synthetic", help="generate a labelled graph with IDs 0..NODES-1"
@@ -169,6 +159,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_drop_flags(command: argparse.ArgumentParser, edge_key: str) -> None:
+    """``--drop-self-loops`` and ``--drop-duplicate-edges``, the same on every build command;
+    ``edge_key`` is what makes two edges repeats."""
+    command.add_argument(
+        "--drop-self-loops",
+        action="store_true",
+        help="drop edges whose src is their dst (default: keep them, as given)",
+    )
+    command.add_argument(
+        "--drop-duplicate-edges",
+        action="store_true",
+        help=f"keep only the first edge of each {edge_key} in input order (default: keep "
+        "parallel edges, each with its own edge features)",
+    )
+
+
 def _add_dataset_commands(commands: argparse._SubParsersAction) -> None:
     graphs = commands.add_parser(
         "graphs", help="build a graph classification dataset store from graphs/nodes/edges files"
@@ -187,17 +193,7 @@ def _add_dataset_commands(commands: argparse._SubParsersAction) -> None:
         help="add the reverse of every edge, with its edge features (a self-loop is its own "
         "reverse and is not doubled)",
     )
-    graphs.add_argument(
-        "--drop-self-loops",
-        action="store_true",
-        help="drop edges whose src is their dst (default: keep them, as given)",
-    )
-    graphs.add_argument(
-        "--drop-duplicate-edges",
-        action="store_true",
-        help="keep only the first edge of each (graph_id, src, dst) in input order (default: "
-        "keep parallel edges, each with its own edge features)",
-    )
+    _add_drop_flags(graphs, "(graph_id, src, dst)")
     synthetic = commands.add_parser(
         "synthetic-graphs", help="generate small graphs labelled by their structure"
     )
