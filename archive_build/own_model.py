@@ -224,14 +224,7 @@ def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfi
         hetero=hetero_section(schema),
     )
     _write(Path(args.out), loaded, config)
-    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
-    print(f"  model {name}: {hops} hops ({how}; --num-hops sets it)")
-    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
-    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
-    print(
-        f"  output {config.output.value} for {schema.target} nodes, {seen.out_dim} per node; "
-        f"edge features: {reads}{degrees}"
-    )
+    _print_typed(args, name, seen, config, f" for {schema.target} nodes, {seen.out_dim} per node")
     return config
 
 
@@ -308,14 +301,8 @@ def package_typed_link(args: argparse.Namespace, store: GraphStore) -> UserModel
     out = Path(args.out)
     _write(out, loaded, config)
     meta = write_link_assets(model, store, out / LINK_DIR)
-    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
-    print(f"  model {name}: {hops} hops ({how}; --num-hops sets it)")
-    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
-    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
-    print(
-        f"  output {config.output.value}: {name}.decode scores {edge_type.name} pairs of "
-        f"{seen.out_dim}-wide embeddings; edge features: {reads}{degrees}"
-    )
+    scores_of = f"{edge_type.name} pairs of {seen.out_dim}-wide embeddings"
+    _print_typed(args, name, seen, config, f": {name}.decode scores {scores_of}")
     print(
         f"  embeddings of the {edge_type.src} and {edge_type.dst} nodes from one full-graph "
         f"encode ({meta['num_nodes']} rows) -> {LINK_DIR}/"
@@ -470,6 +457,18 @@ def _print_model(args: argparse.Namespace, name: str, hops: int, steps: int) -> 
         else f"inferred: {steps} message-passing steps in one forward; --num-hops sets it"
     )
     print(f"  model {name}: {hops} hops ({how})")
+
+
+def _print_typed(
+    args: argparse.Namespace, name: str, seen: HeteroProbe, config: UserModelConfig, rows: str
+) -> None:
+    """A typed archive's summary: its hops and how they were found, then its output
+    (``rows`` says what it is) and the edge features it reads."""
+    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
+    print(f"  model {name}: {config.num_layers} hops ({how}; --num-hops sets it)")
+    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
+    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
+    print(f"  output {config.output.value}{rows}; edge features: {reads}{degrees}")
 
 
 def _print_output(
