@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from bench.experiments.suite import finish_run, machine
-from bench.experiments.typed_graph import STAGES, stage_medians
+from bench.experiments.typed_graph import stage_medians, stage_row
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, Artifacts
 from bench.harness.paired import (
@@ -412,12 +412,7 @@ def table(results: dict[str, Any]) -> str:
         )
         stages = results["in_process"]
         r, lo = stages["remote"], stages["local"]
-        rows.append(
-            f"| in process, batch of {BATCH} requests, warm cache, remote / local | info "
-            f"| {r['total'] / lo['total']:.2f} | {r['total']:.2f} vs {lo['total']:.2f} ms; "
-            + "; ".join(f"{stage} {r[stage]:.2f} vs {lo[stage]:.2f}" for stage in STAGES)
-            + " ms |"
-        )
+        rows.append(stage_row("warm cache, remote / local", r, lo))
     loads = results["load"]
     big, one = loads["10M"], loads["1M"]
     rows.append(

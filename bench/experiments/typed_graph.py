@@ -405,14 +405,21 @@ def report_rows(results: dict[str, Any]) -> list[str]:
     )
     stages = results["in_process"]
     t, h = stages["typed"], stages["homogeneous"]
-    rows.append(
-        f"| in process, batch of {BATCH} requests, total typed / homogeneous | info "
-        f"| {t['total'] / h['total']:.2f} | {t['total']:.2f} vs {h['total']:.2f} ms; "
-        + "; ".join(f"{stage} {t[stage]:.2f} vs {h[stage]:.2f}" for stage in STAGES)
-        + f" ms; {t['sampled_nodes']:,.0f} vs {h['sampled_nodes']:,.0f} sampled nodes "
-        "(the typed path's gathers are in its forward) |"
-    )
+    sampled = f"{t['sampled_nodes']:,.0f} vs {h['sampled_nodes']:,.0f} sampled nodes"
+    more = f"; {sampled} (the typed path's gathers are in its forward)"
+    rows.append(stage_row("total typed / homogeneous", t, h, more))
     return rows
+
+
+def stage_row(what: str, first: dict[str, float], second: dict[str, float], more: str = "") -> str:
+    """The report's row of two engines' median stage times (``stage_medians``), first / second."""
+    return (
+        f"| in process, batch of {BATCH} requests, {what} | info "
+        f"| {first['total'] / second['total']:.2f} | {first['total']:.2f} vs "
+        f"{second['total']:.2f} ms; "
+        + "; ".join(f"{stage} {first[stage]:.2f} vs {second[stage]:.2f}" for stage in STAGES)
+        + f" ms{more} |"
+    )
 
 
 def table(results: dict[str, Any]) -> str:

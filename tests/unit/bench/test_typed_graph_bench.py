@@ -205,3 +205,13 @@ def test_stage_medians_alternate_the_systems_skip_the_warm_up_and_record_the_cou
     assert medians["a"]["sampled_nodes"] == batch and medians["b"]["sampled_nodes"] == batch
     assert set(medians["a"]) == {*typed_graph.STAGES, "total", "sampled_nodes"}
     assert "sampled_nodes" not in typed_graph.stage_medians(("a", "b"), engines, payload, 1, 1)["a"]
+
+
+def test_stage_row_gives_the_ratio_of_totals_and_each_stage_side_by_side() -> None:
+    first = dict.fromkeys(typed_graph.STAGES, 1.0) | {"total": 3.0}
+    second = dict.fromkeys(typed_graph.STAGES, 0.5) | {"total": 2.0}
+    stages = "; ".join(f"{stage} 1.00 vs 0.50" for stage in typed_graph.STAGES)
+    assert typed_graph.stage_row("a / b", first, second, "; more") == (
+        f"| in process, batch of {typed_graph.BATCH} requests, a / b | info | 1.50 "
+        f"| 3.00 vs 2.00 ms; {stages} ms; more |"
+    )
