@@ -170,10 +170,12 @@ def _typed_config(
     hops: int,
     needs: ServingNeeds,
     method: str,
+    relation: str | None = None,
     **more: Any,
 ) -> UserModelConfig:
-    """The config of a model on a graph of several types, from what its probe saw and what
-    it declares it needs; ``--edge-input none`` is refused where ``method`` reads edge features."""
+    """The config of a model on a graph of several types (a link model's: scoring pairs of
+    ``relation``), from what its probe saw and what it declares it needs; ``--edge-input none``
+    is refused where ``method`` reads edge features."""
     if args.edge_input == "none" and needs.edge_input is not EdgeInput.NONE:
         raise ValueError(f"--edge-input none: {loaded.name}.{method} takes edge_attr_dict")
     return _config(
@@ -184,6 +186,7 @@ def _typed_config(
         num_layers=hops,
         edge_input=needs.edge_input,
         boundary_degrees=needs.boundary_degrees,
+        hetero=hetero_section(schema, relation),
         **more,
     )
 
@@ -212,17 +215,8 @@ def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfi
                 "graph of several types it names the submodule whose input is the embedding"
             ) from None
     adapter = UserHeteroModel(module, schema.target, Output(args.output), embedding=embedding)
-    config = _typed_config(
-        args,
-        loaded,
-        schema,
-        seen,
-        hops,
-        adapter.serving_needs,
-        "forward",
-        embedding=embedding,
-        hetero=hetero_section(schema),
-    )
+    needs = adapter.serving_needs
+    config = _typed_config(args, loaded, schema, seen, hops, needs, "forward", embedding=embedding)
     _write(Path(args.out), loaded, config)
     _print_typed(args, name, seen, config, f" for {schema.target} nodes, {seen.out_dim} per node")
     return config
@@ -286,16 +280,8 @@ def package_typed_link(args: argparse.Namespace, store: GraphStore) -> UserModel
     inputs = _small_input(schema)
     seen = probe_hetero(module, inputs, lambda i: probing.encode(i)[edge_type.dst], "encode")
     hops = _hops(args, seen.steps, f"{name}.encode")
-    config = _typed_config(
-        args,
-        loaded,
-        schema,
-        seen,
-        hops,
-        probing.serving_needs,
-        "encode",
-        hetero=hetero_section(schema, edge_type.name),
-    )
+    needs = probing.serving_needs
+    config = _typed_config(args, loaded, schema, seen, hops, needs, "encode", edge_type.name)
     model = served_user_model(module, config).eval()
     scores = _probe_decode(model, seen.out_dim)
     out = Path(args.out)
