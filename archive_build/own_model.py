@@ -32,6 +32,7 @@ import torch
 from archive_build.verify import non_local_module
 from graph_assets import StoreError, open_store
 from graph_assets.input.graph_dataset import GraphDataset, open_graph_dataset
+from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import GraphStore
 from model.chebconv import check_chebconv, scales_by_largest_degree
 from model.config import Task
@@ -40,12 +41,13 @@ from model.graph_level import CLASSES_FILE, GraphModel, as_data
 from model.link import LinkModel
 from model.link_assets import LINK_DIR, write_link_assets
 from model.served import Probe, choose_edge_input, probe, trims
-from model.served.contract import served
+from model.served.contract import ServingNeeds, served
 from model.served.factory import own_model, served_user_model
 from model.served_graph import probe_graph
-from model.served_hetero import UserHeteroModel, probe_hetero, small_typed_input
+from model.served_hetero import HeteroProbe, UserHeteroModel, probe_hetero, small_typed_input
 from model.served_hetero_link import UserHeteroLinkModel
 from model.served_link import check_link_methods, decoded_scores
+from model.typed_batch import HeteroInput
 from model.typed_graph import hetero_section, target_relation
 from model.user_model import (
     MODEL_FILE_DIR,
@@ -94,22 +96,11 @@ def package(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     """Checks and writes the model directory of a node archive; returns its config."""
     loaded = load(args)
     module, name = loaded.module, loaded.name
-    edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input)
-    seen = _probed(name, module, store.feature_dim, store.edge_feature_dim, edge_input)
-    hops = _hops(args, seen.steps, f"{name}.forward")
+    edge_input, seen, hops = _probed_on_store(args, store, loaded, "forward")
     checked_output(args, name, seen.out_dim, store.num_classes, "node", "the graph")
     embedding = embedding_source(args, module, name, seen.last_layer)
-    config = _config(
-        args,
-        loaded,
-        in_dim=store.feature_dim,
-        out_dim=seen.out_dim,
-        num_layers=hops,
-        edge_input=edge_input,
-        boundary_degrees=seen.source_degrees,
-        trim=trims(module),
-        max_degree=_graph_degrees(module, store, edge_input),
-        embedding=embedding,
+    config = _store_config(
+        args, store, loaded, edge_input, seen, hops, trim=trims(module), embedding=embedding
     )
     _write(Path(args.out), loaded, config)
     _print_model(args, name, hops, seen.steps)
@@ -129,6 +120,77 @@ def _probed(name: str, module: torch.nn.Module, *probe_args: Any) -> Probe:
         raise ValueError(f"{name} is not local: {named}, which no ego-graph can serve") from None
 
 
+def _probed_on_store(
+    args: argparse.Namespace, store: GraphStore, loaded: Loaded, method: str
+) -> tuple[EdgeInput, Probe, int]:
+    """The edge input, probe and hop count of a homogeneous model whose ``method`` (node
+    archives: ``forward``; link archives: ``encode``) runs on the store's ego-graphs."""
+    module, name = loaded.module, loaded.name
+    edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input, method)
+    seen = _probed(name, module, store.feature_dim, store.edge_feature_dim, edge_input, method)
+    return edge_input, seen, _hops(args, seen.steps, f"{name}.{method}")
+
+
+def _store_config(
+    args: argparse.Namespace,
+    store: GraphStore,
+    loaded: Loaded,
+    edge_input: EdgeInput,
+    seen: Probe,
+    hops: int,
+    **more: Any,
+) -> UserModelConfig:
+    """The config of a homogeneous model served from the store, from what its probe saw."""
+    return _config(
+        args,
+        loaded,
+        in_dim=store.feature_dim,
+        out_dim=seen.out_dim,
+        num_layers=hops,
+        edge_input=edge_input,
+        boundary_degrees=seen.source_degrees,
+        max_degree=_graph_degrees(loaded.module, store, edge_input),
+        **more,
+    )
+
+
+def _small_input(schema: GraphSchema) -> HeteroInput:
+    """A small random graph of the schema's types, for the probe."""
+    return small_typed_input(
+        {t.name: t.feature_dim for t in schema.node_types},
+        {r.edge_type.triple: r.edge_feature_dim for r in schema.relations},
+    )
+
+
+def _typed_config(
+    args: argparse.Namespace,
+    loaded: Loaded,
+    schema: GraphSchema,
+    seen: HeteroProbe,
+    hops: int,
+    needs: ServingNeeds,
+    method: str,
+    relation: str | None = None,
+    **more: Any,
+) -> UserModelConfig:
+    """The config of a model on a graph of several types (a link model's: scoring pairs of
+    ``relation``), from what its probe saw and what it declares it needs; ``--edge-input none``
+    is refused where ``method`` reads edge features."""
+    if args.edge_input == "none" and needs.edge_input is not EdgeInput.NONE:
+        raise ValueError(f"--edge-input none: {loaded.name}.{method} takes edge_attr_dict")
+    return _config(
+        args,
+        loaded,
+        in_dim=schema.target_type.feature_dim,
+        out_dim=seen.out_dim,
+        num_layers=hops,
+        edge_input=needs.edge_input,
+        boundary_degrees=needs.boundary_degrees,
+        hetero=hetero_section(schema, relation),
+        **more,
+    )
+
+
 def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfig:
     """Checks and writes the model directory of a node archive on a graph of several node
     types or relations: PyG's ``forward(x_dict, edge_index_dict[, edge_attr_dict])``."""
@@ -139,10 +201,7 @@ def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfi
         raise ValueError(
             "--edge-input on a graph of several types: a model takes edge_attr_dict or nothing"
         )
-    inputs = small_typed_input(
-        {t.name: t.feature_dim for t in schema.node_types},
-        {r.edge_type.triple: r.edge_feature_dim for r in schema.relations},
-    )
+    inputs = _small_input(schema)
     seen = probe_hetero(module, inputs, UserHeteroModel(module, schema.target))
     hops = _hops(args, seen.steps, f"{name}.forward")
     checked_output(args, name, seen.out_dim, store.num_classes, "node", "the graph")
@@ -156,28 +215,10 @@ def package_typed(args: argparse.Namespace, store: GraphStore) -> UserModelConfi
                 "graph of several types it names the submodule whose input is the embedding"
             ) from None
     adapter = UserHeteroModel(module, schema.target, Output(args.output), embedding=embedding)
-    if args.edge_input == "none" and adapter.serving_needs.edge_input is not EdgeInput.NONE:
-        raise ValueError(f"--edge-input none: {name}.forward takes edge_attr_dict")
-    config = _config(
-        args,
-        loaded,
-        in_dim=schema.target_type.feature_dim,
-        out_dim=seen.out_dim,
-        num_layers=hops,
-        edge_input=adapter.serving_needs.edge_input,
-        boundary_degrees=adapter.serving_needs.boundary_degrees,
-        embedding=embedding,
-        hetero=hetero_section(schema),
-    )
+    needs = adapter.serving_needs
+    config = _typed_config(args, loaded, schema, seen, hops, needs, "forward", embedding=embedding)
     _write(Path(args.out), loaded, config)
-    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
-    print(f"  model {name}: {hops} hops ({how}; --num-hops sets it)")
-    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
-    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
-    print(
-        f"  output {config.output.value} for {schema.target} nodes, {seen.out_dim} per node; "
-        f"edge features: {reads}{degrees}"
-    )
+    _print_typed(args, name, seen, config, f" for {schema.target} nodes, {seen.out_dim} per node")
     return config
 
 
@@ -192,19 +233,8 @@ def package_link(args: argparse.Namespace, store: GraphStore) -> UserModelConfig
     loaded = load(args)
     module, name = loaded.module, loaded.name
     check_link_methods(module)
-    edge_input = choose_edge_input(module, store.edge_feature_dim, args.edge_input, "encode")
-    seen = _probed(name, module, store.feature_dim, store.edge_feature_dim, edge_input, "encode")
-    hops = _hops(args, seen.steps, f"{name}.encode")
-    config = _config(
-        args,
-        loaded,
-        in_dim=store.feature_dim,
-        out_dim=seen.out_dim,
-        num_layers=hops,
-        edge_input=edge_input,
-        boundary_degrees=seen.source_degrees,
-        max_degree=_graph_degrees(module, store, edge_input),
-    )
+    edge_input, seen, hops = _probed_on_store(args, store, loaded, "encode")
+    config = _store_config(args, store, loaded, edge_input, seen, hops)
     model = served_user_model(module, config).eval()
     scores = _probe_decode(model, seen.out_dim)
     out = Path(args.out)
@@ -247,38 +277,18 @@ def package_typed_link(args: argparse.Namespace, store: GraphStore) -> UserModel
     module, name = loaded.module, loaded.name
     check_link_methods(module)
     probing = UserHeteroLinkModel(module, edge_type.triple, Output(args.output))
-    inputs = small_typed_input(
-        {t.name: t.feature_dim for t in schema.node_types},
-        {r.edge_type.triple: r.edge_feature_dim for r in schema.relations},
-    )
+    inputs = _small_input(schema)
     seen = probe_hetero(module, inputs, lambda i: probing.encode(i)[edge_type.dst], "encode")
     hops = _hops(args, seen.steps, f"{name}.encode")
     needs = probing.serving_needs
-    if args.edge_input == "none" and needs.edge_input is not EdgeInput.NONE:
-        raise ValueError(f"--edge-input none: {name}.encode takes edge_attr_dict")
-    config = _config(
-        args,
-        loaded,
-        in_dim=schema.target_type.feature_dim,
-        out_dim=seen.out_dim,
-        num_layers=hops,
-        edge_input=needs.edge_input,
-        boundary_degrees=needs.boundary_degrees,
-        hetero=hetero_section(schema, edge_type.name),
-    )
+    config = _typed_config(args, loaded, schema, seen, hops, needs, "encode", edge_type.name)
     model = served_user_model(module, config).eval()
     scores = _probe_decode(model, seen.out_dim)
     out = Path(args.out)
     _write(out, loaded, config)
     meta = write_link_assets(model, store, out / LINK_DIR)
-    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
-    print(f"  model {name}: {hops} hops ({how}; --num-hops sets it)")
-    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
-    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
-    print(
-        f"  output {config.output.value}: {name}.decode scores {edge_type.name} pairs of "
-        f"{seen.out_dim}-wide embeddings; edge features: {reads}{degrees}"
-    )
+    scores_of = f"{edge_type.name} pairs of {seen.out_dim}-wide embeddings"
+    _print_typed(args, name, seen, config, f": {name}.decode scores {scores_of}")
     print(
         f"  embeddings of the {edge_type.src} and {edge_type.dst} nodes from one full-graph "
         f"encode ({meta['num_nodes']} rows) -> {LINK_DIR}/"
@@ -433,6 +443,18 @@ def _print_model(args: argparse.Namespace, name: str, hops: int, steps: int) -> 
         else f"inferred: {steps} message-passing steps in one forward; --num-hops sets it"
     )
     print(f"  model {name}: {hops} hops ({how})")
+
+
+def _print_typed(
+    args: argparse.Namespace, name: str, seen: HeteroProbe, config: UserModelConfig, rows: str
+) -> None:
+    """A typed archive's summary: its hops and how they were found, then its output
+    (``rows`` says what it is) and the edge features it reads."""
+    how = "given by --num-hops" if args.num_hops is not None else f"inferred: {seen.how}"
+    print(f"  model {name}: {config.num_layers} hops ({how}; --num-hops sets it)")
+    reads = "edge_attr_dict" if config.edge_input is EdgeInput.EDGE_ATTR else "none"
+    degrees = "; the deepest hop carries full-graph degrees" if config.boundary_degrees else ""
+    print(f"  output {config.output.value}{rows}; edge features: {reads}{degrees}")
 
 
 def _print_output(

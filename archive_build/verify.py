@@ -566,20 +566,16 @@ def verify(
     model, result, boundary = served_with_boundary_retry(model_dir, model, served, tolerance)
     cause = ""
     if result.worst > tolerance:
-        cause = likely_cause(
-            Evidence(
-                full=full,
-                again=reference_rows(copy.deepcopy(pristine), store, nodes, hops),
-                after_serving=reference_rows(model, store, nodes, hops),
-                between_batches=result.between_batches,
-                worst=f"node {result.worst_node}",
-                worst_diff=result.worst,
-            ),
+        evidence = Evidence.gathered(
+            result,
+            f"node {result.worst_node}",
+            full,
+            pristine,
             model,
-            store,
-            lambda: served(model, hops + 1),
-            hops,
-            tolerance,
+            lambda m: reference_rows(m, store, nodes, hops),
+        )
+        cause = likely_cause(
+            evidence, model, store, lambda: served(model, hops + 1), hops, tolerance
         )
     elif rows is not None:
         stored = compare(
@@ -667,20 +663,16 @@ def verify_link(
     cause = ""
     if result.worst > tolerance:
         src, dst = result.worst_node
-        cause = likely_cause(
-            Evidence(
-                full=torch.from_numpy(full),
-                again=reference_scores(copy.deepcopy(pristine), store, checked, hops).double(),
-                after_serving=reference_scores(model, store, checked, hops).double(),
-                between_batches=result.between_batches,
-                worst=f"pair ({src}, {dst})",
-                worst_diff=result.worst,
-            ),
+        evidence = Evidence.gathered(
+            result,
+            f"pair ({src}, {dst})",
+            torch.from_numpy(full),
+            pristine,
             model,
-            store,
-            lambda: served(model, hops + 1),
-            hops,
-            tolerance,
+            lambda m: reference_scores(m, store, checked, hops).double(),
+        )
+        cause = likely_cause(
+            evidence, model, store, lambda: served(model, hops + 1), hops, tolerance
         )
         if cause.startswith("the model is not local") and not decodes_per_pair(
             model, store, checked, hops
@@ -765,6 +757,27 @@ class Evidence:
     between_batches: float
     worst: str
     worst_diff: float
+
+    @classmethod
+    def gathered(
+        cls,
+        result: Comparison,
+        worst: str,
+        full: torch.Tensor,
+        pristine: torch.nn.Module,
+        served: torch.nn.Module,
+        reference: Callable[[torch.nn.Module], torch.Tensor],
+    ) -> Evidence:
+        """The evidence of a failed ``result``: ``reference`` answers the full graph with a
+        fresh copy of ``pristine`` and with the model that ``served``."""
+        return cls(
+            full=full,
+            again=reference(copy.deepcopy(pristine)),
+            after_serving=reference(served),
+            between_batches=result.between_batches,
+            worst=worst,
+            worst_diff=result.worst,
+        )
 
 
 def likely_cause(

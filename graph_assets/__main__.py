@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from graph_assets.errors import GraphInputError, StoreError
 from graph_assets.input.graph_dataset import (
@@ -43,6 +43,8 @@ from graph_assets.input.typed_input import read_graph
 from graph_assets.remote.cli import add_load_redis, load_redis
 from graph_assets.stored.store import StoreMeta, schema_of
 from graph_assets.stored.writer import write_store
+
+_Written = TypeVar("_Written")
 
 
 def _count(minimum: int) -> Callable[[str], int]:
@@ -105,17 +107,7 @@ def _parser() -> argparse.ArgumentParser:
         "reverse and is not doubled); a relation between two types gets its reverse as "
         "<dst>__rev_<relation>__<src>",
     )
-    build.add_argument(
-        "--drop-self-loops",
-        action="store_true",
-        help="drop edges whose src is their dst (default: keep them, as given)",
-    )
-    build.add_argument(
-        "--drop-duplicate-edges",
-        action="store_true",
-        help="keep only the first edge of each (src, dst) in input order (default: keep "
-        "parallel edges, each with its own edge features)",
-    )
+    _add_drop_flags(build, "(src, dst)")
 
     synthetic = commands.add_parser(
         "synthetic", help="generate a labelled graph with IDs 0..NODES-1"
@@ -169,6 +161,22 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_drop_flags(command: argparse.ArgumentParser, edge_key: str) -> None:
+    """``--drop-self-loops`` and ``--drop-duplicate-edges``, the same on every build command;
+    ``edge_key`` is what makes two edges repeats."""
+    command.add_argument(
+        "--drop-self-loops",
+        action="store_true",
+        help="drop edges whose src is their dst (default: keep them, as given)",
+    )
+    command.add_argument(
+        "--drop-duplicate-edges",
+        action="store_true",
+        help=f"keep only the first edge of each {edge_key} in input order (default: keep "
+        "parallel edges, each with its own edge features)",
+    )
+
+
 def _add_dataset_commands(commands: argparse._SubParsersAction) -> None:
     graphs = commands.add_parser(
         "graphs", help="build a graph classification dataset store from graphs/nodes/edges files"
@@ -187,17 +195,7 @@ def _add_dataset_commands(commands: argparse._SubParsersAction) -> None:
         help="add the reverse of every edge, with its edge features (a self-loop is its own "
         "reverse and is not doubled)",
     )
-    graphs.add_argument(
-        "--drop-self-loops",
-        action="store_true",
-        help="drop edges whose src is their dst (default: keep them, as given)",
-    )
-    graphs.add_argument(
-        "--drop-duplicate-edges",
-        action="store_true",
-        help="keep only the first edge of each (graph_id, src, dst) in input order (default: "
-        "keep parallel edges, each with its own edge features)",
-    )
+    _add_drop_flags(graphs, "(graph_id, src, dst)")
     synthetic = commands.add_parser(
         "synthetic-graphs", help="generate small graphs labelled by their structure"
     )
@@ -339,34 +337,33 @@ def _num_classes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> i
     return int(args.num_classes)
 
 
-def _synthetic(args: argparse.Namespace, num_classes: int) -> str:
-    if args.out is not None:
-        meta = generate_synthetic(
-            args.nodes,
-            args.edges,
-            args.out,
-            feature_dim=args.feature_dim,
-            num_classes=num_classes,
-            seed=args.seed,
-            homophily=args.homophily,
-            class_names=args.class_names,
-        )
-        stats = meta["stats"]
-        return (
-            f"generated store {args.out} ({args.edges} edges requested)\n{_summary(meta)}\n"
-            f"  dropped {stats['self_loops_dropped']} self-loops and "
-            f"{stats['duplicate_edges_dropped']} duplicate edges drawn by chance"
-        )
-    write_synthetic_csv(
+def _draw(
+    write: Callable[..., _Written], out: Path, args: argparse.Namespace, num_classes: int
+) -> _Written:
+    """``write`` (a store or input files at ``out``) of the graph ``synthetic`` asks for: both
+    forms draw the same graph from the same arguments."""
+    return write(
         args.nodes,
         args.edges,
-        args.csv,
+        out,
         feature_dim=args.feature_dim,
         num_classes=num_classes,
         seed=args.seed,
         homophily=args.homophily,
         class_names=args.class_names,
     )
+
+
+def _synthetic(args: argparse.Namespace, num_classes: int) -> str:
+    if args.out is not None:
+        meta = _draw(generate_synthetic, args.out, args, num_classes)
+        stats = meta["stats"]
+        return (
+            f"generated store {args.out} ({args.edges} edges requested)\n{_summary(meta)}\n"
+            f"  dropped {stats['self_loops_dropped']} self-loops and "
+            f"{stats['duplicate_edges_dropped']} duplicate edges drawn by chance"
+        )
+    _draw(write_synthetic_csv, args.csv, args, num_classes)
     return (
         f"wrote {args.csv / 'nodes.csv'} and {args.csv / 'edges.csv'}: {args.nodes} nodes, "
         f"{args.edges} edges (self-loops and repeats drawn by chance included: build with "

@@ -56,13 +56,9 @@ class RawGraph:
     def __post_init__(self) -> None:
         if self.edge_features is _NO_EDGE_FEATURES:  # the default: [E, 0] for this E
             object.__setattr__(self, "edge_features", np.empty((len(self.src), 0), np.float32))
-        shape = (len(self.src), len(self.edge_feature_names))
-        if self.edge_features.dtype != np.float32 or self.edge_features.shape != shape:
-            raise ValueError(
-                f"edge_features must be float32 {list(shape)} (one row per edge, one column "
-                f"per edge_feature_names entry), got {self.edge_features.dtype} "
-                f"{list(self.edge_features.shape)}"
-            )
+        check_edge_features(
+            "edge_features", self.edge_features, len(self.src), len(self.edge_feature_names)
+        )
 
     @property
     def id_kind(self) -> IdKind:
@@ -143,6 +139,17 @@ class TypedGraph:
         if self.class_names is not None:
             return len(self.class_names)
         return int(self.labels.max()) + 1 if self.labels.size else 0
+
+
+def check_edge_features(field: str, features: np.ndarray, edges: int, width: int) -> None:
+    """ValueError unless ``features`` is float32 ``[edges, width]``: one row per edge, one
+    column per edge feature name."""
+    shape = (edges, width)
+    if features.dtype != np.float32 or features.shape != shape:
+        raise ValueError(
+            f"{field} must be float32 {list(shape)} (one row per edge, one column per "
+            f"edge_feature_names entry), got {features.dtype} {list(features.shape)}"
+        )
 
 
 def as_typed(raw: RawGraph) -> TypedGraph:

@@ -64,7 +64,7 @@ from bench.experiments.suite import bodies, machine
 from bench.experiments.updates import apply_ignoring_conflicts, p99
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, ArchiveSpec, Artifacts
-from bench.harness.paired import alternate
+from bench.harness.paired import alternate, level
 from bench.harness.torchserve import TorchServe
 from bench.harness.watch import CpuWatch, host_steal, steal_percent
 from bench.systems import servers
@@ -149,25 +149,6 @@ def described(server: TorchServe, model: str) -> dict[str, Any]:
     return dict(json.loads(custom) if isinstance(custom, str) else custom)
 
 
-def level(
-    target: loadgen.Target, concurrency: int, cpu: CpuWatch, profile: Profile
-) -> dict[str, Any]:
-    """One closed-loop level: throughput, latency, errors, the model's worker CPU per answer."""
-    before = cpu.read()[0]
-    result = loadgen.closed_loop(
-        target, concurrency, profile.seconds, profile.max_requests, timeout_s=180
-    )
-    worker_ms = 1000 * (cpu.read()[0] - before) / max(result.ok, 1)
-    return {
-        "throughput": result.throughput,
-        "p50_ms": result.p50_ms,
-        "p99_ms": result.p99_ms,
-        "ok": result.ok,
-        "errors": result.errors,
-        "worker_cpu_ms_per_request": round(worker_ms, 4),
-    }
-
-
 def serving(artifacts: Artifacts, profile: Profile, home: Path) -> dict[str, Any]:
     """Figures 1 and 2: echo/ours pairs at 32 connections, then at one."""
     print("== serving floor: echo, precomputed and sampled [10,10] in one TorchServe", flush=True)
@@ -200,7 +181,9 @@ def serving(artifacts: Artifacts, profile: Profile, home: Path) -> dict[str, Any
                 for ours in ("precomputed", "sampled"):
                     measured = {}
                     for name in alternate(("echo", ours), pair):
-                        measured[name] = level(targets[name], concurrency, cpu[name], profile)
+                        measured[name] = level(
+                            targets[name], concurrency, cpu[name], profile.seconds
+                        )
                     entry = {"archive": ours, "concurrency": concurrency, "pair": pair}
                     results["levels"].append(entry | measured)
                     print(

@@ -58,20 +58,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.experiments.suite import machine
-from bench.experiments.typed_graph import STAGES
+from bench.experiments.suite import finish_run, machine
+from bench.experiments.typed_graph import stage_medians, stage_row
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, Artifacts
 from bench.harness.paired import (
     CONNECTIONS,
-    alternate,
     check_answers,
     paired_levels,
     warmed_targets,
 )
 from bench.harness.redis_cluster import LocalCluster
 from bench.harness.torchserve import TorchServe, model_worker_pids
-from bench.harness.watch import host_steal, memory_of, steal_percent
+from bench.harness.watch import host_steal, memory_of
 from bench.systems import servers
 from graph_assets import GraphStore, open_store
 from graph_assets.remote import RemoteStore, load_store, open_remote_store
@@ -242,29 +241,7 @@ def in_process(
         name: NodeClassificationEngine.create(view, model, settings, torch.device("cpu"), "1.0")
         for name, view in views.items()
     }
-    batches = [
-        [{"body": json.loads(body)} for body in payload[i : i + BATCH]]
-        for i in range(0, 40 * BATCH, BATCH)
-    ]
-    times: dict[str, dict[str, list[float]]] = {
-        name: {stage: [] for stage in (*STAGES, "total")} for name in engines
-    }
-    for index in range(rounds + 1):
-        for name in alternate(SYSTEMS, index):
-            engine = engines[name]
-            for items in batches:
-                started = time.perf_counter()
-                prepared = engine.prepare(items)
-                engine.respond(engine.run(prepared))
-                if index == 0:
-                    continue
-                times[name]["total"].append((time.perf_counter() - started) * 1e3)
-                for stage in STAGES:
-                    times[name][stage].append(getattr(prepared.times, stage) * 1e3)
-    return {
-        name: {key: round(float(np.median(values)), 3) for key, values in stages.items()}
-        for name, stages in times.items()
-    } | {"rounds": rounds, "batches_per_round": len(batches)}
+    return stage_medians(SYSTEMS, engines, payload, 40, rounds)
 
 
 # -- served -----------------------------------------------------------------------------------
@@ -435,12 +412,7 @@ def table(results: dict[str, Any]) -> str:
         )
         stages = results["in_process"]
         r, lo = stages["remote"], stages["local"]
-        rows.append(
-            f"| in process, batch of {BATCH} requests, warm cache, remote / local | info "
-            f"| {r['total'] / lo['total']:.2f} | {r['total']:.2f} vs {lo['total']:.2f} ms; "
-            + "; ".join(f"{stage} {r[stage]:.2f} vs {lo[stage]:.2f}" for stage in STAGES)
-            + " ms |"
-        )
+        rows.append(stage_row("warm cache, remote / local", r, lo))
     loads = results["load"]
     big, one = loads["10M"], loads["1M"]
     rows.append(
@@ -550,12 +522,7 @@ def main() -> None:
                 local_pss = memory_of(model_worker_pids(server, "local")).pss
                 results["local_pss_mib"] = round(local_pss, 1)
             results["zipf"] = zipf_and_memory(server, zipf, args.zipf_seconds, idle)
-    results["steal_percent"] = steal_percent(steal)
-    results["run_s"] = round(time.perf_counter() - started, 1)
-    print(table(results), flush=True)
-    print(f"(run took {results['run_s']} s; steal {results['steal_percent']}%)", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    finish_run(results, started, steal, table, args.out)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import platform
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,23 @@ def list_bodies(num_nodes: int, count: int, ids: int, seed: int = 2) -> list[byt
         json.dumps({"node_ids": rng.integers(0, num_nodes, ids).tolist()}).encode()
         for _ in range(count)
     ]
+
+
+def finish_run(
+    results: dict[str, Any],
+    started: float,
+    steal: tuple[int, int],
+    table: Callable[[dict[str, Any]], str],
+    out: Path | None,
+) -> None:
+    """Ends an experiment the same way everywhere: the host's steal and the run's time
+    (``started``: ``time.perf_counter()``) recorded, the table printed, the JSON written."""
+    results["steal_percent"] = steal_percent(steal)
+    results["run_s"] = round(time.perf_counter() - started, 1)
+    print(table(results), flush=True)
+    print(f"(run took {results['run_s']} s; steal {results['steal_percent']}%)", flush=True)
+    if out:
+        out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 def machine() -> dict[str, Any]:

@@ -52,10 +52,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import torch
 
-from bench.experiments.suite import machine
+from bench.experiments.suite import finish_run, machine
 from bench.harness.artifacts import ROOT, Artifacts
 from bench.harness.paired import CONNECTIONS, alternate, paired_levels, warmed_targets
-from bench.harness.watch import host_steal, steal_percent
+from bench.harness.watch import host_steal
 from bench.systems import servers
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
@@ -278,17 +278,31 @@ def in_process(folders: dict[str, Path], payload: Sequence[bytes], rounds: int) 
         engines[name] = NodeClassificationEngine.create(
             store, model, settings, torch.device("cpu"), "1.0"
         )
-    batches = [
+    return stage_medians(SYSTEMS, engines, payload, 20, rounds, counts=("sampled_nodes",))
+
+
+def stage_medians(
+    systems: tuple[str, str],
+    engines: dict[str, NodeClassificationEngine],
+    payload: Sequence[bytes],
+    batches: int,
+    rounds: int,
+    counts: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Median stage and total times (ms) of ``batches`` batches of ``BATCH`` requests per
+    engine, and of the ``counts`` each batch records; the two systems alternate round by round
+    on the same batches, and the first round only warms up."""
+    items_of = [
         [{"body": json.loads(body)} for body in payload[i : i + BATCH]]
-        for i in range(0, 20 * BATCH, BATCH)
+        for i in range(0, batches * BATCH, BATCH)
     ]
     times: dict[str, dict[str, list[float]]] = {
-        name: {stage: [] for stage in (*STAGES, "total", "sampled_nodes")} for name in engines
+        name: {stage: [] for stage in (*STAGES, "total", *counts)} for name in engines
     }
-    for index in range(rounds + 1):  # the first round warms up
-        for name in alternate(SYSTEMS, index):
+    for index in range(rounds + 1):
+        for name in alternate(systems, index):
             engine = engines[name]
-            for items in batches:
+            for items in items_of:
                 started = time.perf_counter()
                 prepared = engine.prepare(items)
                 engine.respond(engine.run(prepared))
@@ -298,11 +312,12 @@ def in_process(folders: dict[str, Path], payload: Sequence[bytes], rounds: int) 
                 for stage in STAGES:
                     times[name][stage].append(getattr(prepared.times, stage) * 1e3)
                 times[name]["total"].append(total * 1e3)
-                times[name]["sampled_nodes"].append(prepared.times.sampled_nodes)
+                for count in counts:
+                    times[name][count].append(getattr(prepared.times, count))
     return {
         name: {key: round(float(np.median(values)), 3) for key, values in stages.items()}
         for name, stages in times.items()
-    } | {"rounds": rounds, "batches_per_round": len(batches)}
+    } | {"rounds": rounds, "batches_per_round": len(items_of)}
 
 
 # -- served -----------------------------------------------------------------------------------
@@ -390,14 +405,21 @@ def report_rows(results: dict[str, Any]) -> list[str]:
     )
     stages = results["in_process"]
     t, h = stages["typed"], stages["homogeneous"]
-    rows.append(
-        f"| in process, batch of {BATCH} requests, total typed / homogeneous | info "
-        f"| {t['total'] / h['total']:.2f} | {t['total']:.2f} vs {h['total']:.2f} ms; "
-        + "; ".join(f"{stage} {t[stage]:.2f} vs {h[stage]:.2f}" for stage in STAGES)
-        + f" ms; {t['sampled_nodes']:,.0f} vs {h['sampled_nodes']:,.0f} sampled nodes "
-        "(the typed path's gathers are in its forward) |"
-    )
+    sampled = f"{t['sampled_nodes']:,.0f} vs {h['sampled_nodes']:,.0f} sampled nodes"
+    more = f"; {sampled} (the typed path's gathers are in its forward)"
+    rows.append(stage_row("total typed / homogeneous", t, h, more))
     return rows
+
+
+def stage_row(what: str, first: dict[str, float], second: dict[str, float], more: str = "") -> str:
+    """The report's row of two engines' median stage times (``stage_medians``), first / second."""
+    return (
+        f"| in process, batch of {BATCH} requests, {what} | info "
+        f"| {first['total'] / second['total']:.2f} | {first['total']:.2f} vs "
+        f"{second['total']:.2f} ms; "
+        + "; ".join(f"{stage} {first[stage]:.2f} vs {second[stage]:.2f}" for stage in STAGES)
+        + f" ms{more} |"
+    )
 
 
 def table(results: dict[str, Any]) -> str:
@@ -472,12 +494,7 @@ def main() -> None:
         "in_process": process,
         "served": served(artifacts, folders, payload, args.pairs, args.seconds),
     }
-    results["steal_percent"] = steal_percent(steal)
-    results["run_s"] = round(time.perf_counter() - started, 1)
-    print(table(results), flush=True)
-    print(f"(run took {results['run_s']} s; steal {results['steal_percent']}%)", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    finish_run(results, started, steal, table, args.out)
 
 
 if __name__ == "__main__":

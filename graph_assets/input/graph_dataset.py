@@ -48,6 +48,7 @@ from graph_assets.input.reader import (
     _require_columns,
 )
 from graph_assets.stored.store import file_digests, open_recorded_array
+from graph_assets.tables import check_edge_features
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
@@ -87,13 +88,12 @@ class GraphDataset:
         if self.edge_attr is None:
             empty = np.zeros((self.edge_index.shape[1], 0), dtype=np.float32)
             object.__setattr__(self, "edge_attr", empty)
-        shape = (self.edge_index.shape[1], len(self.edge_feature_names))
-        if self.edge_features.dtype != np.float32 or self.edge_features.shape != shape:
-            raise ValueError(
-                f"edge_attr must be float32 {list(shape)} (one row per edge, one column per "
-                f"edge_feature_names entry), got {self.edge_features.dtype} "
-                f"{list(self.edge_features.shape)}"
-            )
+        check_edge_features(
+            "edge_attr",
+            self.edge_features,
+            self.edge_index.shape[1],
+            len(self.edge_feature_names),
+        )
 
     @property
     def edge_features(self) -> np.ndarray:

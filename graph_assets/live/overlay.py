@@ -817,30 +817,12 @@ class GraphOverlay:
 
             undo.append(restore_added)
             return
-        replaced = self.changed_edge_rows.get(edge_id)
-        self.changed_edge_rows[edge_id] = attr
+        _set_undoably(self.changed_edge_rows, edge_id, attr, undo)
         self._edge_dst[edge_id] = dst  # a base edge's destination never changes
 
-        def restore() -> None:
-            if replaced is None:
-                self.changed_edge_rows.pop(edge_id, None)
-            else:
-                self.changed_edge_rows[edge_id] = replaced
-
-        undo.append(restore)
-
     def _set_row(self, node: int, vector: np.ndarray, undo: list[Callable[[], None]]) -> None:
-        previous = self.changed_rows.get(node)
-        self.changed_rows[node] = vector
+        _set_undoably(self.changed_rows, node, vector, undo)
         self._change.feature_rows.add(node)
-
-        def restore() -> None:
-            if previous is None:
-                self.changed_rows.pop(node, None)
-            else:
-                self.changed_rows[node] = previous
-
-        undo.append(restore)
 
     def _existing(self, index: int, node_id: int | str, field: str, node_type: int) -> int:
         node = self._node_of(node_id, node_type)
@@ -868,3 +850,19 @@ def _positions(indptr: np.ndarray, which: np.ndarray) -> np.ndarray:
     starts, counts = indptr[:-1][which], np.diff(indptr)[which]
     total = int(counts.sum())
     return np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(total)
+
+
+def _set_undoably(
+    rows: dict[int, np.ndarray], key: int, row: np.ndarray, undo: list[Callable[[], None]]
+) -> None:
+    """Sets ``rows[key]``; the undo appended puts back the row there before (or none)."""
+    previous = rows.get(key)
+    rows[key] = row
+
+    def restore() -> None:
+        if previous is None:
+            rows.pop(key, None)
+        else:
+            rows[key] = previous
+
+    undo.append(restore)

@@ -28,7 +28,7 @@ import xxhash
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from graph_assets.schema import GraphSchema
-from graph_assets.stored.store import GraphStore, StoreMeta, schema_of
+from graph_assets.stored.store import GraphStore, MetaFigures, StoreMeta, schema_of
 
 # This layout's version, recorded with every loaded graph. 3: every block value carries a
 # checksum; a graph loaded in 2 (no checksums) is refused with how to reload it.
@@ -169,7 +169,7 @@ class FieldFormat:
 
 
 @dataclass(frozen=True)
-class RemoteLayout:
+class RemoteLayout(MetaFigures):
     """How one store is laid out in Redis; recorded as JSON with the graph.
 
     Attributes:
@@ -264,14 +264,6 @@ class RemoteLayout:
     def keys(self, prefix: str) -> Keys:
         """The key names of this layout's graph under ``prefix``."""
         return Keys(prefix, self.slot_groups)
-
-    @property
-    def checksum(self) -> str:
-        return self.meta["checksum"]
-
-    @property
-    def num_nodes(self) -> int:
-        return self.meta["num_nodes"]
 
     @property
     def num_blocks(self) -> int:

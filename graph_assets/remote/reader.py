@@ -49,6 +49,7 @@ from graph_assets.remote.loader import COMPLETE
 from graph_assets.schema import GraphSchema
 from graph_assets.stored.store import (
     IdKind,
+    MetaFigures,
     StoreMeta,
     UpdateLogMeta,
     check_edge_ids,
@@ -184,7 +185,7 @@ def _corrupt(shown: str, keys: Keys, key: str, what: str) -> str:
     )
 
 
-class RemoteStore:
+class RemoteStore(MetaFigures):
     """A graph in Redis, read in pipelined batches through a bounded block cache; use
     `open_remote_store` to get one. Global node indices and edge IDs are the store's."""
 
@@ -218,22 +219,6 @@ class RemoteStore:
         return self.layout.schema
 
     @property
-    def checksum(self) -> str:
-        return self.layout.checksum
-
-    @property
-    def num_nodes(self) -> int:
-        return self.meta["num_nodes"]
-
-    @property
-    def num_edges(self) -> int:
-        return self.meta["num_edges"]
-
-    @property
-    def num_classes(self) -> int:
-        return self.meta["num_classes"]
-
-    @property
     def update_log(self) -> UpdateLogMeta | None:
         """Where the loaded store's updates continue in its lineage's log (its meta.json's, so
         live updates over Redis share the log of the same store served from its directory)."""
@@ -264,10 +249,6 @@ class RemoteStore:
                 "node removals, whose IDs are not in Redis; serve it from its directory"
             )
         return False
-
-    @property
-    def class_names(self) -> list[str] | None:
-        return self.meta["class_names"]
 
     @property
     def edge_feature_dim(self) -> int:

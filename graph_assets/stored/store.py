@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any, NotRequired, Protocol, TypedDict, cast
 
 import blake3
 import numpy as np
@@ -247,6 +247,39 @@ def _file_names(meta: Mapping[str, Any]) -> dict[str, str]:
 _SELF_LOOP_BLOCK = 1 << 16  # nodes per block when counting self-loops
 
 
+class _HasMeta(Protocol):
+    @property
+    def meta(self) -> StoreMeta: ...
+
+
+class MetaFigures:
+    """The figures a store's ``meta.json`` records, read the same way by every kind of store
+    (mapped, in Redis) and by the layout a Redis store records."""
+
+    @property
+    def num_nodes(self: _HasMeta) -> int:
+        return self.meta["num_nodes"]
+
+    @property
+    def num_edges(self: _HasMeta) -> int:
+        return self.meta["num_edges"]
+
+    @property
+    def num_classes(self: _HasMeta) -> int:
+        """Number of classes (0 when the graph has no labels)."""
+        return self.meta["num_classes"]
+
+    @property
+    def class_names(self: _HasMeta) -> list[str] | None:
+        """Name of each class index, or None when labels were given as integers."""
+        return self.meta["class_names"]
+
+    @property
+    def checksum(self: _HasMeta) -> str:
+        """Digest of all arrays: names this exact graph (e.g. to seed deterministic sampling)."""
+        return self.meta["checksum"]
+
+
 @dataclass(frozen=True, eq=False)
 class NodeTable:
     """The stored arrays of one node type.
@@ -265,7 +298,7 @@ class NodeTable:
 
 
 @dataclass(frozen=True, eq=False)
-class GraphStore:
+class GraphStore(MetaFigures):
     """An opened store; use `open_store` to get one.
 
     The arrays are read-only memory maps, so every worker serving the graph shares one copy in
@@ -311,14 +344,6 @@ class GraphStore:
     edge_type: np.ndarray | None
     edge_rows: np.ndarray | None
     relation_bounds: dict[int, np.ndarray]
-
-    @property
-    def num_nodes(self) -> int:
-        return self.meta["num_nodes"]
-
-    @property
-    def num_edges(self) -> int:
-        return self.meta["num_edges"]
 
     @property
     def ids(self) -> np.ndarray:
@@ -371,24 +396,9 @@ class GraphStore:
             )
 
     @property
-    def num_classes(self) -> int:
-        """Number of classes (0 when the graph has no labels)."""
-        return self.meta["num_classes"]
-
-    @property
-    def class_names(self) -> list[str] | None:
-        """Name of each class index, or None when labels were given as integers."""
-        return self.meta["class_names"]
-
-    @property
     def id_kind(self) -> IdKind:
         """The target type's ID kind."""
         return cast(IdKind, self.schema.target_type.id_kind)
-
-    @property
-    def checksum(self) -> str:
-        """Digest of all arrays: names this exact graph (e.g. to seed deterministic sampling)."""
-        return self.meta["checksum"]
 
     @property
     def update_log(self) -> UpdateLogMeta | None:

@@ -114,9 +114,7 @@ def draw_segments(
         _int64(counts),
         _int64(nodes),
         fanout,
-        np.uint64(key_salt & _MASK_64),
-        np.uint64(base_key & _MASK_64),
-        _int64(salts).view(np.uint64),
+        *_keys(key_salt, base_key, salts),
         most_edges,
     )
 
@@ -140,10 +138,19 @@ def draw_csc(
         _int64(position),
         _int64(nodes),
         fanout,
+        *_keys(key_salt, base_key, salts),
+        most_edges,
+    )
+
+
+def _keys(
+    key_salt: int, base_key: int, salts: np.ndarray
+) -> tuple[np.uint64, np.uint64, np.ndarray]:
+    """The draw's keys as the kernels take them: unsigned 64-bit patterns of the int64 ones."""
+    return (
         np.uint64(key_salt & _MASK_64),
         np.uint64(base_key & _MASK_64),
         _int64(salts).view(np.uint64),
-        most_edges,
     )
 
 

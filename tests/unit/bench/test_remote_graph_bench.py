@@ -15,7 +15,7 @@ from handler.pipeline.metrics import GAUGES, BatchSummary
 
 pytest.importorskip("aiohttp", reason="the bench extra is not installed")
 
-from bench.experiments import remote_graph
+from bench.experiments import remote_graph, typed_graph
 
 
 def _line(model: str, batches: int, round_trips: float, hits: int, misses: int) -> str:
@@ -112,7 +112,7 @@ def test_the_table_takes_medians_of_pair_ratios_and_says_met_or_missed() -> None
         },
         "local_pss_mib": 210.0,
         "in_process": {
-            name: dict.fromkeys((*remote_graph.STAGES, "total"), 1.0)
+            name: dict.fromkeys((*typed_graph.STAGES, "total"), 1.0)
             for name in remote_graph.SYSTEMS
         },
         "load": {

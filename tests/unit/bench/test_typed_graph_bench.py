@@ -166,3 +166,52 @@ def test_the_report_takes_the_medians_of_the_pairs_ratios() -> None:
     assert "| info | 1.50 | 30.00 vs 20.00 ms" in lines[2]
     assert "| info | 2.00 | 40.0 s vs 20.0 s" in lines[3]
     assert "| info | 1.50 | 3.0 vs 2.0 MiB" in lines[4]
+
+
+class _Times:
+    def __init__(self, batch: int) -> None:
+        self.parse, self.sample, self.gather, self.forward, self.format = 0.001, 0.002, 0, 0, 0
+        self.sampled_nodes = batch
+
+
+class _Engine:
+    """Records the batches it is given; each batch's times are fixed, its count its size."""
+
+    def __init__(self, ran: list[tuple[str, int]], name: str) -> None:
+        self.ran, self.name = ran, name
+
+    def prepare(self, items: list[dict[str, Any]]) -> Any:
+        self.ran.append((self.name, len(items)))
+        return type("Prepared", (), {"times": _Times(len(items))})()
+
+    def run(self, prepared: Any) -> Any:
+        return prepared
+
+    def respond(self, ran: Any) -> None:
+        return None
+
+
+def test_stage_medians_alternate_the_systems_skip_the_warm_up_and_record_the_counts() -> None:
+    ran: list[tuple[str, int]] = []
+    engines: Any = {name: _Engine(ran, name) for name in ("a", "b")}
+    payload = [json.dumps({"node_ids": [i]}).encode() for i in range(typed_graph.BATCH * 3)]
+    medians = typed_graph.stage_medians(("a", "b"), engines, payload, 2, 2, ("sampled_nodes",))
+    batch = typed_graph.BATCH
+    # Round 0 warms up (a then b), round 1 runs b first, round 2 a first; two batches each.
+    assert [name for name, _ in ran[::2]] == ["a", "b", "b", "a", "a", "b"]
+    assert {size for _, size in ran} == {batch}
+    assert medians["rounds"] == 2 and medians["batches_per_round"] == 2
+    assert medians["a"]["parse"] == 1.0 and medians["a"]["sample"] == 2.0
+    assert medians["a"]["sampled_nodes"] == batch and medians["b"]["sampled_nodes"] == batch
+    assert set(medians["a"]) == {*typed_graph.STAGES, "total", "sampled_nodes"}
+    assert "sampled_nodes" not in typed_graph.stage_medians(("a", "b"), engines, payload, 1, 1)["a"]
+
+
+def test_stage_row_gives_the_ratio_of_totals_and_each_stage_side_by_side() -> None:
+    first = dict.fromkeys(typed_graph.STAGES, 1.0) | {"total": 3.0}
+    second = dict.fromkeys(typed_graph.STAGES, 0.5) | {"total": 2.0}
+    stages = "; ".join(f"{stage} 1.00 vs 0.50" for stage in typed_graph.STAGES)
+    assert typed_graph.stage_row("a / b", first, second, "; more") == (
+        f"| in process, batch of {typed_graph.BATCH} requests, a / b | info | 1.50 "
+        f"| 3.00 vs 2.00 ms; {stages} ms; more |"
+    )
