@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.redis_cluster import LocalCluster
-from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
-from tests.shared_redis import SharedRedis
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import MISSING, RedisServer, redis_server_binary
+from tests.servers.shared_redis import SharedRedis
 
 _SERVER_DB, _SINGLE_DB = 1, 0
 

@@ -37,7 +37,7 @@ import requests
 from bench.experiments.suite import machine
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, Artifacts
-from bench.harness.torchserve import TorchServe
+from tests.servers.torchserve import TorchServe
 
 IDS_PER_REQUEST = 32
 FANOUTS = "10,10"

@@ -28,12 +28,12 @@ from bench.experiments import microbench
 from bench.experiments.suite import bodies
 from bench.harness import loadgen
 from bench.harness.artifacts import CLASSES, FEATURES, GRAPHS, ROOT, Artifacts
-from bench.harness.torchserve import TorchServe
 from bench.systems import servers
 from graph_assets import open_store
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model
+from tests.servers.torchserve import TorchServe
 
 SAGE = "torch_geometric.nn.models.GraphSAGE"
 SAGE_ARGS = {

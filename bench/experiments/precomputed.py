@@ -65,7 +65,6 @@ from bench.experiments.updates import apply_ignoring_conflicts, p99
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, ArchiveSpec, Artifacts
 from bench.harness.paired import alternate, level
-from bench.harness.torchserve import TorchServe
 from bench.harness.watch import CpuWatch, host_steal, steal_percent
 from bench.systems import servers
 from graph_assets import GraphStore, open_store
@@ -83,6 +82,7 @@ from model.precompute import (
     precompute,
     weights_digest,
 )
+from tests.servers.torchserve import TorchServe
 
 GRAPH, BIG_GRAPH = "1M", "10M"
 BATCH, DELAY, CONNECTIONS = 16, 5, 32

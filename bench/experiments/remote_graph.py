@@ -3,7 +3,7 @@ side by side in one run: what issue 26's backend costs a served request.
 
 ``python -m bench.experiments.remote_graph [--pairs 3] [--seconds 8] [--out FILE]``
 
-A 3-primary, 3-replica cluster on loopback (bench/harness/redis_cluster.py) holds two synthetic
+A 3-primary, 3-replica cluster on loopback (tests/servers/redis_cluster.py) holds two synthetic
 graphs (128 float32 features, 8 classes, seed 0; bench/harness/artifacts.py): the 1M-edge one
 (100,000 nodes) and the 10M-edge one (1,000,000 nodes), each loaded with ``load_store`` (the
 code of ``python -m graph_assets load-redis``), timed. Three archives with the same random
@@ -68,8 +68,6 @@ from bench.harness.paired import (
     paired_levels,
     warmed_targets,
 )
-from bench.harness.redis_cluster import LocalCluster
-from bench.harness.torchserve import TorchServe, model_worker_pids
 from bench.harness.watch import host_steal, memory_of
 from bench.systems import servers
 from graph_assets import GraphStore, open_store
@@ -79,6 +77,8 @@ from graph_assets.remote.layout import ADJ, DEFAULT_BLOCK_SIZE, RemoteLayout, fe
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from model.export import load_model
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.torchserve import TorchServe, model_worker_pids
 
 SYSTEMS = ("local", "remote")
 FANOUTS = (10, 10)

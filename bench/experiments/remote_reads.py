@@ -35,13 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.redis_cluster import LocalCluster
-from bench.harness.redis_server import RedisServer
 from graph_assets import GraphStore, generate_synthetic, open_store
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import RemoteStore, load_store, open_remote_store
 from graph_assets.remote.connect import connect
 from graph_assets.remote.layout import ADJ, DEFAULT_BLOCK_SIZE
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import RedisServer
 
 _SINGLE_CONFIG = 'appendonly no\nsave ""\nmaxmemory-policy noeviction\n'
 BATCHES = (10, 100, 1000)

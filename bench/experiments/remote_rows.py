@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from bench.experiments.remote_reads import p50_ms
-from bench.harness.redis_cluster import LocalCluster
 from graph_assets import generate_synthetic, open_store
 from graph_assets.remote import load_store, open_remote_store
 from graph_assets.remote.connect import connect
 from model import build_model
 from model.precompute import load_to_redis, open_precomputed, open_remote_precomputed, precompute
+from tests.servers.redis_cluster import LocalCluster
 
 BATCHES = (10, 100, 1000)
 PREFIX = "rows"

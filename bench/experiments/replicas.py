@@ -34,11 +34,11 @@ import requests
 
 from bench.experiments.updates import throughput
 from bench.harness.artifacts import GRAPHS, ArchiveSpec, Artifacts
-from bench.harness.redis_server import RedisServer
-from bench.harness.torchserve import TorchServe
 from graph_assets import open_store
 from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph
+from tests.servers.redis_server import RedisServer
+from tests.servers.torchserve import TorchServe
 
 SECRET = "bench-replicas-update-secret"
 WORK = Path(__file__).resolve().parents[2] / "build" / "bench"  # the suite's, cached graphs too

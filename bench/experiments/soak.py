@@ -3,7 +3,7 @@
     python -m bench.experiments.soak      # 10 minutes, builds its own archive from the demo graph
     python -m bench.experiments.soak --minutes 2 --archive model_store/gnn.mar
 
-Starts its own server (bench/harness/torchserve.py: free loopback ports, private dirs, stopped
+Starts its own server (tests/servers/torchserve.py: free loopback ports, private dirs, stopped
 by PID), paces ``--rate`` requests/s over ``--connections`` keep-alive connections, and checks
 every answer: a good request must get 200 with the same probabilities as at the start (the
 sampler is deterministic), a bad one its own 4xx. Every ``--sample-every`` seconds it records
@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 import requests
 
-from bench.harness.torchserve import ROOT, TorchServe, worker_processes
+from tests.servers.torchserve import ROOT, TorchServe, worker_processes
 
 DEMO_IDS = range(2000)  # graph_assets/demo: integer IDs 0..1999
 

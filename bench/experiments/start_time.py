@@ -34,7 +34,7 @@ from pathlib import Path
 
 import requests
 
-from bench.harness.torchserve import BIN, ROOT, TorchServe
+from tests.servers.torchserve import BIN, ROOT, TorchServe
 
 MIB = 1 << 20
 POLL_S = 0.05

@@ -31,9 +31,9 @@ import torch
 from bench.experiments import microbench
 from bench.harness import loadgen
 from bench.harness.artifacts import GRAPHS, ROOT, ArchiveSpec, Artifacts
-from bench.harness.torchserve import TorchServe, graph_checksum, scale_workers, worker_pids
 from bench.harness.watch import CpuWatch, host_steal, memory_of, steal_percent
 from bench.systems import servers
+from tests.servers.torchserve import TorchServe, graph_checksum, scale_workers, worker_pids
 
 LEVELS = (1, 8, 32, 128)
 CORES = os.cpu_count() or 1

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import requests
 
-from bench.harness.torchserve import ROOT, TorchServe, worker_processes
+from tests.servers.torchserve import ROOT, TorchServe, worker_processes
 
 MIB = 1 << 20
 

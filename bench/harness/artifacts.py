@@ -27,9 +27,9 @@ from typing import Any
 import torch
 import yaml
 
-from bench.harness.torchserve import BIN, ROOT
 from model import build_model
 from model.config import ModelConfig
+from tests.servers.torchserve import BIN, ROOT
 
 ECHO_HANDLER = ROOT / "bench" / "systems" / "echo_handler.py"
 FEATURES, CLASSES = 128, 8

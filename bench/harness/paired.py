@@ -10,8 +10,8 @@ from typing import Any
 import requests
 
 from bench.harness import loadgen
-from bench.harness.torchserve import TorchServe
 from bench.harness.watch import CpuWatch
+from tests.servers.torchserve import TorchServe
 
 CONNECTIONS = 32
 

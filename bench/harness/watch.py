@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psutil
 
-from bench.harness.torchserve import TorchServe, model_worker_pids
+from tests.servers.torchserve import TorchServe, model_worker_pids
 
 
 def host_steal() -> tuple[int, int]:

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import requests
 
-from bench.harness.torchserve import ROOT
 from bench.systems.servers import torchserve
 from graph_assets.input.graph_dataset import generate_graph_dataset
+from tests.servers.torchserve import ROOT
 
 DEMO_NODES = 2000
 FEATURES = 32

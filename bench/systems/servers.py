@@ -20,8 +20,8 @@ from pathlib import Path
 
 import requests
 
-from bench.harness.ports import free_ports
-from bench.harness.torchserve import ROOT, TorchServe
+from tests.servers.ports import free_ports
+from tests.servers.torchserve import ROOT, TorchServe
 
 # TorchServe answers 503 once a model's queue holds job_queue_size requests (default 100):
 # 128 connections would overflow it, so the suite allows more. Everything else is the shipped

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.torchserve import Serve, TorchServe
 from graph_assets.input.graph_dataset import generate_graph_dataset, write_graph_dataset_csv
+from tests.servers.torchserve import Serve, TorchServe
 
 from .archives import build_archive, write_small_graph
 

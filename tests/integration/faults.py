@@ -23,7 +23,7 @@ import psutil
 import requests
 import yaml
 
-from bench.harness.torchserve import TorchServe, model_worker_pids, worker_processes
+from tests.servers.torchserve import TorchServe, model_worker_pids, worker_processes
 
 from .archives import write_small_graph
 from .fault_handler import MARKERS

@@ -21,7 +21,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bench.harness.torchserve import SHIPPED_CONFIG
+from tests.servers.torchserve import SHIPPED_CONFIG
 from tests.strategies import raw_bodies
 
 pytestmark = pytest.mark.integration

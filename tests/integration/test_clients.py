@@ -14,7 +14,7 @@ import pytest
 import requests
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.torchserve import Serve, TorchServe, worker_pids
+from tests.servers.torchserve import Serve, TorchServe, worker_pids
 
 from .archives import TASK_MODELS
 from .v2_clients import (

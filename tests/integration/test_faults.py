@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.harness.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Serve, TorchServe
 
 from .archives import build_archive
 from .faults import (

@@ -19,9 +19,9 @@ import requests
 import torch
 import yaml
 
-from bench.harness.torchserve import Serve, TorchServe, graph_checksum, model_worker_pids
 from graph_assets import open_store
 from model import build_model
+from tests.servers.torchserve import Serve, TorchServe, graph_checksum, model_worker_pids
 
 from .archives import ROOT, build_archive, write_small_graph
 

@@ -16,13 +16,13 @@ import requests
 import torch
 from torch_geometric.nn.models import GraphSAGE
 
-from bench.harness.redis_server import RedisServer
-from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
 from graph_assets import generate_synthetic, open_store
 from graph_assets.remote import load_store
 from graph_assets.remote.connect import connect
 from handler.graph.graph_source import GRAPH_URL_VARIABLE
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import RedisServer
+from tests.servers.torchserve import Serve, TorchServe, model_worker_pids
 
 from .archives import write_small_graph
 from .test_remote_graph import COMMON, SAGE, answers, build_mar, python_m

@@ -31,7 +31,7 @@ import tritonclient.grpc as triton_grpc
 from google.protobuf import empty_pb2
 from tritonclient.utils import InferenceServerException
 
-from bench.harness.torchserve import (
+from tests.servers.torchserve import (
     Serve,
     TorchServe,
     largest_batches,

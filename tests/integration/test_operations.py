@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.harness.torchserve import TorchServe, worker_processes
+from tests.servers.torchserve import TorchServe, worker_processes
 
 from .archives import ROOT, build_archive, write_small_graph
 

@@ -18,7 +18,6 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from model.export import load_model
@@ -27,6 +26,7 @@ from model.served_hetero import small_typed_input
 from model.typed_graph import whole_graph_input
 from model.user_model import Output, import_model_class, instantiate
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, write_edge_feature_csv
+from tests.servers.torchserve import Serve, TorchServe
 from tests.typed_cold_start_reference import with_new_node
 from tests.unit.archive_build import pyg_catalogue, pyg_user_models, user_models
 

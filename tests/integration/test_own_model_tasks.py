@@ -21,12 +21,12 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import Serve, TorchServe, largest_batches
 from graph_assets import open_store
 from graph_assets.input.graph_dataset import generate_graph_dataset
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from tests.edge_graph import EDGE_DIM, FEATURES, write_edge_feature_csv
 from tests.live_reference import materialized_graph, random_update
+from tests.servers.torchserve import Serve, TorchServe, largest_batches
 from tests.unit.archive_build import user_models
 
 from .archives import ROOT

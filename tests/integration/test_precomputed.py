@@ -16,12 +16,12 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import TorchServe
 from graph_assets import open_store
 from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model import build_model
 from tests.live_reference import materialized_embeddings, materialized_forward, random_update
+from tests.servers.torchserve import TorchServe
 
 from .archives import build_archive, write_small_graph
 

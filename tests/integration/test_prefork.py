@@ -13,7 +13,7 @@ import psutil
 import pytest
 import requests
 
-from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
+from tests.servers.torchserve import Serve, TorchServe, model_worker_pids
 
 pytestmark = pytest.mark.integration
 NODES = [f"acct_{i}" for i in range(0, 120, 4)]

@@ -27,11 +27,11 @@ import pytest
 import requests
 from redis.cluster import RedisCluster
 
-from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
-from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
 from graph_assets import open_store
 from graph_assets.remote.layout import ADJ, CHECK_BYTES, Keys, RemoteLayout, id_shards, key_array
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import MISSING, RedisServer, redis_server_binary
+from tests.servers.torchserve import Serve, TorchServe, model_worker_pids
 
 from .archives import built, python_m, write_small_graph
 

@@ -17,13 +17,13 @@ import torch
 import yaml
 from torch_geometric.nn.models import GraphSAGE
 
-from bench.harness.ports import free_ports
-from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from graph_assets.remote import load_store
 from graph_assets.remote.connect import connect
-from tests.redis_cluster import LocalCluster
+from tests.servers.ports import free_ports
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.torchserve import Serve, TorchServe
 from tests.unit.archive_build import user_models
 
 from .archives import build_mar, python_m, write_small_graph

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 import requests
 
-from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from tests.live_reference import live_ids, random_update
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.torchserve import Serve, TorchServe
 from tests.typed_live_reference import live_nodes, random_typed_update
 
 from .archives import built, python_m, write_small_graph

@@ -18,13 +18,13 @@ import pytest
 import requests
 import torch
 
-from bench.harness.redis_server import RedisServer
-from bench.harness.torchserve import TorchServe
 from graph_assets import open_store
 from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph
 from model import build_model
 from tests.live_reference import materialized_forward, random_update
+from tests.servers.redis_server import RedisServer
+from tests.servers.torchserve import TorchServe
 
 from .archives import build_archive, build_next_version, write_small_graph
 

@@ -14,9 +14,9 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import largest_batches
 from graph_assets import open_store
 from model import build_model
+from tests.servers.torchserve import largest_batches
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,11 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import Serve, TorchServe, largest_batches
 from graph_assets import open_store
 from graph_assets.input.graph_dataset import generate_graph_dataset
 from model import build_model
 from model.embedding import forward_with_embedding
+from tests.servers.torchserve import Serve, TorchServe, largest_batches
 
 from .archives import TASK_MODELS
 

@@ -17,12 +17,12 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model.export import load_model
 from model.typed_graph import whole_graph_input
+from tests.servers.torchserve import Serve, TorchServe
 from tests.typed_cold_start_reference import with_new_node
 from tests.typed_live_reference import materialized_typed, random_typed_update
 from tests.unit.archive_build import user_models

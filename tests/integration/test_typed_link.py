@@ -16,13 +16,13 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import Serve, TorchServe
 from graph_assets import GraphStore, open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from model.export import load_model
 from model.hetero_link import HeteroLinkModel
 from model.served_hetero_link import UserHeteroLinkModel
 from model.typed_graph import whole_graph_input
+from tests.servers.torchserve import Serve, TorchServe
 from tests.unit.archive_build import user_models
 
 from .archives import build_archive

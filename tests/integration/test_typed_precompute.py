@@ -17,12 +17,12 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import TorchServe
 from graph_assets import open_store
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model.export import load_model
 from model.link import answer_scores
 from model.served import serving_needs
+from tests.servers.torchserve import TorchServe
 from tests.typed_live_reference import live_nodes, materialized_typed, random_typed_update
 
 from .archives import ROOT, build_archive

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bench.harness.torchserve import TorchServe
+from tests.servers.torchserve import TorchServe
 
 from .archives import build_archive, build_next_version, write_small_graph
 

@@ -10,7 +10,7 @@ import numpy as np
 import requests
 import tritonclient.http as triton
 
-from bench.harness.torchserve import TorchServe
+from tests.servers.torchserve import TorchServe
 
 # The output tensors of each archive of conftest's tasks_store.
 OUTPUTS = {

@@ -12,7 +12,7 @@ import pytest
 aiohttp_web = pytest.importorskip("aiohttp.web", reason="the bench extra is not installed")
 
 from bench.harness import loadgen  # noqa: E402
-from bench.harness.ports import free_ports  # noqa: E402
+from tests.servers.ports import free_ports  # noqa: E402
 
 SERVICE_S = 0.05
 # Latencies are held to bounds of a few service times: a busy neighbour worker would stretch them.

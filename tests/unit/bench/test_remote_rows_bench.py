@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.experiments.remote_rows import BATCHES, measure, table
-from bench.harness.redis_server import MISSING, redis_server_binary
+from tests.servers.redis_server import MISSING, redis_server_binary
 
 
 def test_a_small_run_reads_each_batch_in_one_round_trip(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from bench.harness.ports import free_ports
+from tests.servers.ports import free_ports
 from tests.unit.deploy.kustomize import load_docs, only, render
 
 ROOT = Path(__file__).resolve().parents[3]

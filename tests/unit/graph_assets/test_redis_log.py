@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from bench.harness.ports import free_ports
 from graph_assets.errors import (
     UpdateLogConflict,
     UpdateLogCorrupt,
@@ -28,6 +27,7 @@ from graph_assets.live.redis_log import (
     read_password_file,
     shown_url,
 )
+from tests.servers.ports import free_ports
 
 ADD = [{"type": "add_node", "id": 7, "x": [0.5, 0.5]}]
 

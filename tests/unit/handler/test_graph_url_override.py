@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.ports import free_ports
-from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
 from graph_assets import GraphStore, StoreError, generate_synthetic, open_store
 from graph_assets.remote import RemoteGraphError, RemoteStore, load_store
 from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE, connect
@@ -22,6 +20,8 @@ from handler.graph.graph_source import (
     open_graph,
 )
 from handler.settings import ServingSettings
+from tests.servers.ports import free_ports
+from tests.servers.redis_server import MISSING, RedisServer, redis_server_binary
 
 UNUSED = Path("unused")  # a graph in Redis has no directory in the archive
 

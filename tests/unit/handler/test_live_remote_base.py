@@ -18,7 +18,7 @@ from graph_assets.remote.connect import connect
 from graph_assets.remote.loader import load_store
 from tests.edge_graph import edge_feature_store
 from tests.live_reference import random_update
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
 from tests.typed_graphs import fraud_store
 from tests.typed_live_reference import random_typed_update
 

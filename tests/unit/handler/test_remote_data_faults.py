@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from bench.harness.redis_server import RedisServer
 from graph_assets import GraphStore
 from graph_assets.remote import load_store, open_remote_store
 from graph_assets.remote.connect import Client, connect
@@ -30,6 +29,7 @@ from graph_assets.remote.layout import (
 from handler.settings import ServingSettings
 from handler.tasks.node.engine import NodeClassificationEngine
 from handler.tasks.node.task import node_router
+from tests.servers.redis_server import RedisServer
 
 from .conftest import random_model
 

@@ -36,7 +36,7 @@ from model.precompute import (
     precompute,
 )
 from tests.live_reference import live_ids, random_update
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
 from tests.typed_graphs import fraud_store, node_recipe
 from tests.typed_live_reference import live_nodes, random_typed_update
 

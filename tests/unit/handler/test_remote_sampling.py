@@ -18,8 +18,6 @@ from torch_geometric.nn import ChebConv
 from torch_geometric.nn.models import GAT
 
 from archive_build import own_model
-from bench.harness.ports import free_ports
-from bench.harness.redis_server import RedisServer
 from graph_assets import GraphStore, StoreError
 from graph_assets.remote import RemoteStore, RemoteUnavailable, load_store, open_remote_store
 from graph_assets.remote.connect import connect
@@ -38,7 +36,9 @@ from model.link_assets import open_link_assets, write_link_assets
 from model.typed_graph import hetero_section
 from tests.edge_graph import EDGE_DIM, FEATURES, edge_feature_store
 from tests.live_reference import live_ids, random_update
-from tests.redis_cluster import LocalCluster
+from tests.servers.ports import free_ports
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import RedisServer
 from tests.typed_graphs import fraud_store, node_recipe
 
 from .conftest import random_model

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.redis_server import RedisServer
 from graph_assets.live.log_lineage import update_log_path
 from graph_assets.remote import RemoteStore, load_store, open_remote_store
 from graph_assets.remote.connect import connect
 from handler.settings import ServingSettings
 from handler.tasks.spec import open_updates
 from tests.edge_graph import edge_feature_store
+from tests.servers.redis_server import RedisServer
 
 SECRET = "a-secret-of-at-least-16-chars"
 

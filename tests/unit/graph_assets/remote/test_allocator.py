@@ -9,11 +9,11 @@ import os
 import numpy as np
 import pytest
 
-from bench.harness.redis_server import RedisServer
 from graph_assets import GraphStore
 from graph_assets.remote import allocator, load_store, open_remote_store
 from graph_assets.remote.allocator import FreedBuffers
 from graph_assets.remote.connect import connect
+from tests.servers.redis_server import RedisServer
 
 _MB = 1 << 20
 

@@ -12,7 +12,7 @@ from graph_assets.compact import main
 from graph_assets.remote import load_store, open_remote_store
 from graph_assets.remote.connect import connect
 from handler.live.live_graph import LiveGraph, UpdateRequest
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
 
 
 def test_the_compacted_store_is_loaded_under_its_new_name(

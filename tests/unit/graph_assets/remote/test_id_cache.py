@@ -13,7 +13,7 @@ from graph_assets import GraphStore, open_store, read_graph_dir, write_store
 from graph_assets.remote import RemoteStore, load_store, open_remote_store
 from graph_assets.remote.connect import connect
 from graph_assets.remote.id_cache import IdCache
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
 from tests.unit.handler.conftest import write_graph_csv
 
 _MB = 1 << 20

@@ -14,15 +14,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.harness.ports import free_ports
-from bench.harness.redis_server import RedisServer
 from graph_assets import GraphStore, generate_synthetic, open_store
 from graph_assets.__main__ import main
 from graph_assets.remote import RemoteGraphError, load_store, open_remote_store
 from graph_assets.remote.connect import PASSWORD_FILE_VARIABLE, Client, connect
 from graph_assets.remote.layout import Keys, RemoteLayout
 from graph_assets.remote.loader import plan
-from tests.redis_cluster import LocalCluster
+from tests.servers.ports import free_ports
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import RedisServer
 
 BLOCK = 8
 

@@ -18,7 +18,7 @@ import pytest
 from graph_assets import GraphStore
 from graph_assets.remote import RemoteStore, RemoteUnavailable, load_store, open_remote_store
 from graph_assets.remote.connect import connect
-from tests.redis_cluster import LocalCluster
+from tests.servers.redis_cluster import LocalCluster
 
 TIMEOUT_MS = 300
 # A failed read waits out the timeout once for its round, and at worst once more for the

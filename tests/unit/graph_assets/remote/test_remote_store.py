@@ -16,8 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.harness.ports import free_ports
-from bench.harness.redis_server import RedisServer
 from graph_assets import GraphStore
 from graph_assets.graph_view import GraphView
 from graph_assets.remote import (
@@ -31,7 +29,9 @@ from graph_assets.remote import (
 )
 from graph_assets.remote.connect import connect
 from graph_assets.remote.layout import CHECK_BYTES, Keys, id_shards, key_array, sealed, unsealed
-from tests.redis_cluster import LocalCluster
+from tests.servers.ports import free_ports
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import RedisServer
 
 BLOCK = 8  # small blocks: the test graphs span many of them, on every shard
 

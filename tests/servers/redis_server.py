@@ -13,8 +13,8 @@ from pathlib import Path
 
 import redis
 
-from bench.harness.ports import free_ports
-from bench.harness.torchserve import ROOT
+from tests.servers.ports import free_ports
+from tests.servers.torchserve import ROOT
 
 SHIPPED_REDIS_CONFIG = ROOT / "deploy" / "redis" / "redis.conf"
 MISSING = (

@@ -1,5 +1,5 @@
-"""The session's shared Redis instances (tests/conftest.py, tests/shared_redis.py): each test
-finds its database empty, a module finds the cluster empty on every node, flushing one database
+"""The session's shared Redis instances (tests/conftest.py, tests/servers/shared_redis.py): each
+test finds its database empty, a module finds the cluster empty on every node, flushing one database
 keeps the others, and a test that kills or reconfigures a shared instance fails naming what it
 changed and the fixture to use instead."""
 
@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import redis
 
-from bench.harness.redis_server import RedisServer
 from graph_assets.remote.connect import connect
-from tests.redis_cluster import LocalCluster
-from tests.shared_redis import SharedRedis
+from tests.servers.redis_cluster import LocalCluster
+from tests.servers.redis_server import RedisServer
+from tests.servers.shared_redis import SharedRedis
 
 
 @pytest.mark.parametrize("run", [1, 2])

@@ -20,7 +20,7 @@ from typing import Protocol
 import psutil
 import requests
 
-from bench.harness.ports import free_ports
+from tests.servers.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import redis
 
-from bench.harness.redis_server import RedisServer
+from tests.servers.redis_server import RedisServer
 
 _OWN = "ask for own_redis_server or own_redis_cluster instead"
 
@@ -34,7 +34,7 @@ def node_state(node: RedisServer) -> NodeState:
     client = node.client()
     try:
         replication: dict[str, Any] = client.info("replication")
-        config: dict[str, str] = client.config_get("*")
+        config = {str(key): str(value) for key, value in client.config_get("*").items()}
     except redis.RedisError as error:
         pytest.fail(
             f"the shared redis-server on port {node.port} does not answer ({error}): {_OWN}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.torchserve import TorchServe, worker_pids, worker_processes
+from tests.servers.torchserve import TorchServe, worker_pids, worker_processes
 
 Start = Callable[..., subprocess.Popen[bytes]]
 

@@ -1,5 +1,5 @@
 """A real Redis Cluster for the tests and the benchmarks: three primaries and three
-replicas on free loopback ports, each node a `RedisServer` (bench/harness/redis_server.py) with
+replicas on free loopback ports, each node a `RedisServer` (tests/servers/redis_server.py) with
 its own directory and cluster configuration, joined by ``redis-cli --cluster create``, stopped
 by PID."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import redis
 
-from bench.harness.ports import free_ports
-from bench.harness.redis_server import MISSING, RedisServer
+from tests.servers.ports import free_ports
+from tests.servers.redis_server import MISSING, RedisServer
 
 PRIMARIES, REPLICAS_PER_PRIMARY = 3, 1
 # What a cluster node needs beyond a plain server: cluster mode, its bus on a port of its own

@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from bench.harness import ports
-from bench.harness.ports import free_ports
+from tests.servers import ports
+from tests.servers.ports import free_ports
 
 
 def test_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:
