@@ -1,9 +1,12 @@
-"""Early stopping on a validation score, shared by every task's training loop."""
+"""Early stopping on a validation score and the epoch loop every task's training runs."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 
 def check_schedule(epochs: int, patience: int) -> None:
@@ -29,3 +32,45 @@ class EarlyStopping:
             self.best_score, self.best_epoch = score, epoch
             self.best_state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
         return epoch - self.best_epoch >= self.patience
+
+
+def fit_epochs(
+    model: torch.nn.Module,
+    train_epoch: Callable[[], float],
+    val_score: Callable[[], float],
+    *,
+    epochs: int,
+    patience: int,
+    desc: str,
+    score_name: str,
+    progress: bool,
+) -> tuple[EarlyStopping, int]:
+    """The epoch loop of every training: ``train_epoch()`` (the optimizer's steps, returning
+    the loss shown), then early stopping on ``val_score()``; ``model`` ends with the best
+    epoch's weights. Returns the stopping state (best weights and score) and the epochs run."""
+    early = EarlyStopping(patience)
+    bar = tqdm(
+        range(1, epochs + 1),
+        desc=desc,
+        disable=None if progress else True,  # None: off when stderr is not a terminal
+    )
+    epoch = 0
+    for epoch in bar:
+        model.train()
+        loss = train_epoch()
+        score = val_score()
+        stop = early.update(model, epoch, score)
+        bar.set_postfix({"loss": f"{loss:.4f}", score_name: f"{score:.3f}"})
+        if stop:
+            break
+    bar.close()
+    model.load_state_dict(early.best_state)
+    return early, epoch
+
+
+def step(optimizer: torch.optim.Optimizer, loss: Tensor) -> float:
+    """One optimizer step on ``loss`` (gradients from it alone); its value."""
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return float(loss.item())

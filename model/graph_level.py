@@ -33,11 +33,10 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.nn.models import MLP
-from tqdm import tqdm
 
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import ModelConfig, Pooling, Task
-from model.early_stopping import EarlyStopping, check_schedule
+from model.early_stopping import check_schedule, fit_epochs, step
 from model.served.contract import ServedModel, ServingNeeds
 
 # A graph archive's class names (``{"class_names": [...]}``, null when labels were indices).
@@ -244,29 +243,25 @@ def train_graph_classifier(
         optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(seed)
         loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator)
-        early = EarlyStopping(patience)
-        bar = tqdm(
-            range(1, epochs + 1),
-            desc=f"train {config.arch.value} graph",
-            disable=None if progress else True,  # None: off when stderr is not a terminal
-        )
-        for epoch in bar:
-            model.train()
+
+        def train_epoch() -> float:
             total = 0.0
             for batch in loader:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch), batch.y)
-                loss.backward()
-                optimizer.step()
-                total += float(loss.detach()) * batch.num_graphs
-            val_acc = accuracy(model, val)
-            stop = early.update(model, epoch, val_acc)
-            bar.set_postfix(loss=f"{total / len(train):.4f}", val_acc=f"{val_acc:.3f}")
-            if stop:
-                break
-        bar.close()
+                logits = model(batch.x, batch.edge_index, batch.batch)
+                total += step(optimizer, F.cross_entropy(logits, batch.y)) * batch.num_graphs
+            return total / len(train)
+
+        early, epochs_run = fit_epochs(
+            model,
+            train_epoch,
+            lambda: accuracy(model, val),
+            epochs=epochs,
+            patience=patience,
+            desc=f"train {config.arch.value} graph",
+            score_name="val_acc",
+            progress=progress,
+        )
     seconds = time.perf_counter() - start
-    model.load_state_dict(early.best_state)
     metrics = {
         "arch": config.arch.value,
         "pooling": config.pooling.value,
@@ -274,7 +269,7 @@ def train_graph_classifier(
         "val_accuracy": early.best_score,
         "train_accuracy": accuracy(model, train),
         "graphs": {"train": len(train), "val": len(val), "test": len(test)},
-        "epochs_run": epoch,
+        "epochs_run": epochs_run,
         "best_epoch": early.best_epoch,
         "seconds": seconds,
     }

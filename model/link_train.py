@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import negative_sampling
-from tqdm import tqdm
 
 from model.config import ModelConfig
-from model.early_stopping import EarlyStopping, check_schedule
+from model.early_stopping import EarlyStopping, check_schedule, fit_epochs, step
 from model.link import LinkPredictor
 from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
 
@@ -306,27 +305,16 @@ def fit_pairs(
     with the best epoch's weights. Returns the stopping state (best weights and score) and
     the epochs run."""
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    early = EarlyStopping(patience)
-    bar = tqdm(
-        range(1, epochs + 1),
+    return fit_epochs(
+        model,
+        lambda: step(optimizer, loss()),
+        val_auc,
+        epochs=epochs,
+        patience=patience,
         desc=f"train {config.arch.value} link",
-        disable=None if progress else True,  # None: off when stderr is not a terminal
+        score_name="val_auc",
+        progress=progress,
     )
-    epoch = 0
-    for epoch in bar:
-        model.train()
-        optimizer.zero_grad()
-        value = loss()
-        value.backward()
-        optimizer.step()
-        score = val_auc()
-        stop = early.update(model, epoch, score)
-        bar.set_postfix(loss=f"{value.item():.4f}", val_auc=f"{score:.3f}")
-        if stop:
-            break
-    bar.close()
-    model.load_state_dict(early.best_state)
-    return early, epoch
 
 
 def pair_loss(positive: Tensor, negative: Tensor) -> Tensor:
