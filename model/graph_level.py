@@ -37,7 +37,7 @@ from torch_geometric.nn.models import MLP
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import ModelConfig, Pooling, Task
 from model.early_stopping import check_schedule, fit_epochs, step
-from model.served.contract import ServedModel, ServingNeeds
+from model.served.contract import OneNodeType, ServedModel, ServingNeeds
 
 # A graph archive's class names (``{"class_names": [...]}``, null when labels were indices).
 CLASSES_FILE = "classes.json"
@@ -80,13 +80,29 @@ class GraphModel(Protocol):
     ) -> tuple[Tensor, Tensor | None]: ...
 
 
-class GraphClassifier(torch.nn.Module):
-    """Encoder (``encoder.gnn.*``), pooling, head (``head.*``: hidden -> hidden -> classes)."""
+class GraphModule(OneNodeType, torch.nn.Module):
+    """What every graph-level model declares (the preset and the user's adapter): a graph's
+    rows depend on the graph in the request, so there is nothing to precompute."""
 
     task = Task.GRAPH
-    typed = False
-    target = ""
-    edge_type = None
+
+    def precompute_plan(self) -> None:
+        return None
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError("a graph model answers graphs, not node types")
+
+
+def batch_or_one(x: Tensor, batch: Tensor | None) -> Tensor:
+    """``batch``, or every row of ``x`` in one graph when None."""
+    if batch is None:
+        return torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    return batch
+
+
+class GraphClassifier(GraphModule):
+    """Encoder (``encoder.gnn.*``), pooling, head (``head.*``: hidden -> hidden -> classes)."""
+
     serving_needs = ServingNeeds()
     has_embedding = True
 
@@ -117,13 +133,6 @@ class GraphClassifier(torch.nn.Module):
     def hops(self) -> int:
         return self.encoder.hops
 
-    def precompute_plan(self) -> None:
-        """A graph's rows depend on the graph in the request: nothing to precompute."""
-        return None
-
-    def rows_of(self, node_type: str) -> ServedModel:
-        raise ValueError("a graph model answers graphs, not node types")
-
     def forward(
         self,
         x: Tensor,
@@ -143,8 +152,7 @@ class GraphClassifier(torch.nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """``(logits, graph embeddings [num_graphs, hidden_dim])`` of one pass; ``edge_attr``
         is never given (``edge_dim`` is 0): the protocol's parameter, unread."""
-        if batch is None:
-            batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        batch = batch_or_one(x, batch)
         nodes = F.relu(self.encoder(x, edge_index))
         embedding = self.pool(nodes, batch)
         return self.head(embedding), embedding

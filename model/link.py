@@ -30,7 +30,7 @@ from torch_geometric.nn.models import MLP
 
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import Decoder, ModelConfig, Task
-from model.served.contract import Plan, ServedModel, ServingNeeds
+from model.served.contract import OneNodeType, Plan, ServedModel, ServingNeeds
 from model.user_model import Output
 
 # Rows of the candidate table scored at once by ``score_against``: bounds the temporaries of
@@ -101,13 +101,10 @@ class RowEmbedding(torch.nn.Module):
         return z, z
 
 
-class LinkPredictor(RowEmbedding):
+class LinkPredictor(OneNodeType, RowEmbedding):
     """Encoder (``encoder.gnn.*`` in the state_dict) and decoder (``decoder.*``)."""
 
     task = Task.LINK
-    typed = False
-    target = ""
-    edge_type = None
     serving_needs = ServingNeeds()
     has_embedding = True
 

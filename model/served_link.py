@@ -21,7 +21,7 @@ from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_deg
 from model.config import Task
 from model.link import RowEmbedding, by_chunks
 from model.served import edge_kwargs, output_plan
-from model.served.contract import Plan, ServedModel, ServingNeeds
+from model.served.contract import OneNodeType, Plan, ServedModel, ServingNeeds
 from model.user_model import UserModelConfig
 
 LINK_METHODS = ("encode", "decode")
@@ -40,14 +40,11 @@ def check_link_methods(module: torch.nn.Module) -> None:
         )
 
 
-class UserLinkModel(RowEmbedding):
+class UserLinkModel(OneNodeType, RowEmbedding):
     """The user's GAE-style module behind the link protocol (its weights under ``module.``);
     a node's embedding is its row, ``encode``'s."""
 
     task = Task.LINK
-    typed = False
-    target = ""
-    edge_type = None
     has_embedding = True
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:

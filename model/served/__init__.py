@@ -27,7 +27,7 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
 from model.config import Task
 from model.served.capture import with_input_of
-from model.served.contract import Mode, Plan, ServedModel, ServingNeeds, served
+from model.served.contract import Mode, OneNodeType, Plan, ServedModel, ServingNeeds, served
 from model.trimmed import gnn_layer, known_hop_edges, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig
 
@@ -72,13 +72,10 @@ def serving_needs(model: torch.nn.Module) -> ServingNeeds:
     return served(model).serving_needs
 
 
-class UserNodeModel(torch.nn.Module):
+class UserNodeModel(OneNodeType, torch.nn.Module):
     """The user's module behind the served-model contract (its weights under ``module.``)."""
 
     task = Task.NODE
-    typed = False
-    target = ""
-    edge_type = None
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
         super().__init__()

@@ -23,6 +23,15 @@ from model.config import Task
 from model.user_model import EdgeInput, Output
 
 
+class OneNodeType:
+    """The contract's declarations of a model that reads a graph of one node type: not
+    typed, no target type, no relation."""
+
+    typed = False
+    target = ""
+    edge_type = None
+
+
 @dataclass(frozen=True)
 class ServingNeeds:
     """What a served model asks of the ego-graph, and what its rows are.
