@@ -24,7 +24,7 @@ from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
 
 from model.graph_level import GraphModule, batch_or_one
-from model.served import edge_kwargs
+from model.served import UserAdapter, edge_kwargs
 from model.served.capture import with_input_of
 from model.served.contract import ServingNeeds
 from model.user_model import EdgeInput, UserModelConfig
@@ -33,15 +33,12 @@ _LINEAR = (torch.nn.Linear, PygLinear)
 _METHOD = "method:"
 
 
-class UserGraphModel(GraphModule):
+class UserGraphModel(UserAdapter, GraphModule):
     """The user's graph-level module behind the graph protocol (its weights under
     ``module.``)."""
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
-        super().__init__()
-        self.module = module
-        self.config = config
-        self.hops = config.num_layers
+        super().__init__(module, config)
         self.has_embedding = bool(config.embedding)
         self.serving_needs = ServingNeeds(output=config.output, edge_input=config.edge_input)
 

@@ -20,8 +20,8 @@ from torch import Tensor
 from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
 from model.config import Task
 from model.link import RowEmbedding, by_chunks
-from model.served import edge_kwargs, output_plan
-from model.served.contract import OneNodeType, Plan, ServedModel, ServingNeeds
+from model.served import UserAdapter, edge_kwargs, output_plan
+from model.served.contract import Plan, ServedModel, ServingNeeds
 from model.user_model import UserModelConfig
 
 LINK_METHODS = ("encode", "decode")
@@ -40,7 +40,7 @@ def check_link_methods(module: torch.nn.Module) -> None:
         )
 
 
-class UserLinkModel(OneNodeType, RowEmbedding):
+class UserLinkModel(UserAdapter, RowEmbedding):
     """The user's GAE-style module behind the link protocol (its weights under ``module.``);
     a node's embedding is its row, ``encode``'s."""
 
@@ -48,11 +48,8 @@ class UserLinkModel(OneNodeType, RowEmbedding):
     has_embedding = True
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
-        super().__init__()
         check_link_methods(module)
-        self.module = module
-        self.config = config
-        self.hops = config.num_layers
+        super().__init__(module, config)
         self.serving_needs = ServingNeeds(
             output=config.output,
             edge_input=config.edge_input,

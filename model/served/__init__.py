@@ -72,16 +72,24 @@ def serving_needs(model: torch.nn.Module) -> ServingNeeds:
     return served(model).serving_needs
 
 
-class UserNodeModel(OneNodeType, torch.nn.Module):
-    """The user's module behind the served-model contract (its weights under ``module.``)."""
-
-    task = Task.NODE
+class UserAdapter(OneNodeType, torch.nn.Module):
+    """The user's module behind the contract (its weights under ``module.``), with the build's
+    settings; its hops are the config's ``num_layers``."""
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
         super().__init__()
         self.module = module
         self.config = config
         self.hops = config.num_layers
+
+
+class UserNodeModel(UserAdapter):
+    """The user's module behind the served-model contract (its weights under ``module.``)."""
+
+    task = Task.NODE
+
+    def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
+        super().__init__(module, config)
         self.has_embedding = bool(config.embedding)
         self._chebconv = bool(chebconv_layers(module))
         self.serving_needs = ServingNeeds(
