@@ -15,7 +15,9 @@ from typing import Any, TypeVar
 _E = TypeVar("_E", bound=Enum)
 
 
-def _parse_enum(cls: type[_E], name: str, value: object) -> _E:
+def parse_enum(cls: type[_E], name: str, value: object) -> _E:
+    """``value`` as a member of ``cls`` (a member, or its value in any case); the error names
+    the setting ``name`` and lists the accepted values."""
     if isinstance(value, cls):
         return value
     if isinstance(value, str):
@@ -37,7 +39,7 @@ class Task(str, Enum):
     @classmethod
     def parse(cls, value: str | Task) -> Task:
         """Converts a string such as ``"node"``; the error lists the accepted values."""
-        return _parse_enum(cls, "task", value)
+        return parse_enum(cls, "task", value)
 
 
 class Arch(str, Enum):
@@ -54,7 +56,7 @@ class Arch(str, Enum):
     @classmethod
     def parse(cls, value: str | Arch) -> Arch:
         """Converts a string such as ``"sage"`` (any case); the error lists the accepted values."""
-        return _parse_enum(cls, "arch", value)
+        return parse_enum(cls, "arch", value)
 
 
 class Decoder(str, Enum):
@@ -65,7 +67,7 @@ class Decoder(str, Enum):
 
     @classmethod
     def parse(cls, value: str | Decoder) -> Decoder:
-        return _parse_enum(cls, "decoder", value)
+        return parse_enum(cls, "decoder", value)
 
 
 class Pooling(str, Enum):
@@ -77,7 +79,7 @@ class Pooling(str, Enum):
 
     @classmethod
     def parse(cls, value: str | Pooling) -> Pooling:
-        return _parse_enum(cls, "pooling", value)
+        return parse_enum(cls, "pooling", value)
 
 
 # Keys that only one task reads; ``to_dict`` writes them only for that task.

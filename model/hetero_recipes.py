@@ -49,6 +49,7 @@ from torch_geometric.nn.models import MLP
 from torch_geometric.typing import EdgeType
 from torch_geometric.utils import scatter
 
+from model.config import parse_enum
 from model.served import ServingNeeds
 from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
@@ -91,13 +92,7 @@ class HeteroArch(str, Enum):
     @classmethod
     def parse(cls, value: str | HeteroArch) -> HeteroArch:
         """Converts a string such as ``"hgt"`` (any case); the error lists the accepted values."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            allowed = ", ".join(repr(member.value) for member in cls)
-            raise ValueError(f"arch must be one of {allowed}, got {value!r}") from None
+        return parse_enum(cls, "arch", value)
 
 
 @dataclass(frozen=True, kw_only=True)
