@@ -36,18 +36,21 @@ class EarlyStopping:
 
 def fit_epochs(
     model: torch.nn.Module,
-    train_epoch: Callable[[], float],
+    train_epoch: Callable[[torch.optim.Optimizer], float],
     val_score: Callable[[], float],
     *,
+    lr: float,
+    weight_decay: float = 0.0,
     epochs: int,
     patience: int,
     desc: str,
     score_name: str,
     progress: bool,
 ) -> tuple[EarlyStopping, int]:
-    """The epoch loop of every training: ``train_epoch()`` (the optimizer's steps, returning
+    """The epoch loop of every training: ``train_epoch(optimizer)`` (Adam's steps, returning
     the loss shown), then early stopping on ``val_score()``; ``model`` ends with the best
     epoch's weights. Returns the stopping state (best weights and score) and the epochs run."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     early = EarlyStopping(patience)
     bar = tqdm(
         range(1, epochs + 1),
@@ -57,7 +60,7 @@ def fit_epochs(
     epoch = 0
     for epoch in bar:
         model.train()
-        loss = train_epoch()
+        loss = train_epoch(optimizer)
         score = val_score()
         stop = early.update(model, epoch, score)
         bar.set_postfix({"loss": f"{loss:.4f}", score_name: f"{score:.3f}"})

@@ -248,11 +248,10 @@ def train_graph_classifier(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = GraphClassifier(config)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(seed)
         loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator)
 
-        def train_epoch() -> float:
+        def train_epoch(optimizer: torch.optim.Optimizer) -> float:
             total = 0.0
             for batch in loader:
                 logits = model(batch.x, batch.edge_index, batch.batch)
@@ -263,6 +262,7 @@ def train_graph_classifier(
             model,
             train_epoch,
             lambda: accuracy(model, val),
+            lr=lr,
             epochs=epochs,
             patience=patience,
             desc=f"train {config.arch.value} graph",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -272,14 +272,15 @@ def train_link_predictor(
                 model.score(z[negatives[0]], z[negatives[1]]),
             )
 
-        early, epochs_run = fit_pairs(
+        early, epochs_run = fit_epochs(
             model,
-            loss,
+            lambda optimizer: step(optimizer, loss()),
             lambda: _auc(model, x, split.train, split.val_pos, split.val_neg),
-            config,
+            lr=lr,
             epochs=epochs,
             patience=patience,
-            lr=lr,
+            desc=f"train {config.arch.value} link",
+            score_name="val_auc",
             progress=progress,
         )
     seconds = time.perf_counter() - start
@@ -287,34 +288,6 @@ def train_link_predictor(
         model, x, split.train, split.test_pos, split.test_neg, edge_index, seed=seed
     )
     return link_result(config, test, early, split, epochs_run, seconds)
-
-
-def fit_pairs(
-    model: torch.nn.Module,
-    loss: Callable[[], Tensor],
-    val_auc: Callable[[], float],
-    config: ModelConfig,
-    *,
-    epochs: int,
-    patience: int,
-    lr: float,
-    progress: bool,
-) -> tuple[EarlyStopping, int]:
-    """The epoch loop of link training, on a graph of one type or several: Adam on
-    ``loss()`` (drawn afresh each epoch), early stopping on ``val_auc()``; ``model`` ends
-    with the best epoch's weights. Returns the stopping state (best weights and score) and
-    the epochs run."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    return fit_epochs(
-        model,
-        lambda: step(optimizer, loss()),
-        val_auc,
-        epochs=epochs,
-        patience=patience,
-        desc=f"train {config.arch.value} link",
-        score_name="val_auc",
-        progress=progress,
-    )
 
 
 def pair_loss(positive: Tensor, negative: Tensor) -> Tensor:

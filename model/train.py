@@ -93,13 +93,14 @@ def fit(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = build_model(config).to(labels.device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
         early, epochs_run = fit_epochs(
             model,
-            lambda: step(
+            lambda optimizer: step(
                 optimizer, F.cross_entropy(model(*inputs)[parts.train], labels[parts.train])
             ),
             lambda: _accuracy(model, inputs, labels, parts.val),
+            lr=lr,
+            weight_decay=weight_decay,
             epochs=epochs,
             patience=patience,
             desc=f"train {config.arch.value}",

@@ -22,12 +22,11 @@ from torch_geometric.utils import negative_sampling
 
 from graph_assets.schema import REVERSE_PREFIX
 from model.config import ModelConfig
-from model.early_stopping import check_schedule
+from model.early_stopping import check_schedule, fit_epochs, step
 from model.hetero_link import HeteroLinkModel, HeteroLinkPredictor
 from model.link_train import (
     HITS_AT,
     LinkTrainResult,
-    fit_pairs,
     hold_out,
     link_result,
     pair_loss,
@@ -205,14 +204,15 @@ def train_typed_link_predictor(
             )
             return pair_loss(_scores(model, z, split.train), _scores(model, z, negatives))
 
-        early, epochs_run = fit_pairs(
+        early, epochs_run = fit_epochs(
             model,
-            loss,
+            lambda optimizer: step(optimizer, loss()),
             lambda: _auc(model, split.message, split.val_pos, split.val_neg),
-            config,
+            lr=lr,
             epochs=epochs,
             patience=patience,
-            lr=lr,
+            desc=f"train {config.arch.value} link",
+            score_name="val_auc",
             progress=progress,
         )
     seconds = time.perf_counter() - start
