@@ -23,6 +23,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -36,7 +37,7 @@ from torch_geometric.nn.models import MLP
 
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import ModelConfig, Pooling, Task
-from model.early_stopping import check_schedule, fit_epochs, step
+from model.early_stopping import Schedule, fit_epochs, step
 from model.served.contract import OneNodeType, ServedModel, ServingNeeds
 
 # A graph archive's class names (``{"class_names": [...]}``, null when labels were indices).
@@ -230,7 +231,7 @@ def train_graph_classifier(
     Graphs with ``y < 0`` are not used. The split and the batches are drawn with ``seed``; on
     the CPU the same inputs give the same weights.
     """
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value} graph", progress=progress)
     labels = torch.tensor([int(g.y) for g in graphs])
     classes = torch.unique(labels[labels >= 0])
     if classes.numel() < 2:
@@ -258,17 +259,8 @@ def train_graph_classifier(
                 total += step(optimizer, F.cross_entropy(logits, batch.y)) * batch.num_graphs
             return total / len(train)
 
-        early, epochs_run = fit_epochs(
-            model,
-            train_epoch,
-            lambda: accuracy(model, val),
-            lr=lr,
-            epochs=epochs,
-            patience=patience,
-            desc=f"train {config.arch.value} graph",
-            score_name="val_acc",
-            progress=progress,
-        )
+        val_accuracy = partial(accuracy, model, val)
+        early, epochs_run = fit_epochs(model, train_epoch, val_accuracy, schedule, "val_acc")
     seconds = time.perf_counter() - start
     metrics = {
         "arch": config.arch.value,

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch_geometric.utils import negative_sampling
 
 from model.config import ModelConfig
-from model.early_stopping import EarlyStopping, check_schedule, fit_epochs, step
+from model.early_stopping import EarlyStopping, Schedule, fit_epochs, step
 from model.link import LinkPredictor
 from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
 
@@ -253,7 +253,7 @@ def train_link_predictor(
     ``patience`` epochs without a better validation AUC and keeps the best epoch's weights.
     Metrics: test AUC, test hits@10/@50 and MRR (:func:`evaluate_link_predictor`).
     """
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value} link", progress=progress)
     num_nodes = x.shape[0]
     split = split_edges(edge_index, num_nodes, val_fraction, test_fraction, seed)
     start = time.perf_counter()
@@ -276,12 +276,8 @@ def train_link_predictor(
             model,
             lambda optimizer: step(optimizer, loss()),
             lambda: _auc(model, x, split.train, split.val_pos, split.val_neg),
-            lr=lr,
-            epochs=epochs,
-            patience=patience,
-            desc=f"train {config.arch.value} link",
-            score_name="val_auc",
-            progress=progress,
+            schedule,
+            "val_auc",
         )
     seconds = time.perf_counter() - start
     test = evaluate_link_predictor(

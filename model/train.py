@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from model.config import ModelConfig
-from model.early_stopping import check_schedule, fit_epochs, step
+from model.early_stopping import Schedule, fit_epochs, step
 from model.registry import build_model
 from model.typed_batch import HeteroInput
 
@@ -87,7 +87,7 @@ def fit(
     epochs without a better validation accuracy and keeps the best epoch's weights. On the CPU
     the same inputs and ``seed`` give the same weights; the global torch RNG is left untouched.
     """
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value}", weight_decay, progress)
     parts = _split_labelled(labels, split, seed)
     start = time.perf_counter()
     with torch.random.fork_rng():
@@ -99,13 +99,8 @@ def fit(
                 optimizer, F.cross_entropy(model(*inputs)[parts.train], labels[parts.train])
             ),
             lambda: _accuracy(model, inputs, labels, parts.val),
-            lr=lr,
-            weight_decay=weight_decay,
-            epochs=epochs,
-            patience=patience,
-            desc=f"train {config.arch.value}",
-            score_name="val_acc",
-            progress=progress,
+            schedule,
+            "val_acc",
         )
     seconds = time.perf_counter() - start
     return TrainResult(

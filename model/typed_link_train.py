@@ -22,7 +22,7 @@ from torch_geometric.utils import negative_sampling
 
 from graph_assets.schema import REVERSE_PREFIX
 from model.config import ModelConfig
-from model.early_stopping import check_schedule, fit_epochs, step
+from model.early_stopping import Schedule, fit_epochs, step
 from model.hetero_link import HeteroLinkModel, HeteroLinkPredictor
 from model.link_train import (
     HITS_AT,
@@ -190,7 +190,7 @@ def train_typed_link_predictor(
     with Adam on the whole graph ``inputs``: each epoch scores every training edge of the
     relation against as many unlinked pairs drawn afresh with a binary cross-entropy loss;
     metrics as :func:`model.link_train.train_link_predictor`'s."""
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value} link", progress=progress)
     start = time.perf_counter()
     with seeded_training(seed):
         model = HeteroLinkPredictor(config)
@@ -208,12 +208,8 @@ def train_typed_link_predictor(
             model,
             lambda optimizer: step(optimizer, loss()),
             lambda: _auc(model, split.message, split.val_pos, split.val_neg),
-            lr=lr,
-            epochs=epochs,
-            patience=patience,
-            desc=f"train {config.arch.value} link",
-            score_name="val_auc",
-            progress=progress,
+            schedule,
+            "val_auc",
         )
     seconds = time.perf_counter() - start
     test = evaluate_typed_link_predictor(
