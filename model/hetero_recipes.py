@@ -28,7 +28,6 @@ import itertools
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import torch
@@ -49,7 +48,7 @@ from torch_geometric.nn.models import MLP
 from torch_geometric.typing import EdgeType
 from torch_geometric.utils import scatter
 
-from model.config import parse_enum
+from model.config import Setting
 from model.served import ServingNeeds
 from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
@@ -79,7 +78,7 @@ def _keyed_edge(edge_type: EdgeType) -> EdgeType:
     return (module_key(src), relation, module_key(dst))
 
 
-class HeteroArch(str, Enum):
+class HeteroArch(Setting):
     """The message-passing recipe on a heterogeneous graph."""
 
     SAGE = "sage"
@@ -90,9 +89,8 @@ class HeteroArch(str, Enum):
     HGT = "hgt"
 
     @classmethod
-    def parse(cls, value: str | HeteroArch) -> HeteroArch:
-        """Converts a string such as ``"hgt"`` (any case); the error lists the accepted values."""
-        return parse_enum(cls, "arch", value)
+    def setting(cls) -> str:
+        return "arch"
 
 
 @dataclass(frozen=True, kw_only=True)
