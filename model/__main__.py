@@ -14,7 +14,6 @@ Model options default to ``ModelConfig``'s defaults and training options to
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 import time
@@ -28,7 +27,7 @@ import torch
 
 from graph_assets.errors import StoreError
 from graph_assets.stored.store import GraphStore, open_store
-from model.config import Arch, ModelConfig
+from model.config import ModelConfig
 from model.export import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -41,7 +40,15 @@ from model.precompute import Mode, load_to_redis, plan_for, precompute, weights_
 from model.registry import build_model
 from model.served import serving_needs
 from model.served.factory import preset_keys
-from model.tasks_cli import MODEL_FLAGS, TRAIN_FLAGS, add_task_commands, run_task_command
+from model.tasks_cli import (
+    MODEL_FLAGS,
+    TRAIN_FLAGS,
+    add_arch,
+    add_flags,
+    add_task_commands,
+    defaults_of,
+    run_task_command,
+)
 from model.train import fit, train_node_classifier, train_typed_node_classifier
 from model.typed_graph import hetero_section, whole_graph_input
 from model.user_model import EdgeInput, read_state_dict
@@ -49,7 +56,6 @@ from model.user_model import EdgeInput, read_state_dict
 
 def _parser() -> argparse.ArgumentParser:
     model_defaults = {f.name: f.default for f in fields(ModelConfig)}
-    train_defaults = {name: p.default for name, p in inspect.signature(fit).parameters.items()}
     parser = argparse.ArgumentParser(prog="python -m model", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser(
@@ -80,36 +86,17 @@ def _parser() -> argparse.ArgumentParser:
     add_task_commands(commands)
     for command in (train, package):
         _add_model_flags(command, model_defaults)
-    for name, (kind, text) in TRAIN_FLAGS.items():
-        train.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=kind,
-            default=argparse.SUPPRESS,
-            help=f"{text} (default: {train_defaults[name]})",
-        )
+    add_flags(train, TRAIN_FLAGS, defaults_of(fit))
     return parser
 
 
 def _add_model_flags(command: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
     command.add_argument("--store", required=True, help="graph store directory (graph_assets)")
-    command.add_argument(
-        "--arch",
-        default=defaults["arch"].value,
-        choices=[arch.value for arch in Arch],
-        help="architecture (default: %(default)s)",
-    )
+    add_arch(command, defaults["arch"])
     command.add_argument(
         "--out", required=True, help="directory for model.pt, model_config.json, metrics.json"
     )
-    for name, (kind, text) in MODEL_FLAGS.items():
-        command.add_argument(
-            "--" + name.replace("_", "-"),
-            dest=name,
-            type=kind,
-            default=argparse.SUPPRESS,
-            help=f"{text} (default: {defaults[name]})",
-        )
+    add_flags(command, MODEL_FLAGS, defaults)
 
 
 def _precompute(args: dict[str, Any], store: GraphStore) -> str:

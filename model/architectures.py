@@ -25,7 +25,7 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 
 from model.config import Arch, ModelConfig, Task
 from model.served.capture import with_input_of
-from model.served.contract import Mode, Plan, ServedModel, ServingNeeds
+from model.served.contract import Mode, OneNodeType, Plan, ServedModel, ServingNeeds
 from model.trimmed import (
     ConvOnRows,
     gnn_layer,
@@ -35,7 +35,7 @@ from model.trimmed import (
 )
 
 
-class NodeClassifier(torch.nn.Module):
+class NodeClassifier(OneNodeType, torch.nn.Module):
     """A PyG ``BasicGNN`` (ReLU and dropout between layers, last layer maps to classes).
 
     ``level_sizes`` (rows per hop of a sampled ego-graph whose rows are grouped by hop and
@@ -47,9 +47,6 @@ class NodeClassifier(torch.nn.Module):
     """
 
     task = Task.NODE
-    typed = False
-    target = ""
-    edge_type = None
     serving_needs = ServingNeeds()
     has_embedding = True
     # A node's degree is part of what its out-edges carry (the GCN preset's normalisation).

@@ -10,37 +10,40 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
-from typing import Any, TypeVar
-
-_E = TypeVar("_E", bound=Enum)
+from typing import Any, Self
 
 
-def _parse_enum(cls: type[_E], name: str, value: object) -> _E:
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, str):
-        try:
-            return cls(value.strip().lower())
-        except ValueError:
-            pass
-    allowed = ", ".join(repr(member.value) for member in cls)
-    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+class Setting(str, Enum):
+    """A setting with named values: ``parse`` takes a member or its value in any case, and its
+    error names the setting (:meth:`setting`) and lists the accepted values."""
+
+    @classmethod
+    def setting(cls) -> str:
+        """The setting's name in errors: the class's, in lower case."""
+        return cls.__name__.lower()
+
+    @classmethod
+    def parse(cls, value: object) -> Self:
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                return cls(value.strip().lower())
+            except ValueError:
+                pass
+        allowed = ", ".join(repr(member.value) for member in cls)
+        raise ValueError(f"{cls.setting()} must be one of {allowed}, got {value!r}")
 
 
-class Task(str, Enum):
+class Task(Setting):
     """What the model predicts: a class per node, a score per node pair, a class per graph."""
 
     NODE = "node"
     LINK = "link"
     GRAPH = "graph"
 
-    @classmethod
-    def parse(cls, value: str | Task) -> Task:
-        """Converts a string such as ``"node"``; the error lists the accepted values."""
-        return _parse_enum(cls, "task", value)
 
-
-class Arch(str, Enum):
+class Arch(Setting):
     """The message-passing architecture; ``rgcn`` and ``hgt`` are relational recipes for a
     graph of several node types or relations."""
 
@@ -51,33 +54,20 @@ class Arch(str, Enum):
     RGCN = "rgcn"
     HGT = "hgt"
 
-    @classmethod
-    def parse(cls, value: str | Arch) -> Arch:
-        """Converts a string such as ``"sage"`` (any case); the error lists the accepted values."""
-        return _parse_enum(cls, "arch", value)
 
-
-class Decoder(str, Enum):
+class Decoder(Setting):
     """How a link predictor scores a pair from the two node embeddings."""
 
     DOT = "dot"
     MLP = "mlp"
 
-    @classmethod
-    def parse(cls, value: str | Decoder) -> Decoder:
-        return _parse_enum(cls, "decoder", value)
 
-
-class Pooling(str, Enum):
+class Pooling(Setting):
     """How a graph classifier reduces its node representations to one vector per graph."""
 
     SUM = "sum"
     MEAN = "mean"
     MAX = "max"
-
-    @classmethod
-    def parse(cls, value: str | Pooling) -> Pooling:
-        return _parse_enum(cls, "pooling", value)
 
 
 # Keys that only one task reads; ``to_dict`` writes them only for that task.

@@ -23,6 +23,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -33,12 +34,11 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.nn.models import MLP
-from tqdm import tqdm
 
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import ModelConfig, Pooling, Task
-from model.early_stopping import EarlyStopping, check_schedule
-from model.served.contract import ServedModel, ServingNeeds
+from model.early_stopping import Schedule, fit_epochs, step
+from model.served.contract import OneNodeType, ServedModel, ServingNeeds
 
 # A graph archive's class names (``{"class_names": [...]}``, null when labels were indices).
 CLASSES_FILE = "classes.json"
@@ -81,13 +81,29 @@ class GraphModel(Protocol):
     ) -> tuple[Tensor, Tensor | None]: ...
 
 
-class GraphClassifier(torch.nn.Module):
-    """Encoder (``encoder.gnn.*``), pooling, head (``head.*``: hidden -> hidden -> classes)."""
+class GraphModule(OneNodeType, torch.nn.Module):
+    """What every graph-level model declares (the preset and the user's adapter): a graph's
+    rows depend on the graph in the request, so there is nothing to precompute."""
 
     task = Task.GRAPH
-    typed = False
-    target = ""
-    edge_type = None
+
+    def precompute_plan(self) -> None:
+        return None
+
+    def rows_of(self, node_type: str) -> ServedModel:
+        raise ValueError("a graph model answers graphs, not node types")
+
+
+def batch_or_one(x: Tensor, batch: Tensor | None) -> Tensor:
+    """``batch``, or every row of ``x`` in one graph when None."""
+    if batch is None:
+        return torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+    return batch
+
+
+class GraphClassifier(GraphModule):
+    """Encoder (``encoder.gnn.*``), pooling, head (``head.*``: hidden -> hidden -> classes)."""
+
     serving_needs = ServingNeeds()
     has_embedding = True
 
@@ -118,13 +134,6 @@ class GraphClassifier(torch.nn.Module):
     def hops(self) -> int:
         return self.encoder.hops
 
-    def precompute_plan(self) -> None:
-        """A graph's rows depend on the graph in the request: nothing to precompute."""
-        return None
-
-    def rows_of(self, node_type: str) -> ServedModel:
-        raise ValueError("a graph model answers graphs, not node types")
-
     def forward(
         self,
         x: Tensor,
@@ -144,8 +153,7 @@ class GraphClassifier(torch.nn.Module):
     ) -> tuple[Tensor, Tensor]:
         """``(logits, graph embeddings [num_graphs, hidden_dim])`` of one pass; ``edge_attr``
         is never given (``edge_dim`` is 0): the protocol's parameter, unread."""
-        if batch is None:
-            batch = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        batch = batch_or_one(x, batch)
         nodes = F.relu(self.encoder(x, edge_index))
         embedding = self.pool(nodes, batch)
         return self.head(embedding), embedding
@@ -223,7 +231,7 @@ def train_graph_classifier(
     Graphs with ``y < 0`` are not used. The split and the batches are drawn with ``seed``; on
     the CPU the same inputs give the same weights.
     """
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value} graph", progress=progress)
     labels = torch.tensor([int(g.y) for g in graphs])
     classes = torch.unique(labels[labels >= 0])
     if classes.numel() < 2:
@@ -241,32 +249,19 @@ def train_graph_classifier(
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = GraphClassifier(config)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
         generator = torch.Generator().manual_seed(seed)
         loader = DataLoader(train, batch_size=batch_size, shuffle=True, generator=generator)
-        early = EarlyStopping(patience)
-        bar = tqdm(
-            range(1, epochs + 1),
-            desc=f"train {config.arch.value} graph",
-            disable=None if progress else True,  # None: off when stderr is not a terminal
-        )
-        for epoch in bar:
-            model.train()
+
+        def train_epoch(optimizer: torch.optim.Optimizer) -> float:
             total = 0.0
             for batch in loader:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(batch.x, batch.edge_index, batch.batch), batch.y)
-                loss.backward()
-                optimizer.step()
-                total += float(loss.detach()) * batch.num_graphs
-            val_acc = accuracy(model, val)
-            stop = early.update(model, epoch, val_acc)
-            bar.set_postfix(loss=f"{total / len(train):.4f}", val_acc=f"{val_acc:.3f}")
-            if stop:
-                break
-        bar.close()
+                logits = model(batch.x, batch.edge_index, batch.batch)
+                total += step(optimizer, F.cross_entropy(logits, batch.y)) * batch.num_graphs
+            return total / len(train)
+
+        val_accuracy = partial(accuracy, model, val)
+        early, epochs_run = fit_epochs(model, train_epoch, val_accuracy, schedule, "val_acc")
     seconds = time.perf_counter() - start
-    model.load_state_dict(early.best_state)
     metrics = {
         "arch": config.arch.value,
         "pooling": config.pooling.value,
@@ -274,7 +269,7 @@ def train_graph_classifier(
         "val_accuracy": early.best_score,
         "train_accuracy": accuracy(model, train),
         "graphs": {"train": len(train), "val": len(val), "test": len(test)},
-        "epochs_run": epoch,
+        "epochs_run": epochs_run,
         "best_epoch": early.best_epoch,
         "seconds": seconds,
     }

@@ -21,13 +21,13 @@ from graph_assets.schema import EdgeType as RelationName
 from model.config import ModelConfig, Task
 from model.hetero_recipes import HeteroRecipe, build_hetero_model
 from model.link import build_decoder, decode_against
-from model.served.contract import Plan, ServedModel, ServingNeeds
+from model.served.contract import Plan, ServedModel, ServingNeeds, SeveralNodeTypes
 from model.served_hetero import HeteroNodeModel, typed_plan
 from model.typed_batch import HeteroInput
 from model.typed_graph import hetero_spec
 
 
-class HeteroLinkModel(torch.nn.Module):
+class HeteroLinkModel(SeveralNodeTypes, torch.nn.Module):
     """The served protocol of a link model of a typed graph (see the module docstring).
 
     Attributes:
@@ -38,7 +38,6 @@ class HeteroLinkModel(torch.nn.Module):
     """
 
     task = Task.LINK
-    typed = True
     target = ""
     has_embedding = False
     edge_type: EdgeType
@@ -49,11 +48,6 @@ class HeteroLinkModel(torch.nn.Module):
     def decoder_name(self) -> str:
         """What describe reports as the archive's decoder."""
         raise NotImplementedError
-
-    @property
-    def model_name(self) -> str:
-        """The class the build and the logs name (the user's, not its adapter)."""
-        return type(self).__name__
 
     def forward_with_embedding(self, inputs: HeteroInput) -> tuple[Tensor, Tensor]:
         """A typed link model's embeddings are its ends' rows (:meth:`encode`)."""

@@ -28,7 +28,6 @@ import itertools
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import torch
@@ -49,6 +48,7 @@ from torch_geometric.nn.models import MLP
 from torch_geometric.typing import EdgeType
 from torch_geometric.utils import scatter
 
+from model.config import Setting
 from model.served import ServingNeeds
 from model.served_hetero import HeteroNodeModel
 from model.typed_batch import HeteroInput
@@ -78,7 +78,7 @@ def _keyed_edge(edge_type: EdgeType) -> EdgeType:
     return (module_key(src), relation, module_key(dst))
 
 
-class HeteroArch(str, Enum):
+class HeteroArch(Setting):
     """The message-passing recipe on a heterogeneous graph."""
 
     SAGE = "sage"
@@ -89,15 +89,8 @@ class HeteroArch(str, Enum):
     HGT = "hgt"
 
     @classmethod
-    def parse(cls, value: str | HeteroArch) -> HeteroArch:
-        """Converts a string such as ``"hgt"`` (any case); the error lists the accepted values."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            allowed = ", ".join(repr(member.value) for member in cls)
-            raise ValueError(f"arch must be one of {allowed}, got {value!r}") from None
+    def setting(cls) -> str:
+        return "arch"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -21,7 +21,7 @@ exactness on ego-graphs (GCN's full-graph degrees included) carries over unchang
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -30,7 +30,7 @@ from torch_geometric.nn.models import MLP
 
 from model.architectures import NodeClassifier, build_node_classifier
 from model.config import Decoder, ModelConfig, Task
-from model.served.contract import Plan, ServedModel, ServingNeeds
+from model.served.contract import OneNodeType, Plan, ServedModel, ServingNeeds
 from model.user_model import Output
 
 # Rows of the candidate table scored at once by ``score_against``: bounds the temporaries of
@@ -85,13 +85,26 @@ class MLPDecoder(torch.nn.Module):
         return self.mlp(z_src * z_dst).squeeze(-1)
 
 
-class LinkPredictor(torch.nn.Module):
+class RowEmbedding(torch.nn.Module):
+    """A link model whose node embedding is its row (the presets' and the user's ``encode``):
+    ``forward_with_embedding`` answers ``(z, z)``."""
+
+    def forward_with_embedding(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        degree: Tensor | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """A node's embedding is its row: ``(z, z)``."""
+        z = self(x, edge_index, degree=degree, edge_attr=edge_attr)
+        return z, z
+
+
+class LinkPredictor(OneNodeType, RowEmbedding):
     """Encoder (``encoder.gnn.*`` in the state_dict) and decoder (``decoder.*``)."""
 
     task = Task.LINK
-    typed = False
-    target = ""
-    edge_type = None
     serving_needs = ServingNeeds()
     has_embedding = True
 
@@ -126,17 +139,6 @@ class LinkPredictor(torch.nn.Module):
             x, edge_index, degree=degree, level_sizes=level_sizes, edge_attr=edge_attr
         )
 
-    def forward_with_embedding(
-        self,
-        x: Tensor,
-        edge_index: Tensor,
-        degree: Tensor | None = None,
-        edge_attr: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """A node's embedding is its row: ``(z, z)``."""
-        z = self(x, edge_index, degree=degree, edge_attr=edge_attr)
-        return z, z
-
     def precompute_plan(self) -> Plan:
         """The encoder's per-layer rows."""
         return self.encoder.precompute_plan()
@@ -164,13 +166,17 @@ def decode_against(decoder: torch.nn.Module, z_src: Tensor, table: Tensor) -> Te
     """``decoder``'s logits of one embedding (``z_src``, ``[D]``) against every row of
     ``table``, in chunks of ``SCORE_CHUNK_ROWS`` rows; the dot decoder is one matrix-vector
     product per chunk."""
+    if isinstance(decoder, DotDecoder):
+        return by_chunks(z_src, table, lambda chunk: chunk @ z_src)
+    return by_chunks(z_src, table, lambda chunk: decoder(z_src.expand_as(chunk), chunk))
+
+
+def by_chunks(z_src: Tensor, table: Tensor, score: Callable[[Tensor], Tensor]) -> Tensor:
+    """``score`` of every chunk of ``SCORE_CHUNK_ROWS`` rows of ``table`` (on ``z_src``'s device
+    and dtype), concatenated: one node against a whole table without a table-sized product."""
     parts = []
     for start in range(0, table.shape[0], SCORE_CHUNK_ROWS):
-        chunk = table[start : start + SCORE_CHUNK_ROWS].to(z_src.device, z_src.dtype)
-        if isinstance(decoder, DotDecoder):
-            parts.append(chunk @ z_src)
-        else:
-            parts.append(decoder(z_src.expand_as(chunk), chunk))
+        parts.append(score(table[start : start + SCORE_CHUNK_ROWS].to(z_src.device, z_src.dtype)))
     if not parts:
         return z_src.new_empty(0)
     return torch.cat(parts)

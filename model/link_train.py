@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import negative_sampling
-from tqdm import tqdm
 
 from model.config import ModelConfig
-from model.early_stopping import EarlyStopping, check_schedule
+from model.early_stopping import EarlyStopping, Schedule, fit_epochs, step
 from model.link import LinkPredictor
 from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
 
@@ -68,6 +67,15 @@ def seeded_python_random(seed: int) -> Iterator[None]:
         random.setstate(state)
 
 
+@contextmanager
+def seeded_training(seed: int) -> Iterator[None]:
+    """Initial weights, dropout and negatives drawn from ``seed``; the callers' random
+    states are restored after."""
+    with torch.random.fork_rng(), seeded_python_random(seed):
+        torch.manual_seed(seed)
+        yield
+
+
 def both_directions(edge_index: Tensor) -> Tensor:
     return torch.cat([edge_index, edge_index.flip(0)], dim=1)
 
@@ -83,43 +91,78 @@ def split_edges(
 
     Negatives are drawn from pairs with no edge in either direction (no self-pairs).
     """
-    if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
-        raise ValueError(
-            "val_fraction and test_fraction must be positive and sum to less than 1, got "
-            f"{val_fraction} and {test_fraction}"
-        )
     low, high = edge_index.min(dim=0).values, edge_index.max(dim=0).values
-    pairs = torch.unique(pair_keys(low, high, num_nodes))
-    n_val = round(val_fraction * pairs.numel())
-    n_test = round(test_fraction * pairs.numel())
-    if n_val < 1 or n_test < 1 or n_val + n_test >= pairs.numel():
-        raise ValueError(
-            f"the graph has {pairs.numel()} linked node pairs: too few to hold out "
-            f"{val_fraction:.0%} for validation and {test_fraction:.0%} for test with at least "
-            "one pair each and some left to train on; link prediction needs a graph with edges"
-        )
-    generator = torch.Generator().manual_seed(seed)
-    pairs = pairs[torch.randperm(pairs.numel(), generator=generator)]
-    val, test = pairs[:n_val], pairs[n_val : n_val + n_test]
-    held_out = torch.cat([val, test])
-    keep = ~torch.isin(pair_keys(low, high, num_nodes), held_out)
-    with seeded_python_random(seed):
-        negatives = negative_sampling(
-            both_directions(edge_index), num_nodes=num_nodes, num_neg_samples=n_val + n_test
-        )
-    if negatives.shape[1] < n_val + n_test:
-        raise ValueError(
-            f"the graph is too dense to draw {n_val + n_test} unlinked pairs for evaluation"
-        )
+    held = hold_out(
+        torch.unique(pair_keys(low, high, num_nodes)),
+        both_directions(edge_index),
+        num_nodes,
+        val_fraction,
+        test_fraction,
+        seed,
+        what="the graph",
+    )
+    keep = ~torch.isin(pair_keys(low, high, num_nodes), torch.cat([held.val, held.test]))
 
     def as_pairs(keys: Tensor) -> Tensor:
         return torch.stack([keys // num_nodes, keys % num_nodes])
 
     return EdgeSplit(
         train=edge_index[:, keep],
-        val_pos=as_pairs(val),
+        val_pos=as_pairs(held.val),
+        val_neg=held.val_neg,
+        test_pos=as_pairs(held.test),
+        test_neg=held.test_neg,
+    )
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Held-out pair keys (``val``, ``test``) and as many unlinked pairs each (``[2, P]``)."""
+
+    val: Tensor
+    test: Tensor
+    val_neg: Tensor
+    test_neg: Tensor
+
+
+def hold_out(
+    pairs: Tensor,
+    linked: Tensor,
+    num_nodes: int | tuple[int, int],
+    val_fraction: float,
+    test_fraction: float,
+    seed: int,
+    *,
+    what: str,
+) -> HeldOut:
+    """The held-out split of both link trainings (one node type or one relation): shuffles the
+    unique pair keys ``pairs`` (seeded) and draws negatives that ``linked`` does not link
+    (``negative_sampling``'s ``num_nodes``); ``what`` names the graph in a refusal."""
+    if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
+        raise ValueError(
+            "val_fraction and test_fraction must be positive and sum to less than 1, got "
+            f"{val_fraction} and {test_fraction}"
+        )
+    n_val = round(val_fraction * pairs.numel())
+    n_test = round(test_fraction * pairs.numel())
+    if n_val < 1 or n_test < 1 or n_val + n_test >= pairs.numel():
+        raise ValueError(
+            f"{what} links {pairs.numel()} node pairs: too few to hold out "
+            f"{val_fraction:.0%} for validation and {test_fraction:.0%} for test with at least "
+            "one pair each and some left to train on; link prediction needs a graph with edges"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    pairs = pairs[torch.randperm(pairs.numel(), generator=generator)]
+    with seeded_python_random(seed):
+        negatives = negative_sampling(linked, num_nodes=num_nodes, num_neg_samples=n_val + n_test)
+    if negatives.shape[1] < n_val + n_test:
+        raise ValueError(
+            f"{what} is too dense to draw {n_val + n_test} unlinked pairs for evaluation"
+        )
+    return HeldOut(
+        val=pairs[:n_val],
+        test=pairs[n_val : n_val + n_test],
         val_neg=negatives[:, :n_val],
-        test_pos=as_pairs(test),
         test_neg=negatives[:, n_val : n_val + n_test],
     )
 
@@ -154,20 +197,37 @@ def evaluate_link_predictor(
             za, zb = torch.broadcast_tensors(z[a], z[b])
             return model.score(za, zb)
 
-        metrics = {"auc": roc_auc(score(*positive), score(*negative))}
-        generator = torch.Generator().manual_seed(seed)
-        queries = positive
-        if queries.shape[1] > max_queries:
-            chosen = torch.randperm(queries.shape[1], generator=generator)[:max_queries]
-            queries = queries[:, chosen]
-        if num_nodes > max_candidates:
-            candidates = torch.randperm(num_nodes, generator=generator)[:max_candidates]
-        else:
-            candidates = torch.arange(num_nodes)
+        auc = roc_auc(score(*positive), score(*negative))
+        queries, candidates = ranking_sample(positive, num_nodes, max_queries, max_candidates, seed)
         both = both_directions(known_edges)
         known = pair_keys(both[0], both[1], num_nodes)
         ranks = filtered_ranks(score, queries[0], queries[1], candidates, known, num_nodes)
-    metrics.update(ranking_metrics(ranks, hits_at))
+    return ranked_metrics(auc, ranks, queries, candidates, hits_at)
+
+
+def ranking_sample(
+    positive: Tensor, num_candidates: int, max_queries: int, max_candidates: int, seed: int
+) -> tuple[Tensor, Tensor]:
+    """The queries (at most ``max_queries`` positives) and candidates (at most
+    ``max_candidates`` of ``num_candidates``) that link evaluation ranks, drawn with ``seed``
+    when there are more."""
+    generator = torch.Generator().manual_seed(seed)
+    queries = positive
+    if queries.shape[1] > max_queries:
+        chosen = torch.randperm(queries.shape[1], generator=generator)[:max_queries]
+        queries = queries[:, chosen]
+    if num_candidates > max_candidates:
+        candidates = torch.randperm(num_candidates, generator=generator)[:max_candidates]
+    else:
+        candidates = torch.arange(num_candidates)
+    return queries, candidates
+
+
+def ranked_metrics(
+    auc: float, ranks: Tensor, queries: Tensor, candidates: Tensor, hits_at: Sequence[int]
+) -> dict[str, float]:
+    """The metrics link evaluation reports, in the order metrics.json lists them."""
+    metrics = {"auc": auc, **ranking_metrics(ranks, hits_at)}
     metrics["ranked_pairs"] = int(queries.shape[1])
     metrics["ranking_candidates"] = int(candidates.numel())
     return metrics
@@ -193,12 +253,11 @@ def train_link_predictor(
     ``patience`` epochs without a better validation AUC and keeps the best epoch's weights.
     Metrics: test AUC, test hits@10/@50 and MRR (:func:`evaluate_link_predictor`).
     """
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value} link", progress=progress)
     num_nodes = x.shape[0]
     split = split_edges(edge_index, num_nodes, val_fraction, test_fraction, seed)
     start = time.perf_counter()
-    with torch.random.fork_rng(), seeded_python_random(seed):
-        torch.manual_seed(seed)
+    with seeded_training(seed):
         model = LinkPredictor(config)
 
         def loss() -> Tensor:
@@ -213,59 +272,18 @@ def train_link_predictor(
                 model.score(z[negatives[0]], z[negatives[1]]),
             )
 
-        early, epochs_run = fit_pairs(
+        early, epochs_run = fit_epochs(
             model,
-            loss,
+            lambda optimizer: step(optimizer, loss()),
             lambda: _auc(model, x, split.train, split.val_pos, split.val_neg),
-            epochs=epochs,
-            patience=patience,
-            lr=lr,
-            desc=f"train {config.arch.value} link",
-            progress=progress,
+            schedule,
+            "val_auc",
         )
     seconds = time.perf_counter() - start
-    model.load_state_dict(early.best_state)
     test = evaluate_link_predictor(
         model, x, split.train, split.test_pos, split.test_neg, edge_index, seed=seed
     )
     return link_result(config, test, early, split, epochs_run, seconds)
-
-
-def fit_pairs(
-    model: torch.nn.Module,
-    loss: Callable[[], Tensor],
-    val_auc: Callable[[], float],
-    *,
-    epochs: int,
-    patience: int,
-    lr: float,
-    desc: str,
-    progress: bool,
-) -> tuple[EarlyStopping, int]:
-    """The epoch loop of link training, on a graph of one type or several: Adam on
-    ``loss()`` (drawn afresh each epoch), early stopping on ``val_auc()``. Returns the
-    stopping state (best weights and score) and the epochs run."""
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    early = EarlyStopping(patience)
-    bar = tqdm(
-        range(1, epochs + 1),
-        desc=desc,
-        disable=None if progress else True,  # None: off when stderr is not a terminal
-    )
-    epoch = 0
-    for epoch in bar:
-        model.train()
-        optimizer.zero_grad()
-        value = loss()
-        value.backward()
-        optimizer.step()
-        score = val_auc()
-        stop = early.update(model, epoch, score)
-        bar.set_postfix(loss=f"{value.item():.4f}", val_auc=f"{score:.3f}")
-        if stop:
-            break
-    bar.close()
-    return early, epoch
 
 
 def pair_loss(positive: Tensor, negative: Tensor) -> Tensor:

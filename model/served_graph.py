@@ -23,30 +23,22 @@ from torch import Tensor
 from torch_geometric.nn import Linear as PygLinear
 from torch_geometric.nn import MessagePassing
 
-from model.config import Task
-from model.served import edge_kwargs
+from model.graph_level import GraphModule, batch_or_one
+from model.served import UserAdapter, edge_kwargs
 from model.served.capture import with_input_of
-from model.served.contract import ServedModel, ServingNeeds
+from model.served.contract import ServingNeeds
 from model.user_model import EdgeInput, UserModelConfig
 
 _LINEAR = (torch.nn.Linear, PygLinear)
 _METHOD = "method:"
 
 
-class UserGraphModel(torch.nn.Module):
+class UserGraphModel(UserAdapter, GraphModule):
     """The user's graph-level module behind the graph protocol (its weights under
     ``module.``)."""
 
-    task = Task.GRAPH
-    typed = False
-    target = ""
-    edge_type = None
-
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
-        super().__init__()
-        self.module = module
-        self.config = config
-        self.hops = config.num_layers
+        super().__init__(module, config)
         self.has_embedding = bool(config.embedding)
         self.serving_needs = ServingNeeds(output=config.output, edge_input=config.edge_input)
 
@@ -58,13 +50,6 @@ class UserGraphModel(torch.nn.Module):
     def edge_dim(self) -> int:
         return 0 if self.config.edge_input is EdgeInput.NONE else self.config.edge_dim
 
-    def precompute_plan(self) -> None:
-        """A graph's rows depend on the graph in the request: nothing to precompute."""
-        return None
-
-    def rows_of(self, node_type: str) -> ServedModel:
-        raise ValueError("a graph model answers graphs, not node types")
-
     def forward(
         self,
         x: Tensor,
@@ -74,8 +59,7 @@ class UserGraphModel(torch.nn.Module):
     ) -> Tensor:
         """The module's rows, one per graph of ``batch`` (None: one graph); ``edge_attr`` goes
         to the module as its forward takes it (``edge_attr`` or ``edge_weight``)."""
-        if batch is None:
-            batch = torch.zeros(x.size(0), dtype=torch.long, device=x.device)
+        batch = batch_or_one(x, batch)
         rows = self.module(x, edge_index, batch, **edge_kwargs(self.config.edge_input, edge_attr))
         graphs = int(batch.max()) + 1 if batch.numel() else 0
         if not isinstance(rows, Tensor) or rows.dim() != 2 or rows.size(0) != graphs:

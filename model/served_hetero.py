@@ -22,17 +22,16 @@ from torch_geometric.typing import EdgeType
 
 from model.config import Task
 from model.served import _SOURCE_DEGREE_LAYERS
-from model.served.contract import Mode, Plan, ServedModel, ServingNeeds
+from model.served.contract import Mode, Plan, ServedModel, ServingNeeds, SeveralNodeTypes
 from model.typed_batch import HeteroInput, TypedLayout
 from model.user_model import EdgeInput, Output
 
 
-class HeteroNodeModel(torch.nn.Module):
+class HeteroNodeModel(SeveralNodeTypes, torch.nn.Module):
     """A model whose rows are those of :attr:`target`, the node type it answers for, within
     :attr:`hops` hops (the served-model contract's typed node model)."""
 
     task = Task.NODE
-    typed = True
     edge_type = None
     target: str
     serving_needs: ServingNeeds
@@ -50,11 +49,6 @@ class HeteroNodeModel(torch.nn.Module):
     def has_embedding(self) -> bool:
         """Whether :meth:`forward_with_embedding` answers (``return_embedding``)."""
         return True
-
-    @property
-    def model_name(self) -> str:
-        """The class the build and the logs name (the user's, not its adapter)."""
-        return type(self).__name__
 
     def precompute_plan(self) -> Plan:
         """Every output of the target type, each from its whole in-neighbourhood."""

@@ -19,7 +19,7 @@ from torch import Tensor
 from torch_geometric.typing import EdgeType
 
 from model.hetero_link import HeteroLinkModel
-from model.link import SCORE_CHUNK_ROWS
+from model.link import by_chunks
 from model.served_hetero import DictCall
 from model.served_link import decoded_scores, method_of
 from model.typed_batch import HeteroInput
@@ -86,14 +86,12 @@ class UserHeteroLinkModel(HeteroLinkModel):
     def score_against(self, z_src: Tensor, table: Tensor) -> Tensor:
         """``decode`` of one source with every row of ``table``, in chunks of
         ``SCORE_CHUNK_ROWS`` rows."""
-        parts = []
-        for start in range(0, table.shape[0], SCORE_CHUNK_ROWS):
-            chunk = table[start : start + SCORE_CHUNK_ROWS].to(z_src.device, z_src.dtype)
+
+        def decode_chunk(chunk: Tensor) -> Tensor:
             rows = torch.arange(chunk.size(0), device=z_src.device)
-            parts.append(self._decode(z_src.unsqueeze(0), chunk, torch.zeros_like(rows), rows))
-        if not parts:
-            return z_src.new_empty(0)
-        return torch.cat(parts)
+            return self._decode(z_src.unsqueeze(0), chunk, torch.zeros_like(rows), rows)
+
+        return by_chunks(z_src, table, decode_chunk)
 
     def _decode(self, z_src: Tensor, z_dst: Tensor, src: Tensor, dst: Tensor) -> Tensor:
         """``decode`` of pairs ``(z_src[src[i]], z_dst[dst[i]])``; a relation within one type

@@ -19,8 +19,8 @@ from torch import Tensor
 
 from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
 from model.config import Task
-from model.link import SCORE_CHUNK_ROWS
-from model.served import edge_kwargs, output_plan
+from model.link import RowEmbedding, by_chunks
+from model.served import UserAdapter, edge_kwargs, output_plan
 from model.served.contract import Plan, ServedModel, ServingNeeds
 from model.user_model import UserModelConfig
 
@@ -40,21 +40,16 @@ def check_link_methods(module: torch.nn.Module) -> None:
         )
 
 
-class UserLinkModel(torch.nn.Module):
-    """The user's GAE-style module behind the link protocol (its weights under ``module.``)."""
+class UserLinkModel(UserAdapter, RowEmbedding):
+    """The user's GAE-style module behind the link protocol (its weights under ``module.``);
+    a node's embedding is its row, ``encode``'s."""
 
     task = Task.LINK
-    typed = False
-    target = ""
-    edge_type = None
     has_embedding = True
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
-        super().__init__()
         check_link_methods(module)
-        self.module = module
-        self.config = config
-        self.hops = config.num_layers
+        super().__init__(module, config)
         self.serving_needs = ServingNeeds(
             output=config.output,
             edge_input=config.edge_input,
@@ -94,17 +89,6 @@ class UserLinkModel(torch.nn.Module):
             )
         return z
 
-    def forward_with_embedding(
-        self,
-        x: Tensor,
-        edge_index: Tensor,
-        degree: Tensor | None = None,
-        edge_attr: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """A node's embedding is its row, ``encode``'s: ``(z, z)``."""
-        z = self(x, edge_index, degree=degree, edge_attr=edge_attr)
-        return z, z
-
     def precompute_plan(self) -> Plan:
         """Every node's embedding (``encode``), recomputed from its in-neighbourhood."""
         config = self.config
@@ -127,15 +111,13 @@ class UserLinkModel(torch.nn.Module):
     def score_against(self, z_src: Tensor, table: Tensor) -> Tensor:
         """``decode`` of one node (``z_src``, ``[D]``) with every row of ``table``, in chunks
         of ``SCORE_CHUNK_ROWS`` rows."""
-        parts = []
-        for start in range(0, table.shape[0], SCORE_CHUNK_ROWS):
-            chunk = table[start : start + SCORE_CHUNK_ROWS].to(z_src.device, z_src.dtype)
+
+        def decode_chunk(chunk: Tensor) -> Tensor:
             rows = torch.arange(1, chunk.size(0) + 1, device=z_src.device)
             index = torch.stack([torch.zeros_like(rows), rows])
-            parts.append(self._decode(torch.cat([z_src.unsqueeze(0), chunk]), index))
-        if not parts:
-            return z_src.new_empty(0)
-        return torch.cat(parts)
+            return self._decode(torch.cat([z_src.unsqueeze(0), chunk]), index)
+
+        return by_chunks(z_src, table, decode_chunk)
 
     def _decode(self, z: Tensor, edge_label_index: Tensor) -> Tensor:
         scores = method_of(self.module, "decode")(z, edge_label_index)

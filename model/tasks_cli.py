@@ -71,17 +71,12 @@ DEFAULT_GRAPH_ARCH = Arch.GIN
 
 def add_task_commands(commands: Any) -> None:
     """Adds ``link`` and ``graph`` to the ``python -m model`` sub-command parser."""
-    defaults = {f.name: f.default for f in fields(ModelConfig)}
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(ModelConfig)}
     link = commands.add_parser(
         "link", help="train (or package) a link predictor on a graph store and export it"
     )
     link.add_argument("--store", required=True, help="graph store directory (graph_assets)")
-    link.add_argument(
-        "--arch",
-        default=defaults["arch"].value,
-        choices=[a.value for a in Arch],
-        help="encoder architecture (default: %(default)s)",
-    )
+    add_arch(link, defaults["arch"], "encoder architecture")
     link.add_argument(
         "--decoder",
         default=defaults["decoder"].value,
@@ -104,12 +99,7 @@ def add_task_commands(commands: Any) -> None:
         "graph", help="train (or package) a graph classifier on a graph dataset store"
     )
     graph.add_argument("--dataset", required=True, help="graph dataset store (graph_assets graphs)")
-    graph.add_argument(
-        "--arch",
-        default=DEFAULT_GRAPH_ARCH.value,
-        choices=[a.value for a in Arch],
-        help="architecture (default: %(default)s)",
-    )
+    add_arch(graph, DEFAULT_GRAPH_ARCH)
     graph.add_argument(
         "--pooling",
         default=defaults["pooling"].value,
@@ -120,18 +110,33 @@ def add_task_commands(commands: Any) -> None:
         command.add_argument("--out", required=True, help="directory to write the model files to")
         command.add_argument("--weights", help="package this state_dict instead of training")
         command.add_argument("--quiet", action="store_true", help="no progress bar")
-        _add_flags(command, MODEL_FLAGS, defaults)
-        train_defaults = {
-            name: p.default for name, p in inspect.signature(trainer).parameters.items()
-        }
-        _add_flags(command, TRAIN_FLAGS, train_defaults)
+        add_flags(command, MODEL_FLAGS, defaults)
+        add_flags(command, TRAIN_FLAGS, defaults_of(trainer))
 
 
-def _add_flags(
+def add_arch(command: argparse.ArgumentParser, default: Arch, text: str = "architecture") -> None:
+    """``--arch``, one of :class:`Arch`, ``default`` when not given."""
+    command.add_argument(
+        "--arch",
+        default=default.value,
+        choices=[arch.value for arch in Arch],
+        help=f"{text} (default: %(default)s)",
+    )
+
+
+def defaults_of(trainer: Callable[..., Any]) -> dict[str, Any]:
+    """A training function's keyword defaults: the one place the training flags' defaults
+    live."""
+    return {name: p.default for name, p in inspect.signature(trainer).parameters.items()}
+
+
+def add_flags(
     command: argparse.ArgumentParser,
     flags: Mapping[str, tuple[type, str]],
     defaults: Mapping[str, Any],
 ) -> None:
+    """``--name`` for each of ``flags`` (type, help), absent from the parsed arguments when not
+    given, its help naming the default in ``defaults``."""
     for name, (kind, text) in flags.items():
         command.add_argument(
             "--" + name.replace("_", "-"),

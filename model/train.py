@@ -9,10 +9,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm import tqdm
 
 from model.config import ModelConfig
-from model.early_stopping import EarlyStopping, check_schedule
+from model.early_stopping import Schedule, fit_epochs, step
 from model.registry import build_model
 from model.typed_batch import HeteroInput
 
@@ -88,40 +87,28 @@ def fit(
     epochs without a better validation accuracy and keeps the best epoch's weights. On the CPU
     the same inputs and ``seed`` give the same weights; the global torch RNG is left untouched.
     """
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value}", weight_decay, progress)
     parts = _split_labelled(labels, split, seed)
     start = time.perf_counter()
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = build_model(config).to(labels.device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
-        early = EarlyStopping(patience)
-        bar = tqdm(
-            range(1, epochs + 1),
-            desc=f"train {config.arch.value}",
-            disable=None if progress else True,  # None: off when stderr is not a terminal
+        early, epochs_run = fit_epochs(
+            model,
+            lambda optimizer: step(
+                optimizer, F.cross_entropy(model(*inputs)[parts.train], labels[parts.train])
+            ),
+            lambda: _accuracy(model, inputs, labels, parts.val),
+            schedule,
+            "val_acc",
         )
-        for epoch in bar:
-            model.train()
-            optimizer.zero_grad()
-            logits = model(*inputs)
-            loss = F.cross_entropy(logits[parts.train], labels[parts.train])
-            loss.backward()
-            optimizer.step()
-            val_acc = _accuracy(model, inputs, labels, parts.val)
-            stop = early.update(model, epoch, val_acc)
-            bar.set_postfix(loss=f"{loss.item():.4f}", val_acc=f"{val_acc:.3f}")
-            if stop:
-                break
-        bar.close()
     seconds = time.perf_counter() - start
-    model.load_state_dict(early.best_state)
     return TrainResult(
         state_dict=early.best_state,
         test_accuracy=_accuracy(model, inputs, labels, parts.test),
         val_accuracy=early.best_score,
         train_accuracy=_accuracy(model, inputs, labels, parts.train),
-        epochs_run=epoch,
+        epochs_run=epochs_run,
         best_epoch=early.best_epoch,
         seconds=seconds,
     )

@@ -22,17 +22,19 @@ from torch_geometric.utils import negative_sampling
 
 from graph_assets.schema import REVERSE_PREFIX
 from model.config import ModelConfig
-from model.early_stopping import check_schedule
+from model.early_stopping import Schedule, fit_epochs, step
 from model.hetero_link import HeteroLinkModel, HeteroLinkPredictor
 from model.link_train import (
     HITS_AT,
     LinkTrainResult,
-    fit_pairs,
+    hold_out,
     link_result,
     pair_loss,
-    seeded_python_random,
+    ranked_metrics,
+    ranking_sample,
+    seeded_training,
 )
-from model.metrics import filtered_ranks, pair_keys, ranking_metrics, roc_auc
+from model.metrics import filtered_ranks, pair_keys, roc_auc
 from model.typed_batch import HeteroInput
 
 
@@ -90,43 +92,25 @@ def split_relation(
 ) -> RelationSplit:
     """Holds out ``val_fraction`` and ``test_fraction`` of the relation's linked pairs
     (seeded); negatives are pairs the relation does not link."""
-    if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
-        raise ValueError(
-            "val_fraction and test_fraction must be positive and sum to less than 1, got "
-            f"{val_fraction} and {test_fraction}"
-        )
     ends = Ends.of(inputs, edge_type)
     edge_index = inputs.edge_index_dict[edge_type]
-    pairs = torch.unique(ends.keys(edge_index[0], edge_index[1]))
-    n_val = round(val_fraction * pairs.numel())
-    n_test = round(test_fraction * pairs.numel())
-    if n_val < 1 or n_test < 1 or n_val + n_test >= pairs.numel():
-        raise ValueError(
-            f"relation {'__'.join(edge_type)} links {pairs.numel()} pairs: too few to hold out "
-            f"{val_fraction:.0%} for validation and {test_fraction:.0%} for test with at least "
-            "one pair each and some left to train on"
-        )
-    generator = torch.Generator().manual_seed(seed)
-    pairs = pairs[torch.randperm(pairs.numel(), generator=generator)]
-    val, test = pairs[:n_val], pairs[n_val : n_val + n_test]
-    held_out = torch.cat([val, test])
-    with seeded_python_random(seed):
-        negatives = negative_sampling(
-            edge_index, num_nodes=ends.sizes, num_neg_samples=n_val + n_test
-        )
-    if negatives.shape[1] < n_val + n_test:
-        raise ValueError(
-            f"relation {'__'.join(edge_type)} is too dense to draw {n_val + n_test} unlinked "
-            "pairs for evaluation"
-        )
-    message = _without(inputs, ends, held_out)
+    held = hold_out(
+        torch.unique(ends.keys(edge_index[0], edge_index[1])),
+        edge_index,
+        ends.sizes,
+        val_fraction,
+        test_fraction,
+        seed,
+        what=f"relation {'__'.join(edge_type)}",
+    )
+    message = _without(inputs, ends, torch.cat([held.val, held.test]))
     return RelationSplit(
         message=message,
         train=message.edge_index_dict[edge_type],
-        val_pos=ends.pairs(val),
-        val_neg=negatives[:, :n_val],
-        test_pos=ends.pairs(test),
-        test_neg=negatives[:, n_val : n_val + n_test],
+        val_pos=ends.pairs(held.val),
+        val_neg=held.val_neg,
+        test_pos=ends.pairs(held.test),
+        test_neg=held.test_neg,
     )
 
 
@@ -177,25 +161,17 @@ def evaluate_typed_link_predictor(
             za, zb = torch.broadcast_tensors(z_src[a], z_dst[b - shift])
             return model.score(za, zb)
 
-        metrics = {"auc": roc_auc(_scores(model, z, positive), _scores(model, z, negative))}
-        generator = torch.Generator().manual_seed(seed)
-        queries = positive
-        if queries.shape[1] > max_queries:
-            queries = queries[:, torch.randperm(queries.shape[1], generator=generator)]
-            queries = queries[:, :max_queries]
-        candidates = torch.arange(ends.num_dst)
-        if ends.num_dst > max_candidates:
-            candidates = torch.randperm(ends.num_dst, generator=generator)[:max_candidates]
+        auc = roc_auc(_scores(model, z, positive), _scores(model, z, negative))
+        queries, candidates = ranking_sample(
+            positive, ends.num_dst, max_queries, max_candidates, seed
+        )
         known = [pair_keys(known_edges[0], known_edges[1] + shift, total)]
         if ends.one_type:
             known.append(pair_keys(known_edges[1], known_edges[0], total))
         ranks = filtered_ranks(
             score, queries[0], queries[1] + shift, candidates + shift, torch.cat(known), total
         )
-    metrics.update(ranking_metrics(ranks, HITS_AT))
-    metrics["ranked_pairs"] = int(queries.shape[1])
-    metrics["ranking_candidates"] = int(candidates.numel())
-    return metrics
+    return ranked_metrics(auc, ranks, queries, candidates, HITS_AT)
 
 
 def train_typed_link_predictor(
@@ -214,10 +190,9 @@ def train_typed_link_predictor(
     with Adam on the whole graph ``inputs``: each epoch scores every training edge of the
     relation against as many unlinked pairs drawn afresh with a binary cross-entropy loss;
     metrics as :func:`model.link_train.train_link_predictor`'s."""
-    check_schedule(epochs, patience)
+    schedule = Schedule(epochs, patience, lr, f"train {config.arch.value} link", progress=progress)
     start = time.perf_counter()
-    with torch.random.fork_rng(), seeded_python_random(seed):
-        torch.manual_seed(seed)
+    with seeded_training(seed):
         model = HeteroLinkPredictor(config)
         split = split_relation(inputs, model.edge_type, val_fraction, test_fraction, seed)
         ends = Ends.of(inputs, model.edge_type)
@@ -229,18 +204,14 @@ def train_typed_link_predictor(
             )
             return pair_loss(_scores(model, z, split.train), _scores(model, z, negatives))
 
-        early, epochs_run = fit_pairs(
+        early, epochs_run = fit_epochs(
             model,
-            loss,
+            lambda optimizer: step(optimizer, loss()),
             lambda: _auc(model, split.message, split.val_pos, split.val_neg),
-            epochs=epochs,
-            patience=patience,
-            lr=lr,
-            desc=f"train {config.arch.value} link",
-            progress=progress,
+            schedule,
+            "val_auc",
         )
     seconds = time.perf_counter() - start
-    model.load_state_dict(early.best_state)
     test = evaluate_typed_link_predictor(
         model,
         split.message,

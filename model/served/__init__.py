@@ -27,7 +27,7 @@ from torch_geometric.nn.models.basic_gnn import BasicGNN
 from model.chebconv import chebconv_layers, graph_degrees, scales_by_largest_degree
 from model.config import Task
 from model.served.capture import with_input_of
-from model.served.contract import Mode, Plan, ServedModel, ServingNeeds, served
+from model.served.contract import Mode, OneNodeType, Plan, ServedModel, ServingNeeds, served
 from model.trimmed import gnn_layer, known_hop_edges, trimmed_forward, trims_by_rows
 from model.user_model import EdgeInput, Output, UserModelConfig
 
@@ -72,19 +72,24 @@ def serving_needs(model: torch.nn.Module) -> ServingNeeds:
     return served(model).serving_needs
 
 
-class UserNodeModel(torch.nn.Module):
-    """The user's module behind the served-model contract (its weights under ``module.``)."""
-
-    task = Task.NODE
-    typed = False
-    target = ""
-    edge_type = None
+class UserAdapter(OneNodeType, torch.nn.Module):
+    """The user's module behind the contract (its weights under ``module.``), with the build's
+    settings; its hops are the config's ``num_layers``."""
 
     def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
         super().__init__()
         self.module = module
         self.config = config
         self.hops = config.num_layers
+
+
+class UserNodeModel(UserAdapter):
+    """The user's module behind the served-model contract (its weights under ``module.``)."""
+
+    task = Task.NODE
+
+    def __init__(self, module: torch.nn.Module, config: UserModelConfig) -> None:
+        super().__init__(module, config)
         self.has_embedding = bool(config.embedding)
         self._chebconv = bool(chebconv_layers(module))
         self.serving_needs = ServingNeeds(

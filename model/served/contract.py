@@ -23,6 +23,27 @@ from model.config import Task
 from model.user_model import EdgeInput, Output
 
 
+class OneNodeType:
+    """The contract's declarations of a model that reads a graph of one node type: not
+    typed, no target type, no relation."""
+
+    typed = False
+    target = ""
+    edge_type = None
+
+
+class SeveralNodeTypes:
+    """The contract's declarations of a model that reads a graph of several node types or
+    relations (typed)."""
+
+    typed = True
+
+    @property
+    def model_name(self) -> str:
+        """The class the build and the logs name (the user's, not its adapter)."""
+        return type(self).__name__
+
+
 @dataclass(frozen=True)
 class ServingNeeds:
     """What a served model asks of the ego-graph, and what its rows are.

@@ -4,6 +4,9 @@ import pytest
 import torch
 
 from model import ModelConfig
+from model.config import Task
+from model.graph_level import as_data, train_graph_classifier
+from model.link_train import train_link_predictor
 from model.train import train_node_classifier
 
 
@@ -93,3 +96,22 @@ def test_bad_inputs_say_what_they_got(labelled_graph, change, message):
     split = inputs.pop("split", (0.6, 0.2, 0.2))
     with pytest.raises(ValueError, match=message):
         train_node_classifier(**inputs, config=config_for(g), split=split, progress=False)
+
+
+@pytest.mark.parametrize(("epochs", "patience"), [(0, 20), (200, 0)])
+def test_every_training_refuses_a_schedule_that_trains_nothing(labelled_graph, epochs, patience):
+    """The one schedule rule (model.early_stopping.Schedule), checked before any split."""
+    g = labelled_graph
+    message = rf"epochs and patience must be >= 1, got {epochs} and {patience}$"
+    link = ModelConfig(task=Task.LINK, in_dim=g.x.size(1), out_dim=8)
+    graphs = [as_data(g.x[:5], torch.tensor([[0, 1], [1, 2]]), 0)]
+    runs = [
+        lambda: train_node_classifier(g.x, g.edge_index, g.labels, config_for(g), **schedule),
+        lambda: train_link_predictor(g.x, g.edge_index, link, **schedule),
+        # One labelled graph: the class check would refuse it, the schedule is refused first.
+        lambda: train_graph_classifier(graphs, config_for(g), **schedule),
+    ]
+    schedule = {"epochs": epochs, "patience": patience, "progress": False}
+    for run in runs:
+        with pytest.raises(ValueError, match=message):
+            run()

@@ -52,7 +52,7 @@ def test_forward_is_encode_and_score_is_decode_of_the_pairs(monkeypatch):
         assert torch.equal(model(x, edge_index, degree=None, edge_attr=edge_attr), z)
         expected = module.decode(z, pairs)
         assert torch.allclose(model.score(z[pairs[0]], z[pairs[1]]), expected, atol=1e-6)
-        monkeypatch.setattr("model.served_link.SCORE_CHUNK_ROWS", 7)  # several chunks
+        monkeypatch.setattr("model.link.SCORE_CHUNK_ROWS", 7)  # several chunks
         against = model.score_against(z[4], z)
         every = torch.stack([torch.full((30,), 4), torch.arange(30)])
         assert torch.allclose(against, module.decode(z, every), atol=1e-6)
