@@ -1,6 +1,7 @@
 """Fixtures shared by the integration modules: the node archive built by build_mar.sh, a store
-holding it with a link and a graph archive, the ``serve`` factory every module starts its
-TorchServe with, and one server on the node archive."""
+holding it with a link and a graph archive, the ``serve`` factory a module starts a TorchServe
+of its own with, and the session's one shared TorchServe, which serves those archives and on
+which modules register their own (``register``) instead of starting a server each."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness.torchserve import Serve, TorchServe
+from bench.harness.torchserve import Register, Serve, TorchServe, register_archives
 from graph_assets.input.graph_dataset import generate_graph_dataset, write_graph_dataset_csv
 
-from .archives import build_archive, write_small_graph
+from .archives import SHARED_UPDATE_SECRET, TASK_MODELS, build_archive, write_small_graph
 
 pytestmark = pytest.mark.integration
 
@@ -101,8 +102,31 @@ def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> 
     return store
 
 
-@pytest.fixture(scope="module")
-def server(serve: Serve, model_store: Path) -> Iterator[TorchServe]:
-    """One server per module on the session's node archive (``gnn``)."""
-    with serve(model_store, "gnn=gnn.mar") as started:
+@pytest.fixture(scope="session")
+def shared_server(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
+    """The session's TorchServe: the shipped config.properties, the task archives (``gnn``,
+    ``link``, ``graphs``) of ``tasks_store``, and the archives modules ``register`` on it.
+    Its workers inherit ``GNNSERVE_UPDATE_SECRET=SHARED_UPDATE_SECRET``, so a module whose
+    archives take live updates sends that key. A test that kills workers or the server, needs
+    another config.properties or environment, pre-forks, or runs replicas starts its own with
+    ``serve`` instead."""
+    env = {"GNNSERVE_UPDATE_SECRET": SHARED_UPDATE_SECRET}
+    with serve(tasks_store, TASK_MODELS, name="shared_server", env=env) as started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def register(shared_server: TorchServe) -> Register:
+    """``with register(store, ["a", "b"]) as server:`` registers ``store``'s a.mar and b.mar on
+    the shared server and unregisters them when the block ends (a module fixture holds it)."""
+
+    def registering(model_store: Path, names: list[str]) -> contextlib.AbstractContextManager:
+        return register_archives(shared_server, model_store, names)
+
+    return registering
+
+
+@pytest.fixture(scope="module")
+def server(shared_server: TorchServe) -> TorchServe:
+    """The shared server, for modules that ask the node archive (``gnn``) only questions."""
+    return shared_server
