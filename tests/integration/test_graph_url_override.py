@@ -17,7 +17,7 @@ import torch
 from torch_geometric.nn.models import GraphSAGE
 
 from bench.harness.redis_server import MISSING, RedisServer, redis_server_binary
-from bench.harness.torchserve import Serve, TorchServe, model_worker_pids
+from bench.harness.torchserve import Register, Serve, TorchServe, model_worker_pids
 from graph_assets import generate_synthetic, open_store
 from graph_assets.remote import load_store
 from graph_assets.remote.connect import connect
@@ -84,12 +84,14 @@ def built(tmp_path_factory: pytest.TempPathFactory, production: LocalCluster) ->
 
 @pytest.fixture(scope="module")
 def servers(
-    serve: Serve, built: dict[str, Path], production: LocalCluster
+    serve: Serve, register: Register, built: dict[str, Path], production: LocalCluster
 ) -> Iterator[dict[str, TorchServe]]:
+    """``local`` on the shared server; ``remote`` on a server of its own, whose environment
+    (which its workers inherit) names the production cluster."""
     env = {GRAPH_URL_VARIABLE: f"{production.url}/prod"}
     store = built["model_store"]
     with (
-        serve(store, "small_local=small_local.mar", name="local") as local,
+        register(store, ["small_local"]) as local,
         serve(store, "small_remote=small_remote.mar", name="remote", env=env) as remote,
     ):
         yield {"local": local, "remote": remote}

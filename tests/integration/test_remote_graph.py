@@ -19,7 +19,7 @@ from torch_geometric.nn.models import GraphSAGE
 
 from bench.harness.ports import free_ports
 from bench.harness.redis_server import MISSING, redis_server_binary
-from bench.harness.torchserve import Serve, TorchServe
+from bench.harness.torchserve import Register, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from graph_assets.remote import load_store
@@ -87,9 +87,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster) -> di
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, built: dict[str, Path]) -> Iterator[TorchServe]:
-    names = ("small_local", "small_remote", "fraud_local", "fraud_remote")
-    with serve(built["model_store"], ",".join(f"{n}={n}.mar" for n in names)) as running:
+def server(register: Register, built: dict[str, Path]) -> Iterator[TorchServe]:
+    names = ["small_local", "small_remote", "fraud_local", "fraud_remote"]
+    with register(built["model_store"], names) as running:
         yield running
 
 

@@ -19,16 +19,16 @@ import pytest
 import requests
 
 from bench.harness.redis_server import MISSING, redis_server_binary
-from bench.harness.torchserve import Serve, TorchServe
+from bench.harness.torchserve import Register, TorchServe
 from graph_assets import open_store
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from tests.live_reference import live_ids, random_update
 from tests.redis_cluster import LocalCluster
 
-from .archives import built, python_m, write_small_graph
+from .archives import SHARED_UPDATE_SECRET, built, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
-SECRET = "remote-precompute-secret-0123456"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it
 PREFIX, SEED, UPDATES, TOLERANCE = "rows", 5, 20, 1e-6
 COMMON = [
     *("--fanouts", "2,2", "--device", "cpu", "--batch-size", "1", "--enable-updates"),
@@ -44,9 +44,10 @@ class Served:
 
 
 @pytest.fixture(scope="module")
-def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(register: Register, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """``<task>_local`` (the store in the archive) and ``<task>_remote`` (the store loaded into
-    the cluster, the rows loaded beside it by the build; the same weights), in one TorchServe."""
+    the cluster, the rows loaded beside it by the build; the same weights), on the shared
+    TorchServe."""
     if redis_server_binary() is None:
         pytest.fail(MISSING)
     root = tmp_path_factory.mktemp("remote_precompute")
@@ -71,9 +72,8 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
                 names = archive.namelist()
             assert "precomputed/meta.json" in names
             assert not any(name.endswith(".npy") for name in names if "precomputed/" in name)
-            models += [f"{local}={local}.mar", f"{remote}={remote}.mar"]
-        env = {"GNNSERVE_UPDATE_SECRET": SECRET}
-        with serve(model_store, ",".join(models), name="remote_precompute", env=env) as server:
+            models += [local, remote]
+        with register(model_store, models) as server:
             yield Served(server, reference)
     finally:
         reference.close()

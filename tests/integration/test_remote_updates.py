@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from bench.harness.redis_server import MISSING, redis_server_binary
-from bench.harness.torchserve import Serve, TorchServe
+from bench.harness.torchserve import Register, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from handler.live.live_graph import LiveGraph, UpdateRequest
@@ -29,10 +29,10 @@ from tests.live_reference import live_ids, random_update
 from tests.redis_cluster import LocalCluster
 from tests.typed_live_reference import live_nodes, random_typed_update
 
-from .archives import built, python_m, write_small_graph
+from .archives import SHARED_UPDATE_SECRET, built, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
-SECRET = "remote-updates-secret-0123456789"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it
 PREFIX, SEED, UPDATES, TOLERANCE = "live", 11, 30, 1e-6
 COMMON = [
     *("--fanouts", "-1,-1", "--device", "cpu", "--batch-size", "1", "--enable-updates"),
@@ -55,10 +55,10 @@ class Served:
 
 @pytest.fixture(scope="module", params=sorted(GRAPHS))
 def served(
-    request: pytest.FixtureRequest, serve: Serve, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, register: Register, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
     """``local`` (the store in the archive) and ``remote`` (the same store loaded into the
-    cluster; the same weights), each on its own state directory, in one TorchServe."""
+    cluster; the same weights), each on its own state directory, on the shared TorchServe."""
     if redis_server_binary() is None:
         pytest.fail(MISSING)
     name = request.param
@@ -83,9 +83,7 @@ def served(
         remote = ["--graph-location", f"{cluster.url}/{PREFIX}", "--weights", str(weights)]
         named = ["--store", str(store), "--name", "remote"]
         built(*COMMON, *named, *remote, *model, *paths(root, "b"))
-        env = {"GNNSERVE_UPDATE_SECRET": SECRET}
-        models = "local=local.mar,remote=remote.mar"
-        with serve(model_store, models, name=f"remote_updates_{name}", env=env) as server:
+        with register(model_store, ["local", "remote"]) as server:
             yield Served(server, reference, typed=name == "typed")
     finally:
         reference.close()

@@ -17,7 +17,7 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import Serve, TorchServe
+from bench.harness.torchserve import Register, TorchServe
 from graph_assets import open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from handler.live.live_graph import LiveGraph, UpdateRequest
@@ -27,13 +27,13 @@ from tests.typed_cold_start_reference import with_new_node
 from tests.typed_live_reference import materialized_typed, random_typed_update
 from tests.unit.archive_build import user_models
 
-from .archives import build_archive
+from .archives import SHARED_UPDATE_SECRET, build_archive
 
 pytestmark = pytest.mark.integration
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
 # The user's HeteroConv stack reading the payments' edge features (tests' model file).
 HETERO_CONV = {"devices": 60, "hidden": 8, "classes": 2, "edge_dim": 2}
-SECRET = "typed-update-secret-42"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +71,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    models = ",".join(f"{name}={name}.mar" for name in [*ARCHS, "own", "sage_sampled", "live"])
-    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
-    with serve(built / "store", models, name="typed", env=env) as started:
+def server(register: Register, built: Path) -> Iterator[TorchServe]:
+    with register(built / "store", [*ARCHS, "own", "sage_sampled", "live"]) as started:
         yield started
 
 

@@ -16,7 +16,7 @@ import pytest
 import requests
 import torch
 
-from bench.harness.torchserve import Serve, TorchServe
+from bench.harness.torchserve import Register, TorchServe
 from graph_assets import GraphStore, open_store
 from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_csv
 from model.export import load_model
@@ -59,9 +59,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    models = ",".join(f"{name}={name}.mar" for name in ARCHIVES)
-    with serve(built / "store", models, name="typed_link") as started:
+def server(register: Register, built: Path) -> Iterator[TorchServe]:
+    with register(built / "store", list(ARCHIVES)) as started:
         yield started
 
 
