@@ -81,7 +81,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
 
 @pytest.fixture(scope="module")
 def servers(serve: Serve, built: dict[str, Path]) -> Iterator[tuple[TorchServe, TorchServe]]:
-    """Two TorchServes, each with its own ports, temp dir and logs, on the one store."""
+    """Two TorchServes, each with its own ports, temp dir and logs, on the one store (servers
+    of their own: two servers mapping one store is what is tested)."""
     with (
         serve(built["model_store"], "gnn=gnn.mar", name="first") as first,
         serve(built["model_store"], "gnn=gnn.mar", name="second") as second,

@@ -58,6 +58,8 @@ def replica_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def replicas(serve, replica_store, redis) -> Iterator[list[TorchServe]]:
+    # Servers of their own: three replicas on one Redis log (its URL reaches the workers
+    # through the environment), one of them killed and restarted.
     env = {"GNNSERVE_UPDATE_SECRET": SECRET, "GNNSERVE_UPDATE_LOG_URL": redis.url}
     with contextlib.ExitStack() as stack:
         yield [
