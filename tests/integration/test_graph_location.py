@@ -26,7 +26,7 @@ from model import build_model
 from .archives import ROOT, build_archive, write_small_graph
 
 pytestmark = pytest.mark.integration
-OPTIONS = ["--arch", "gcn", "--epochs", "10", "--fanouts", "-1,-1", "--max-ids", "16"]
+OPTIONS = ["--arch", "gcn", "--epochs", "3", "--fanouts", "-1,-1", "--max-ids", "16"]
 
 
 def build_mar(*options: str) -> subprocess.CompletedProcess[str]:

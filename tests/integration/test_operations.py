@@ -36,7 +36,7 @@ def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = root / "model_store"
     common = [
         "--epochs",
-        "10",
+        "3",  # no test here checks accuracy
         "--batch-size",
         "4",
         "--max-batch-delay",

@@ -82,7 +82,7 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         model_store = root / "model_store"
         built(
             *("--store", str(store), "--graph-location", f"{cluster.url}/{PREFIX}"),
-            *("--arch", "gcn", "--epochs", "5", "--fanouts", "-1,-1", "--device", "cpu"),
+            *("--arch", "gcn", "--epochs", "2", "--fanouts", "-1,-1", "--device", "cpu"),
             *("--batch-size", "1", "--min-workers", "2", "--max-workers", "2"),
             *("--remote-cache-mb", "0", "--remote-timeout-ms", str(TIMEOUT_MS)),
             *("--export-path", str(model_store)),

@@ -76,7 +76,7 @@ def served(
     try:
         load = ["--store", str(store), "--url", cluster.url, "--prefix", PREFIX]
         python_m("graph_assets", "load-redis", *load, "--block-size", "8")
-        local = ["--name", "local", "--epochs", "5", *model, *paths(root, "a")]
+        local = ["--name", "local", "--epochs", "2", *model, *paths(root, "a")]
         built(*COMMON, "--store", str(store), *local)
         with zipfile.ZipFile(model_store / "local.mar") as archive:
             weights = Path(archive.extract("model.pt", root / "local"))

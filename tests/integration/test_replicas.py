@@ -50,7 +50,7 @@ def replica_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_archive(
         root / "model_store",
         graph,
-        *("--arch", "gcn", "--epochs", "5", "--fanouts", "-1,-1", "--max-ids", "16"),
+        *("--arch", "gcn", "--epochs", "2", "--fanouts", "-1,-1", "--max-ids", "16"),
         *("--batch-size", "4", "--max-batch-delay", "5", "--min-workers", "2"),
         *("--max-workers", "2", "--enable-updates"),
     )

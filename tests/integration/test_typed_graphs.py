@@ -45,7 +45,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = root / "store"
     for arch in ARCHS:
         build_archive(
-            store, graph, "--undirected", "--arch", arch, "--name", arch, "--epochs", "5",
+            store, graph, "--undirected", "--arch", arch, "--name", arch, "--epochs", "2",
             "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--batch-size", "4",
         )  # fmt: skip
     torch.manual_seed(0)
@@ -57,7 +57,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--weights", str(root / "own.pt"), "--fanouts", "-1,-1", "--embedding-method", "head",
     )  # fmt: skip
     build_archive(
-        store, graph, "--undirected", "--arch", "gat", "--name", "live", "--epochs", "5",
+        store, graph, "--undirected", "--arch", "gat", "--name", "live", "--epochs", "2",
         "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--enable-updates",
         "--update-state-dir", str(root / "state"), "--min-workers", "2", "--max-workers", "2",
     )  # fmt: skip
@@ -65,7 +65,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fanouts.write_text(json.dumps({"merchant__rev_pays__user": [1, 1]}))
     build_archive(
         store, graph, "--undirected", "--arch", "sage", "--name", "sage_sampled", "--epochs",
-        "5", "--hidden-dim", "16", "--fanouts", "-1,-1", "--fanouts-file", str(fanouts),
+        "2", "--hidden-dim", "16", "--fanouts", "-1,-1", "--fanouts-file", str(fanouts),
     )  # fmt: skip
     return root
 

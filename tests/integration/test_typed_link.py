@@ -40,7 +40,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = root / "store"
     common = ["--undirected", "--task", "link", "--target-edge-type", PAYS, "--fanouts", "-1,-1"]
     build_archive(
-        store, graph, *common, "--arch", "gcn", "--name", "gcn_link", "--epochs", "5",
+        store, graph, *common, "--arch", "gcn", "--name", "gcn_link", "--epochs", "2",
         "--hidden-dim", "16", "--embedding-dim", "16",
     )  # fmt: skip
     torch.manual_seed(0)

@@ -30,7 +30,7 @@ def updates_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
         "--arch",
         "gcn",
         "--epochs",
-        "5",
+        "2",
         "--fanouts",
         "-1,-1",
         "--batch-size",
