@@ -293,7 +293,8 @@ def register_archives(
     """Registers ``model_store``'s NAME.mar as model NAME, for each name, on a running server
     and waits until their workers are READY; unregisters them when the block ends, however it
     ends. The archives are hard-linked into the server's model store first: the shipped
-    config registers bare file names from the model store only (allowed_urls)."""
+    config registers bare file names from the model store only (allowed_urls). Registration
+    is asynchronous, so the models' workers start side by side as at a server's start."""
     linked: dict[str, Path] = {}
     headers = server.auth("management")
     try:
@@ -307,15 +308,21 @@ def register_archives(
                     "url": target.name,
                     "model_name": name,
                     "initial_workers": "1",  # the archive's --min-workers wins
-                    "synchronous": "true",
+                    "synchronous": "false",
                 },
                 headers=headers,
                 timeout=timeout,
             )
-            if answer.status_code != 200:
+            if answer.status_code not in (200, 202):
                 raise RuntimeError(f"registering {name}: {answer.status_code} {answer.text}")
         deadline = time.monotonic() + timeout
         while not server.models_ready(names):
+            for name in names:  # TorchServe drops a model whose workers all refuse to start
+                described = requests.get(
+                    f"{server.management_url}/models/{name}", headers=headers, timeout=10
+                )
+                if described.status_code == 404:
+                    raise RuntimeError(f"{name} was dropped; see {server.home / 'logs'}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{list(names)} not READY after {timeout} s")
             time.sleep(0.5)
@@ -326,7 +333,7 @@ def register_archives(
             removed = requests.delete(
                 f"{server.management_url}/models/{name}", headers=headers, timeout=timeout
             )
-            if removed.status_code not in (200, 404):  # 404: its registration failed
+            if removed.status_code not in (200, 404):  # 404: it was dropped
                 failed.append(f"{name}: {removed.status_code} {removed.text}")
             target.unlink()
         if failed:
