@@ -123,7 +123,9 @@ def register(shared_server: TorchServe) -> Register:
     """``with register(store, ["a", "b"]) as server:`` registers ``store``'s a.mar and b.mar on
     the shared server and unregisters them when the block ends (a module fixture holds it)."""
 
-    def registering(model_store: Path, names: list[str]) -> contextlib.AbstractContextManager:
+    def registering(
+        model_store: Path, names: list[str]
+    ) -> contextlib.AbstractContextManager[TorchServe]:
         return register_archives(shared_server, model_store, names)
 
     return registering
