@@ -15,6 +15,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 # The models of conftest's tasks_store, as `torchserve --models` takes them.
 TASK_MODELS = "gnn=gnn.mar,link=link.mar,graphs=graphs.mar"
+# The update key the shared server's workers inherit (conftest's shared_server).
+SHARED_UPDATE_SECRET = "shared-server-update-secret-42"
 
 
 def build_mar(*options: str) -> subprocess.CompletedProcess[str]:

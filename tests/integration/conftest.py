@@ -1,6 +1,7 @@
 """Fixtures shared by the integration modules: the node archive built by build_mar.sh, a store
-holding it with a link and a graph archive, the ``serve`` factory every module starts its
-TorchServe with, and one server on the node archive."""
+holding it with a link and a graph archive, the ``serve`` factory a module starts a TorchServe
+of its own with, and the session's one shared TorchServe, which serves those archives and on
+which modules register their own (``register``) instead of starting a server each."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from graph_assets.input.graph_dataset import generate_graph_dataset, write_graph_dataset_csv
-from tests.servers.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Register, Serve, TorchServe, register_archives
 
-from .archives import build_archive, write_small_graph
+from .archives import SHARED_UPDATE_SECRET, TASK_MODELS, build_archive, write_small_graph
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +56,8 @@ def serve(tmp_path_factory: pytest.TempPathFactory) -> Serve:
 
 @pytest.fixture(scope="session")
 def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gnn.mar: gcn, full neighbourhoods, batches of 8. Trained for 3 epochs: its tests hold
+    answers to the model's own forward, none to its accuracy (each epoch costs seconds)."""
     root = tmp_path_factory.mktemp("archives")
     graph = write_small_graph(root / "graph")
     return build_archive(
@@ -63,7 +66,7 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--arch",
         "gcn",
         "--epochs",
-        "30",
+        "3",
         "--fanouts",
         "-1,-1",
         "--batch-size",
@@ -78,7 +81,8 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> Path:
     """One archive of each task: the node archive above (``gnn``), ``link`` and ``graphs``
-    (TorchServe batching on: 8 requests, 100 ms)."""
+    (TorchServe batching on: 8 requests, 100 ms). ``graphs`` trains for 40 epochs: test_tasks
+    checks its accuracy; ``link`` for 3, as no test checks its own."""
     root = tmp_path_factory.mktemp("tasks")
     store = root / "model_store"
     store.mkdir()
@@ -88,7 +92,7 @@ def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> 
         store,
         write_small_graph(root / "graph"),
         *("--task", "link", "--name", "link", "--arch", "gcn", "--decoder", "mlp"),
-        *("--fanouts", "-1,-1", "--max-top-k", "20", "--epochs", "8", *common),
+        *("--fanouts", "-1,-1", "--max-top-k", "20", "--epochs", "3", *common),
     )
     graphs = root / "graphs"
     write_graph_dataset_csv(generate_graph_dataset(160, seed=1), graphs)
@@ -101,8 +105,33 @@ def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> 
     return store
 
 
-@pytest.fixture(scope="module")
-def server(serve: Serve, model_store: Path) -> Iterator[TorchServe]:
-    """One server per module on the session's node archive (``gnn``)."""
-    with serve(model_store, "gnn=gnn.mar") as started:
+@pytest.fixture(scope="session")
+def shared_server(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
+    """The session's TorchServe: the shipped config.properties, the task archives (``gnn``,
+    ``link``, ``graphs``) of ``tasks_store``, and the archives modules ``register`` on it.
+    Its workers inherit ``GNNSERVE_UPDATE_SECRET=SHARED_UPDATE_SECRET``, so a module whose
+    archives take live updates sends that key. A test that kills workers or the server, needs
+    another config.properties or environment, pre-forks, or runs replicas starts its own with
+    ``serve`` instead."""
+    env = {"GNNSERVE_UPDATE_SECRET": SHARED_UPDATE_SECRET}
+    with serve(tasks_store, TASK_MODELS, name="shared_server", env=env) as started:
         yield started
+
+
+@pytest.fixture(scope="session")
+def register(shared_server: TorchServe) -> Register:
+    """``with register(store, ["a", "b"]) as server:`` registers ``store``'s a.mar and b.mar on
+    the shared server and unregisters them when the block ends (a module fixture holds it)."""
+
+    def registering(
+        model_store: Path, names: list[str]
+    ) -> contextlib.AbstractContextManager[TorchServe]:
+        return register_archives(shared_server, model_store, names)
+
+    return registering
+
+
+@pytest.fixture(scope="module")
+def server(shared_server: TorchServe) -> TorchServe:
+    """The shared server, for modules that ask the node archive (``gnn``) only questions."""
+    return shared_server

@@ -120,7 +120,7 @@ def test_synthetic_archive_with_both_fanout_spellings(tmp_path, form):
         "--arch",
         "gin",
         "--epochs",
-        "5",
+        "2",
         "--version",
         "2.0",
         "--name",

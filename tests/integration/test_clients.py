@@ -5,18 +5,15 @@ good and bad requests with JSON ones keeps every good answer 200 and every worke
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
 from tritonclient.utils import InferenceServerException
 
-from tests.servers.torchserve import Serve, TorchServe, worker_pids
+from tests.servers.torchserve import TorchServe, worker_pids
 
-from .archives import TASK_MODELS
 from .v2_clients import (
     graph_tensors,
     node_tensors,
@@ -33,9 +30,9 @@ GRAPH = {"x": [[1.0] + [0.0] * 7] * 4, "edge_index": [[0, 0, 0, 1, 2, 3], [1, 2,
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
-    with serve(tasks_store, TASK_MODELS, name="clients_server") as started:
-        yield started
+def server(shared_server: TorchServe) -> TorchServe:
+    """The session's shared server: it serves the three task archives."""
+    return shared_server
 
 
 def json_probabilities(server: TorchServe, ids: list[str]) -> np.ndarray:

@@ -26,7 +26,7 @@ from tests.servers.torchserve import Serve, TorchServe, graph_checksum, model_wo
 from .archives import ROOT, build_archive, write_small_graph
 
 pytestmark = pytest.mark.integration
-OPTIONS = ["--arch", "gcn", "--epochs", "10", "--fanouts", "-1,-1", "--max-ids", "16"]
+OPTIONS = ["--arch", "gcn", "--epochs", "3", "--fanouts", "-1,-1", "--max-ids", "16"]
 
 
 def build_mar(*options: str) -> subprocess.CompletedProcess[str]:
@@ -81,7 +81,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]
 
 @pytest.fixture(scope="module")
 def servers(serve: Serve, built: dict[str, Path]) -> Iterator[tuple[TorchServe, TorchServe]]:
-    """Two TorchServes, each with its own ports, temp dir and logs, on the one store."""
+    """Two TorchServes, each with its own ports, temp dir and logs, on the one store (servers
+    of their own: two servers mapping one store is what is tested)."""
     with (
         serve(built["model_store"], "gnn=gnn.mar", name="first") as first,
         serve(built["model_store"], "gnn=gnn.mar", name="second") as second,

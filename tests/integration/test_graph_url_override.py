@@ -22,7 +22,7 @@ from graph_assets.remote.connect import connect
 from handler.graph.graph_source import GRAPH_URL_VARIABLE
 from tests.servers.redis_cluster import LocalCluster
 from tests.servers.redis_server import RedisServer
-from tests.servers.torchserve import Serve, TorchServe, model_worker_pids
+from tests.servers.torchserve import Register, Serve, TorchServe, model_worker_pids
 
 from .archives import write_small_graph
 from .test_remote_graph import COMMON, SAGE, answers, build_mar, python_m
@@ -80,12 +80,14 @@ def built(tmp_path_factory: pytest.TempPathFactory, production: LocalCluster) ->
 
 @pytest.fixture(scope="module")
 def servers(
-    serve: Serve, built: dict[str, Path], production: LocalCluster
+    serve: Serve, register: Register, built: dict[str, Path], production: LocalCluster
 ) -> Iterator[dict[str, TorchServe]]:
+    """``local`` on the shared server; ``remote`` on a server of its own, whose environment
+    (which its workers inherit) names the production cluster."""
     env = {GRAPH_URL_VARIABLE: f"{production.url}/prod"}
     store = built["model_store"]
     with (
-        serve(store, "small_local=small_local.mar", name="local") as local,
+        register(store, ["small_local"]) as local,
         serve(store, "small_remote=small_remote.mar", name="remote", env=env) as remote,
     ):
         yield {"local": local, "remote": remote}

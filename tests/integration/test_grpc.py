@@ -19,7 +19,6 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -32,14 +31,12 @@ from google.protobuf import empty_pb2
 from tritonclient.utils import InferenceServerException
 
 from tests.servers.torchserve import (
-    Serve,
     TorchServe,
     largest_batches,
     model_worker_pids,
     worker_pids,
 )
 
-from .archives import TASK_MODELS
 from .grpc_stubs import compile_stubs
 from .v2_clients import assert_same_answer, node_tensors, rest, triton_infer
 
@@ -157,9 +154,9 @@ PREDICT = [
 
 
 @pytest.fixture(scope="module")
-def served(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
-    with serve(tasks_store, TASK_MODELS, name="grpc_server") as started:
-        yield started
+def served(shared_server: TorchServe) -> TorchServe:
+    """The session's shared server: it serves the three task archives."""
+    return shared_server
 
 
 @pytest.fixture(scope="module")

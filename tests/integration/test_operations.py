@@ -36,7 +36,7 @@ def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = root / "model_store"
     common = [
         "--epochs",
-        "10",
+        "3",  # no test here checks accuracy
         "--batch-size",
         "4",
         "--max-batch-delay",
@@ -52,6 +52,8 @@ def versions_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ops_server(serve, versions_store) -> Iterator[TorchServe]:
+    # A server of its own: gnnctl registers versions of a model named gnn (the shared server's
+    # node model), switches its default and scales it, and the tests read its metrics and logs.
     with serve(versions_store, "gnn=gnn.mar", name="ops") as started:
         yield started
 
@@ -316,6 +318,7 @@ def test_retiring_the_old_version(ops_server):
 
 
 def test_snapshot_restores_versions_default_and_workers(serve, tmp_path, versions_store):
+    # A server of its own: it is stopped and restarted from its snapshot.
     with serve(versions_store, "gnn=gnn.mar", home=tmp_path / "snap") as server:
         gnnctl(server, "register", "gnn_v2.0.mar")
         gnnctl(server, "set-default", "gnn", "2.0")

@@ -26,7 +26,7 @@ from model.served_hetero import small_typed_input
 from model.typed_graph import whole_graph_input
 from model.user_model import Output, import_model_class, instantiate
 from tests.edge_graph import CLASSES, EDGE_DIM, FEATURES, write_edge_feature_csv
-from tests.servers.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Register, TorchServe
 from tests.typed_cold_start_reference import with_new_node
 from tests.unit.archive_build import pyg_catalogue, pyg_user_models, user_models
 
@@ -138,10 +138,8 @@ def model_file(model_class: str) -> Path | None:
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    names = ("fraud", "risk", *MATRIX, *CATALOGUE_SAMPLE)
-    models = ",".join(f"{name}={name}.mar" for name in names)
-    with serve(built / "store", models, name="own_model") as started:
+def server(register: Register, built: Path) -> Iterator[TorchServe]:
+    with register(built / "store", ["fraud", "risk", *MATRIX, *CATALOGUE_SAMPLE]) as started:
         yield started
 
 
@@ -333,7 +331,7 @@ def lazy_built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_a_lazy_to_hetero_model_builds_and_scores_a_new_node(serve, lazy_built):
+def test_a_lazy_to_hetero_model_builds_and_scores_a_new_node(register, lazy_built):
     """Served by TorchServe: a new user (no --embedding-method) is answered as the model's
     forward on the graph with it added; return_embedding is a 400 naming the option."""
     work = lazy_built / "unpacked"
@@ -344,7 +342,7 @@ def test_a_lazy_to_hetero_model_builds_and_scores_a_new_node(serve, lazy_built):
     neighbors = {"user__pays__merchant": [1000, 1003], "user__uses__device": ["d1"]}
     amounts = {"user__pays__merchant": [[75.0, 14.0], [12.5, 2.0]]}
     body = {"new_node": {"node_type": "user", "x": x, "neighbors": neighbors, "edge_attr": amounts}}
-    with serve(lazy_built / "store", "lazy=lazy.mar", name="own_lazy") as server:
+    with register(lazy_built / "store", ["lazy"]) as server:
         response = post(server, "lazy", body)
         refused = post(server, "lazy", {**body, "return_embedding": True})
     assert response.status_code == 200, response.text

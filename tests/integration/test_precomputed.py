@@ -21,20 +21,22 @@ from graph_assets.live.redis_log import RedisLogConfig
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model import build_model
 from tests.live_reference import materialized_embeddings, materialized_forward, random_update
-from tests.servers.torchserve import TorchServe
+from tests.servers.torchserve import TorchServe, model_worker_pids
 
-from .archives import build_archive, write_small_graph
+from .archives import SHARED_UPDATE_SECRET, build_archive, write_small_graph
 
 pytestmark = pytest.mark.integration
-SECRET = "precomputed-update-secret-42"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it; the replicas get it too
 UPDATES = 120
 
 
-def precomputed_archive(root: Path, arch: str, *task: str) -> Path:
+def precomputed_archive(root: Path, arch: str, name: str, *task: str) -> Path:
+    """NAME.mar; a name of its own, as the shared server serves a ``gnn`` and a ``link``."""
     return build_archive(
         root / "model_store",
         write_small_graph(root / "graph"),
         *task,
+        *("--name", name),
         *("--arch", arch, "--epochs", "3", "--fanouts", "2,2", "--precompute"),
         *("--batch-size", "4", "--max-batch-delay", "5", "--min-workers", "2"),
         *("--max-workers", "2", "--enable-updates", "--update-state-dir", str(root / "state")),
@@ -69,12 +71,12 @@ def update(server: TorchServe, operations: list[dict], model: str = "gnn") -> re
     )
 
 
-def served(server: TorchServe, ids: list) -> torch.Tensor:
+def served(server: TorchServe, ids: list, model: str = "gnn") -> torch.Tensor:
     """Every node's probabilities, 8 nodes a request."""
     rows = []
     for start in range(0, len(ids), 8):
         answer = requests.post(
-            f"{server.inference_url}/predictions/gnn",
+            f"{server.inference_url}/predictions/{model}",
             json={"node_ids": ids[start : start + 8]},
             headers=server.auth("inference"),
             timeout=60,
@@ -85,20 +87,21 @@ def served(server: TorchServe, ids: list) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch", ["gcn", "sage", "gat", "gin"])
-def test_exact_after_a_random_update_stream_on_two_workers(serve, tmp_path, arch):
-    model_store = precomputed_archive(tmp_path, arch)
-    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
+def test_exact_after_a_random_update_stream_on_two_workers(register, tmp_path, arch):
+    name = f"precomputed_{arch}"
+    model_store = precomputed_archive(tmp_path, arch, name)
     with (
-        serve(model_store, "gnn=gnn.mar", name=f"precomputed-{arch}", env=env) as server,
-        reference_graph(model_store, tmp_path / "reference") as (live, model),
+        register(model_store, [name]) as server,
+        reference_graph(model_store, tmp_path / "reference", name) as (live, model),
     ):
+        assert len(model_worker_pids(server, name, ready=True)) == 2  # the archive's workers
         rng, counter = random.Random(23), [0]
         operations = 0
         for _ in range(UPDATES):
             batch = [
                 op for _ in range(rng.randint(1, 3)) for op in random_update(rng, live, counter)
             ]
-            answer = update(server, batch)
+            answer = update(server, batch, name)
             if answer.status_code != 200:  # two ops of one batch may conflict: same on both
                 assert answer.status_code in (404, 409), answer.text
                 continue
@@ -107,10 +110,10 @@ def test_exact_after_a_random_update_stream_on_two_workers(serve, tmp_path, arch
         assert operations >= 200
         ids, expected = materialized_forward(live, model)
         for _ in range(2):  # batches land on either worker: both are held to the reference
-            table = served(server, ids)
+            table = served(server, ids, name)
             assert float((table - expected).abs().max()) <= 1e-5
         described = requests.get(
-            f"{server.management_url}/models/gnn?customized=true",
+            f"{server.management_url}/models/{name}?customized=true",
             headers=server.auth("management"),
             timeout=30,
         ).json()
@@ -119,7 +122,7 @@ def test_exact_after_a_random_update_stream_on_two_workers(serve, tmp_path, arch
 
 
 def test_two_replicas_on_one_redis_log_hold_identical_rows(serve, tmp_path, redis_server):
-    model_store = precomputed_archive(tmp_path, "gcn")
+    model_store = precomputed_archive(tmp_path, "gcn", "gnn")
     env = {"GNNSERVE_UPDATE_SECRET": SECRET, "GNNSERVE_UPDATE_LOG_URL": redis_server.url}
     with contextlib.ExitStack() as stack:
         replicas = [
@@ -144,21 +147,21 @@ def test_two_replicas_on_one_redis_log_hold_identical_rows(serve, tmp_path, redi
         assert float((first - expected).abs().max()) <= 1e-5
 
 
-def test_a_live_link_archive_scores_and_ranks_the_updated_graph(serve, tmp_path):
-    model_store = precomputed_archive(tmp_path, "sage", "--task", "link", "--name", "link")
-    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
+def test_a_live_link_archive_scores_and_ranks_the_updated_graph(register, tmp_path):
+    model_store = precomputed_archive(tmp_path, "sage", "precomputed_link", "--task", "link")
     with (
-        serve(model_store, "link=link.mar", name="precomputed-link", env=env) as server,
-        reference_graph(model_store, tmp_path / "reference", "link") as (live, model),
+        register(model_store, ["precomputed_link"]) as server,
+        reference_graph(model_store, tmp_path / "reference", "precomputed_link") as (live, model),
     ):
         rng, counter = random.Random(9), [0]
         for _ in range(60):
             batch = random_update(rng, live, counter)
-            answer = update(server, batch, "link")
+            answer = update(server, batch, "precomputed_link")
             assert answer.status_code == 200, answer.text
             live.update(UpdateRequest(batch))
         ids, z, edges = materialized_embeddings(live, model)
-        url, headers = f"{server.inference_url}/predictions/link", server.auth("inference")
+        url = f"{server.inference_url}/predictions/precomputed_link"
+        headers = server.auth("inference")
         pairs = [[ids[i], ids[(5 * i + 1) % len(ids)]] for i in range(30)]
         scored = requests.post(url, json={"pairs": pairs}, headers=headers, timeout=60)
         assert scored.status_code == 200, scored.text

@@ -21,6 +21,7 @@ NODES = [f"acct_{i}" for i in range(0, 120, 4)]
 
 @pytest.fixture(scope="module")
 def forked(serve: Serve, model_store: Path) -> Iterator[TorchServe]:
+    # A server of its own: pre-forked workers are a server setting, and these tests kill them.
     with serve(model_store, "gnn=gnn.mar", name="prefork", prefork=True) as started:
         scale(started, 2)
         yield started

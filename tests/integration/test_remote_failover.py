@@ -67,7 +67,8 @@ class Served:
 @pytest.fixture(scope="module")
 def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The cluster, the small graph loaded into it with ``load-redis``, and a TorchServe with
-    two workers on the archive built with ``--graph-location redis://.../served``."""
+    two workers on the archive built with ``--graph-location redis://.../served`` (a server
+    of its own: the tests stop and kill the cluster's primaries under it and read its log)."""
     if redis_server_binary() is None:
         pytest.fail(MISSING)
     root = tmp_path_factory.mktemp("remote_failover")
@@ -81,7 +82,7 @@ def served(serve: Serve, tmp_path_factory: pytest.TempPathFactory) -> Iterator[S
         model_store = root / "model_store"
         built(
             *("--store", str(store), "--graph-location", f"{cluster.url}/{PREFIX}"),
-            *("--arch", "gcn", "--epochs", "5", "--fanouts", "-1,-1", "--device", "cpu"),
+            *("--arch", "gcn", "--epochs", "2", "--fanouts", "-1,-1", "--device", "cpu"),
             *("--batch-size", "1", "--min-workers", "2", "--max-workers", "2"),
             *("--remote-cache-mb", "0", "--remote-timeout-ms", str(TIMEOUT_MS)),
             *("--export-path", str(model_store)),

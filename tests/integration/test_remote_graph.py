@@ -23,7 +23,7 @@ from graph_assets.remote import load_store
 from graph_assets.remote.connect import connect
 from tests.servers.ports import free_ports
 from tests.servers.redis_cluster import LocalCluster
-from tests.servers.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Register, TorchServe
 from tests.unit.archive_build import user_models
 
 from .archives import build_mar, python_m, write_small_graph
@@ -81,9 +81,9 @@ def built(tmp_path_factory: pytest.TempPathFactory, cluster: LocalCluster) -> di
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, built: dict[str, Path]) -> Iterator[TorchServe]:
-    names = ("small_local", "small_remote", "fraud_local", "fraud_remote")
-    with serve(built["model_store"], ",".join(f"{n}={n}.mar" for n in names)) as running:
+def server(register: Register, built: dict[str, Path]) -> Iterator[TorchServe]:
+    names = ["small_local", "small_remote", "fraud_local", "fraud_remote"]
+    with register(built["model_store"], names) as running:
         yield running
 
 

@@ -22,12 +22,12 @@ from graph_assets import open_store
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from tests.live_reference import live_ids, random_update
 from tests.servers.redis_cluster import LocalCluster
-from tests.servers.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Register, TorchServe
 
-from .archives import built, python_m, write_small_graph
+from .archives import SHARED_UPDATE_SECRET, built, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
-SECRET = "remote-precompute-secret-0123456"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it
 PREFIX, SEED, UPDATES, TOLERANCE = "rows", 5, 20, 1e-6
 COMMON = [
     *("--fanouts", "2,2", "--device", "cpu", "--batch-size", "1", "--enable-updates"),
@@ -44,11 +44,11 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(
-    serve: Serve, tmp_path_factory: pytest.TempPathFactory, redis_cluster: LocalCluster
+    register: Register, tmp_path_factory: pytest.TempPathFactory, redis_cluster: LocalCluster
 ) -> Iterator[Served]:
     """``<task>_local`` (the store in the archive) and ``<task>_remote`` (the store loaded into
-    the session's cluster, the rows loaded beside it by the build; the same weights), in one
-    TorchServe."""
+    the session's cluster, the rows loaded beside it by the build; the same weights), on the
+    shared TorchServe."""
     root = tmp_path_factory.mktemp("remote_precompute")
     graph, store, model_store = write_small_graph(root / "graph"), root / "store", root / "mars"
     python_m("graph_assets", "build", "--graph", str(graph), "--out", str(store))
@@ -70,9 +70,8 @@ def served(
                 names = archive.namelist()
             assert "precomputed/meta.json" in names
             assert not any(name.endswith(".npy") for name in names if "precomputed/" in name)
-            models += [f"{local}={local}.mar", f"{remote}={remote}.mar"]
-        env = {"GNNSERVE_UPDATE_SECRET": SECRET}
-        with serve(model_store, ",".join(models), name="remote_precompute", env=env) as server:
+            models += [local, remote]
+        with register(model_store, models) as server:
             yield Served(server, reference)
     finally:
         reference.close()

@@ -25,13 +25,13 @@ from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_cs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from tests.live_reference import live_ids, random_update
 from tests.servers.redis_cluster import LocalCluster
-from tests.servers.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Register, TorchServe
 from tests.typed_live_reference import live_nodes, random_typed_update
 
-from .archives import built, python_m, write_small_graph
+from .archives import SHARED_UPDATE_SECRET, built, python_m, write_small_graph
 
 pytestmark = pytest.mark.integration
-SECRET = "remote-updates-secret-0123456789"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it
 PREFIX, SEED, UPDATES, TOLERANCE = "live", 11, 30, 1e-6
 COMMON = [
     *("--fanouts", "-1,-1", "--device", "cpu", "--batch-size", "1", "--enable-updates"),
@@ -55,13 +55,13 @@ class Served:
 @pytest.fixture(scope="module", params=sorted(GRAPHS))
 def served(
     request: pytest.FixtureRequest,
-    serve: Serve,
+    register: Register,
     tmp_path_factory: pytest.TempPathFactory,
     redis_cluster: LocalCluster,
 ) -> Iterator[Served]:
     """``local`` (the store in the archive) and ``remote`` (the same store loaded into the
     session's cluster under a prefix of its own; the same weights), each on its own state
-    directory, in one TorchServe."""
+    directory, on the shared TorchServe."""
     name = request.param
     prefix = f"{PREFIX}-{name}"  # both graphs share the module's cluster
     build_options, model = GRAPHS[name]
@@ -77,16 +77,14 @@ def served(
     try:
         load = ["--store", str(store), "--url", redis_cluster.url, "--prefix", prefix]
         python_m("graph_assets", "load-redis", *load, "--block-size", "8")
-        local = ["--name", "local", "--epochs", "5", *model, *paths(root, "a")]
+        local = ["--name", "local", "--epochs", "2", *model, *paths(root, "a")]
         built(*COMMON, "--store", str(store), *local)
         with zipfile.ZipFile(model_store / "local.mar") as archive:
             weights = Path(archive.extract("model.pt", root / "local"))
         remote = ["--graph-location", f"{redis_cluster.url}/{prefix}", "--weights", str(weights)]
         named = ["--store", str(store), "--name", "remote"]
         built(*COMMON, *named, *remote, *model, *paths(root, "b"))
-        env = {"GNNSERVE_UPDATE_SECRET": SECRET}
-        models = "local=local.mar,remote=remote.mar"
-        with serve(model_store, models, name=f"remote_updates_{name}", env=env) as server:
+        with register(model_store, ["local", "remote"]) as server:
             yield Served(server, reference, typed=name == "typed")
     finally:
         reference.close()

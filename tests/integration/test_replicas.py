@@ -50,7 +50,7 @@ def replica_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_archive(
         root / "model_store",
         graph,
-        *("--arch", "gcn", "--epochs", "5", "--fanouts", "-1,-1", "--max-ids", "16"),
+        *("--arch", "gcn", "--epochs", "2", "--fanouts", "-1,-1", "--max-ids", "16"),
         *("--batch-size", "4", "--max-batch-delay", "5", "--min-workers", "2"),
         *("--max-workers", "2", "--enable-updates"),
     )
@@ -58,6 +58,8 @@ def replica_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def replicas(serve, replica_store, redis) -> Iterator[list[TorchServe]]:
+    # Servers of their own: three replicas on one Redis log (its URL reaches the workers
+    # through the environment), one of them killed and restarted.
     env = {"GNNSERVE_UPDATE_SECRET": SECRET, "GNNSERVE_UPDATE_LOG_URL": redis.url}
     with contextlib.ExitStack() as stack:
         yield [

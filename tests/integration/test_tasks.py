@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,17 +18,15 @@ from graph_assets import open_store
 from graph_assets.input.graph_dataset import generate_graph_dataset
 from model import build_model
 from model.embedding import forward_with_embedding
-from tests.servers.torchserve import Serve, TorchServe, largest_batches
-
-from .archives import TASK_MODELS
+from tests.servers.torchserve import TorchServe, largest_batches
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def served(serve: Serve, tasks_store: Path) -> Iterator[TorchServe]:
-    with serve(tasks_store, TASK_MODELS, name="tasks_server") as started:
-        yield started
+def served(shared_server: TorchServe) -> TorchServe:
+    """The session's shared server: it serves the three task archives."""
+    return shared_server
 
 
 def post(server: TorchServe, model: str, payload, explain: bool = False) -> requests.Response:

@@ -22,18 +22,18 @@ from graph_assets.input.synthetic_typed import fraud_graph, write_fraud_graph_cs
 from handler.live.live_graph import LiveGraph, UpdateRequest
 from model.export import load_model
 from model.typed_graph import whole_graph_input
-from tests.servers.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Register, TorchServe
 from tests.typed_cold_start_reference import with_new_node
 from tests.typed_live_reference import materialized_typed, random_typed_update
 from tests.unit.archive_build import user_models
 
-from .archives import build_archive
+from .archives import SHARED_UPDATE_SECRET, build_archive
 
 pytestmark = pytest.mark.integration
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
 # The user's HeteroConv stack reading the payments' edge features (tests' model file).
 HETERO_CONV = {"devices": 60, "hidden": 8, "classes": 2, "edge_dim": 2}
-SECRET = "typed-update-secret-42"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = root / "store"
     for arch in ARCHS:
         build_archive(
-            store, graph, "--undirected", "--arch", arch, "--name", arch, "--epochs", "5",
+            store, graph, "--undirected", "--arch", arch, "--name", arch, "--epochs", "2",
             "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--batch-size", "4",
         )  # fmt: skip
     torch.manual_seed(0)
@@ -57,7 +57,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--weights", str(root / "own.pt"), "--fanouts", "-1,-1", "--embedding-method", "head",
     )  # fmt: skip
     build_archive(
-        store, graph, "--undirected", "--arch", "gat", "--name", "live", "--epochs", "5",
+        store, graph, "--undirected", "--arch", "gat", "--name", "live", "--epochs", "2",
         "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--enable-updates",
         "--update-state-dir", str(root / "state"), "--min-workers", "2", "--max-workers", "2",
     )  # fmt: skip
@@ -65,16 +65,14 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     fanouts.write_text(json.dumps({"merchant__rev_pays__user": [1, 1]}))
     build_archive(
         store, graph, "--undirected", "--arch", "sage", "--name", "sage_sampled", "--epochs",
-        "5", "--hidden-dim", "16", "--fanouts", "-1,-1", "--fanouts-file", str(fanouts),
+        "2", "--hidden-dim", "16", "--fanouts", "-1,-1", "--fanouts-file", str(fanouts),
     )  # fmt: skip
     return root
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    models = ",".join(f"{name}={name}.mar" for name in [*ARCHS, "own", "sage_sampled", "live"])
-    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
-    with serve(built / "store", models, name="typed", env=env) as started:
+def server(register: Register, built: Path) -> Iterator[TorchServe]:
+    with register(built / "store", [*ARCHS, "own", "sage_sampled", "live"]) as started:
         yield started
 
 

@@ -22,7 +22,7 @@ from model.export import load_model
 from model.hetero_link import HeteroLinkModel
 from model.served_hetero_link import UserHeteroLinkModel
 from model.typed_graph import whole_graph_input
-from tests.servers.torchserve import Serve, TorchServe
+from tests.servers.torchserve import Register, TorchServe
 from tests.unit.archive_build import user_models
 
 from .archives import build_archive
@@ -40,7 +40,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     store = root / "store"
     common = ["--undirected", "--task", "link", "--target-edge-type", PAYS, "--fanouts", "-1,-1"]
     build_archive(
-        store, graph, *common, "--arch", "gcn", "--name", "gcn_link", "--epochs", "5",
+        store, graph, *common, "--arch", "gcn", "--name", "gcn_link", "--epochs", "2",
         "--hidden-dim", "16", "--embedding-dim", "16",
     )  # fmt: skip
     torch.manual_seed(0)
@@ -59,9 +59,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(serve: Serve, built: Path) -> Iterator[TorchServe]:
-    models = ",".join(f"{name}={name}.mar" for name in ARCHIVES)
-    with serve(built / "store", models, name="typed_link") as started:
+def server(register: Register, built: Path) -> Iterator[TorchServe]:
+    with register(built / "store", list(ARCHIVES)) as started:
         yield started
 
 

@@ -25,10 +25,10 @@ from model.served import serving_needs
 from tests.servers.torchserve import TorchServe
 from tests.typed_live_reference import live_nodes, materialized_typed, random_typed_update
 
-from .archives import ROOT, build_archive
+from .archives import ROOT, SHARED_UPDATE_SECRET, build_archive
 
 pytestmark = pytest.mark.integration
-SECRET = "typed-precompute-secret-42"
+SECRET = SHARED_UPDATE_SECRET  # the shared server's workers hold it
 UPDATES = 40
 SERVING = ("--fanouts", "3,2", "--precompute", "--enable-updates", "--batch-size", "4")
 WORKERS = ("--min-workers", "2", "--max-workers", "2")
@@ -51,7 +51,7 @@ def post(server: TorchServe, name: str, body: dict, **headers: str) -> requests.
     )
 
 
-def test_typed_precomputed_archives_are_exact_after_typed_updates(serve, tmp_path):
+def test_typed_precomputed_archives_are_exact_after_typed_updates(register, tmp_path):
     graph, state = ROOT / "graph_assets" / "demo_typed", str(tmp_path / "state")
     model_store = tmp_path / "model_store"
     common = ("--undirected", "--epochs", "3", "--hidden-dim", "16", "--update-state-dir", state)
@@ -67,8 +67,7 @@ def test_typed_precomputed_archives_are_exact_after_typed_updates(serve, tmp_pat
     for info in (node_info, link_info):
         assert info["verification"]["passed"] and info["verification"]["worst_abs_diff"] <= 1e-5
     live = LiveGraph(open_store(tmp_path / "work" / "fraud" / "graph"), tmp_path / "ref.log")
-    env = {"GNNSERVE_UPDATE_SECRET": SECRET}
-    with serve(model_store, "fraud=fraud.mar,pays=pays.mar", name="typed-pre", env=env) as server:
+    with register(model_store, ["fraud", "pays"]) as server:
         try:
             rng, counter = random.Random(31), [0]
             for _ in range(UPDATES):

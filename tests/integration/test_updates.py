@@ -30,7 +30,7 @@ def updates_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
         "--arch",
         "gcn",
         "--epochs",
-        "5",
+        "2",
         "--fanouts",
         "-1,-1",
         "--batch-size",
@@ -48,6 +48,8 @@ def updates_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]
 
 @pytest.fixture(scope="module")
 def live_server(serve, updates_store) -> Iterator[TorchServe]:
+    # A server of its own: the tests register a 2.0 of a model named gnn (the shared server's
+    # node model), switch its default, and read which of its workers logged each batch.
     store, _ = updates_store
     with serve(store, "gnn=gnn.mar", name="live", env=UPDATE_ENV) as started:
         yield started
@@ -165,6 +167,7 @@ def test_after_compaction_neither_version_loses_an_update(live_server, updates_s
 
 def test_kill_9_right_after_an_acknowledged_update_loses_nothing(serve, tmp_path, updates_store):
     store, state = updates_store
+    # A server of its own: it is killed with kill -9 and started again.
     with serve(store, "gnn=gnn.mar", home=tmp_path / "crash", env=UPDATE_ENV) as server:
         acknowledged = update(server, [{"type": "add_node", "id": "acct_durable", "x": [1.0] * 8}])
         assert acknowledged.status_code == 200
@@ -234,6 +237,7 @@ def test_a_full_state_volume_loses_no_acknowledged_update(serve, tmp_path, tiny_
         "--update-state-dir",
         str(tiny_state_volume),
     )
+    # A server of its own: it is killed with kill -9 and started again on the full volume.
     with serve(store, "gnn=gnn.mar", home=tmp_path / "server", env=UPDATE_ENV) as server:
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(lambda w: write_until_full(server, w), range(8)))

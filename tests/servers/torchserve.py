@@ -4,6 +4,7 @@ dirs, stopped by PID; and what they ask of a started one (workers, their PIDs, i
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,9 +182,16 @@ class TorchServe:
             )
             if listed.status_code != 200 or not listed.json().get("models"):
                 return False
-            for model in listed.json()["models"]:
+            return self.models_ready([model["modelName"] for model in listed.json()["models"]])
+        except (requests.RequestException, ValueError, KeyError):
+            return False
+
+    def models_ready(self, names: Sequence[str]) -> bool:
+        """Whether each named model has workers and all of them are READY."""
+        try:
+            for name in names:
                 described = requests.get(
-                    f"{self.management_url}/models/{model['modelName']}",
+                    f"{self.management_url}/models/{name}",
                     headers=self.auth("management"),
                     timeout=5,
                 ).json()
@@ -191,7 +199,7 @@ class TorchServe:
                 if not workers or any(w["status"] != "READY" for w in workers):
                     return False
             return True
-        except (requests.RequestException, ValueError, KeyError):
+        except (requests.RequestException, ValueError, KeyError, TypeError):
             return False
 
     def _read_pid(self) -> None:
@@ -262,6 +270,74 @@ class Serve(Protocol):
         env: Mapping[str, str] | None = ...,
         prefork: bool = ...,
     ) -> AbstractContextManager[TorchServe]: ...
+
+
+class Register(Protocol):
+    """The ``register`` fixture (tests/integration/conftest.py):
+    ``with register(store, ["typed", "own"]) as server: ...``."""
+
+    def __call__(
+        self, model_store: Path, names: list[str]
+    ) -> AbstractContextManager[TorchServe]: ...
+
+
+# Registered archives get file names of their own in the shared model store, so that two
+# modules' ``gnn.mar`` never meet there.
+_registrations = itertools.count()
+
+
+@contextlib.contextmanager
+def register_archives(
+    server: TorchServe, model_store: Path, names: Sequence[str], timeout: float = 600.0
+) -> Iterator[TorchServe]:
+    """Registers ``model_store``'s NAME.mar as model NAME, for each name, on a running server
+    and waits until their workers are READY; unregisters them when the block ends, however it
+    ends. The archives are hard-linked into the server's model store first: the shipped
+    config registers bare file names from the model store only (allowed_urls). Registration
+    is asynchronous, so the models' workers start side by side as at a server's start."""
+    linked: dict[str, Path] = {}
+    headers = server.auth("management")
+    try:
+        for name in names:
+            target = server.model_store / f"registered{next(_registrations)}_{name}.mar"
+            os.link(model_store / f"{name}.mar", target)
+            linked[name] = target
+            answer = requests.post(
+                f"{server.management_url}/models",
+                params={
+                    "url": target.name,
+                    "model_name": name,
+                    "initial_workers": "1",  # the archive's --min-workers wins
+                    "synchronous": "false",
+                },
+                headers=headers,
+                timeout=timeout,
+            )
+            if answer.status_code not in (200, 202):
+                raise RuntimeError(f"registering {name}: {answer.status_code} {answer.text}")
+        deadline = time.monotonic() + timeout
+        while not server.models_ready(names):
+            for name in names:  # TorchServe drops a model whose workers all refuse to start
+                described = requests.get(
+                    f"{server.management_url}/models/{name}", headers=headers, timeout=10
+                )
+                if described.status_code == 404:
+                    raise RuntimeError(f"{name} was dropped; see {server.home / 'logs'}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{list(names)} not READY after {timeout} s")
+            time.sleep(0.5)
+        yield server
+    finally:
+        failed = []
+        for name, target in linked.items():
+            removed = requests.delete(
+                f"{server.management_url}/models/{name}", headers=headers, timeout=timeout
+            )
+            if removed.status_code not in (200, 404):  # 404: it was dropped
+                failed.append(f"{name}: {removed.status_code} {removed.text}")
+            target.unlink()
+        if failed:
+            raise RuntimeError(f"unregistering failed: {failed}")
 
 
 def worker_processes(server: TorchServe) -> list[psutil.Process]:
