@@ -6,6 +6,7 @@ which modules register their own (``register``) instead of starting a server eac
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -15,7 +16,13 @@ import pytest
 from graph_assets.input.graph_dataset import generate_graph_dataset, write_graph_dataset_csv
 from tests.servers.torchserve import Register, Serve, TorchServe, register_archives
 
-from .archives import SHARED_UPDATE_SECRET, TASK_MODELS, build_archive, write_small_graph
+from .archives import (
+    SHARED_UPDATE_SECRET,
+    TASK_MODELS,
+    build_archive,
+    concurrently,
+    write_small_graph,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -88,19 +95,20 @@ def tasks_store(tmp_path_factory: pytest.TempPathFactory, model_store: Path) -> 
     store.mkdir()
     os.link(model_store / "gnn.mar", store / "gnn.mar")  # the node archive (gcn, -1,-1)
     common = ["--batch-size", "8", "--max-batch-delay", "100"]
-    build_archive(
-        store,
-        write_small_graph(root / "graph"),
+    link_graph = write_small_graph(root / "graph")
+    graphs = root / "graphs"
+    write_graph_dataset_csv(generate_graph_dataset(160, seed=1), graphs)
+    link = (
         *("--task", "link", "--name", "link", "--arch", "gcn", "--decoder", "mlp"),
         *("--fanouts", "-1,-1", "--max-top-k", "20", "--epochs", "3", *common),
     )
-    graphs = root / "graphs"
-    write_graph_dataset_csv(generate_graph_dataset(160, seed=1), graphs)
-    build_archive(
-        store,
-        graphs,
+    graph_task = (
         *("--task", "graph", "--name", "graphs", "--max-graph-nodes", "40", "--epochs", "40"),
         *("--metrics-interval", "0", *common),  # a log line per batch: tests read batch sizes
+    )
+    concurrently(
+        functools.partial(build_archive, store, link_graph, *link),
+        functools.partial(build_archive, store, graphs, *graph_task),
     )
     return store
 

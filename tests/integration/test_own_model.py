@@ -5,12 +5,13 @@ heterogeneous recipe with lazy layers builds and answers a cold-start node."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from tests.servers.torchserve import Register, TorchServe
 from tests.typed_cold_start_reference import with_new_node
 from tests.unit.archive_build import pyg_catalogue, pyg_user_models, user_models
 
-from .archives import ROOT
+from .archives import ROOT, concurrently
 
 pytestmark = pytest.mark.integration
 ARGS = {"in_channels": FEATURES, "hidden": 16, "classes": CLASSES, "edge_dim": EDGE_DIM}
@@ -78,20 +79,19 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     torch.save(GraphSAGE(**sage_args, aggr="max").state_dict(), root / "risk.pt")
     common = ("--graph", str(graph), "--export-path", str(root / "store"), "--batch-size", "4")
-    fraud = build(
-        *common, "--name", "fraud", "--model-file", str(root / "fraud_model.py"),
-        "--model-class", "EdgeMix", "--model-args", json.dumps(ARGS),
-        "--weights", str(root / "fraud.pt"), "--fanouts", "-1,-1,-1",
-    )  # fmt: skip
-    assert fraud.returncode == 0, fraud.stderr
-    assert "3 hops (inferred" in fraud.stdout and "edge_attr (2 wide)" in fraud.stdout
-    assert "worst |served - full-graph forward|" in fraud.stdout
-    risk = build(
-        *common, "--name", "risk", "--model-class", "torch_geometric.nn.models.GraphSAGE",
-        "--model-args", json.dumps({**sage_args, "aggr": "max"}), "--output", "raw",
-        "--weights", str(root / "risk.pt"), "--fanouts", "-1,-1",
-    )  # fmt: skip
-    assert risk.returncode == 0, risk.stderr
+    builds = {
+        "fraud": functools.partial(
+            build, *common, "--name", "fraud", "--model-file", str(root / "fraud_model.py"),
+            "--model-class", "EdgeMix", "--model-args", json.dumps(ARGS),
+            "--weights", str(root / "fraud.pt"), "--fanouts", "-1,-1,-1",
+        ),
+        "risk": functools.partial(
+            build, *common, "--name", "risk", "--model-class",
+            "torch_geometric.nn.models.GraphSAGE", "--model-args",
+            json.dumps({**sage_args, "aggr": "max"}), "--output", "raw",
+            "--weights", str(root / "risk.pt"), "--fanouts", "-1,-1",
+        ),
+    }  # fmt: skip
     for name, (model_class, args) in MATRIX.items():
         torch.manual_seed(1)
         module = instantiate(import_model_class(model_class, model_file(model_class)), args)
@@ -99,23 +99,30 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         where = ("--model-file", str(user_models.__file__)) if "." not in model_class else ()
         if name == "gcn":  # GCN takes edge_weight: trained without the graph's edge features
             where = ("--edge-input", "none")
-        result = build(
-            *common, "--name", name, "--model-class", model_class, *where,
+        builds[name] = functools.partial(
+            build, *common, "--name", name, "--model-class", model_class, *where,
             "--model-args", json.dumps(args), "--weights", str(root / f"{name}.pt"),
             "--fanouts", ",".join(["-1"] * (3 if name in ("gin", "appnp") else 2)),
         )  # fmt: skip
-        assert result.returncode == 0, result.stderr
     catalogue_graph = pyg_catalogue.write_graph(root / "catalogue", pyg_catalogue.ATTR_DIM)
     for name, (case, hops) in CATALOGUE_SAMPLE.items():
-        result = build_catalogue_case(catalogue_graph, root / "store", name, CATALOGUE[case], hops)
-        assert result.returncode == 0, result.stderr
+        builds[name] = build_catalogue_case(
+            catalogue_graph, root / "store", name, CATALOGUE[case], hops
+        )
+    results = dict(zip(builds, concurrently(*builds.values()), strict=True))
+    for name, result in results.items():
+        assert result.returncode == 0, f"{name}: {result.stderr}"
+    assert "3 hops (inferred" in results["fraud"].stdout
+    assert "edge_attr (2 wide)" in results["fraud"].stdout
+    assert "worst |served - full-graph forward|" in results["fraud"].stdout
     return root
 
 
 def build_catalogue_case(
     graph: Path, export: Path, name: str, case: pyg_catalogue.Case, hops: int
-) -> subprocess.CompletedProcess[str]:
-    """``case`` built as a user's model with its catalogue norm statistics, full fanouts."""
+) -> Callable[[], subprocess.CompletedProcess[str]]:
+    """The build of ``case`` as a user's model with its catalogue norm statistics, full
+    fanouts (its weights written now, the build run when called)."""
     torch.manual_seed(0)
     module = instantiate(
         import_model_class(case.model_class, model_file(case.model_class)), case.args
@@ -123,7 +130,8 @@ def build_catalogue_case(
     weights = export.parent / f"{name}.pt"
     torch.save(pyg_catalogue.with_statistics(module).state_dict(), weights)
     where = () if "." in case.model_class else ("--model-file", str(pyg_catalogue.__file__))
-    return build(
+    return functools.partial(
+        build,
         "--graph", str(graph), "--export-path", str(export), "--batch-size", "4",
         "--name", name, "--model-class", case.model_class, *where,
         "--model-args", json.dumps(case.args), "--weights", str(weights),
@@ -209,7 +217,7 @@ def test_a_sample_of_pyg_catalogue_serves_its_full_graph_answer(server, built, n
 
 def test_a_non_local_catalogue_model_is_refused_naming_its_module(built, tmp_path):
     case = CATALOGUE["GraphSAGE(norm='layer_norm')"]
-    result = build_catalogue_case(built / "catalogue", tmp_path / "out", "cat_ln", case, 2)
+    result = build_catalogue_case(built / "catalogue", tmp_path / "out", "cat_ln", case, 2)()
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and case.why in errors[0], result.stderr

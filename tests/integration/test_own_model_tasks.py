@@ -6,6 +6,7 @@ to the module's own forward, with its embedding."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import subprocess
@@ -29,7 +30,7 @@ from tests.live_reference import materialized_graph, random_update
 from tests.servers.torchserve import Register, TorchServe, largest_batches
 from tests.unit.archive_build import user_models
 
-from .archives import ROOT, SHARED_UPDATE_SECRET
+from .archives import ROOT, SHARED_UPDATE_SECRET, concurrently
 
 pytestmark = pytest.mark.integration
 LINK_ARGS = {"in_channels": FEATURES, "hidden": 16, "edge_dim": EDGE_DIM}
@@ -65,16 +66,19 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "--model-class", "EdgeGatLink", "--model-args", json.dumps(LINK_ARGS),
         "--weights", str(root / "pairs.pt"), *common,
     )  # fmt: skip
-    build(*link, "--name", "pairs", "--fanouts", "-1,-1,-1")
-    build(
-        *link, "--name", "live_pairs", "--fanouts", "2,2,2", "--precompute", "--enable-updates",
-        "--update-state-dir", str(root / "state"), "--min-workers", "2", "--max-workers", "2",
-    )  # fmt: skip
-    build(
-        "--task", "graph", "--synthetic-graphs", "80", "--name", "shapes",
-        "--model-class", "GinGraph", "--model-args", json.dumps(GRAPH_ARGS),
-        "--weights", str(root / "shapes.pt"), "--batch-size", "8", "--max-batch-delay", "200",
-        "--metrics-interval", "0", *common,
+    concurrently(
+        functools.partial(build, *link, "--name", "pairs", "--fanouts", "-1,-1,-1"),
+        functools.partial(
+            build, *link, "--name", "live_pairs", "--fanouts", "2,2,2", "--precompute",
+            "--enable-updates", "--update-state-dir", str(root / "state"),
+            "--min-workers", "2", "--max-workers", "2",
+        ),
+        functools.partial(
+            build, "--task", "graph", "--synthetic-graphs", "80", "--name", "shapes",
+            "--model-class", "GinGraph", "--model-args", json.dumps(GRAPH_ARGS),
+            "--weights", str(root / "shapes.pt"), "--batch-size", "8", "--max-batch-delay", "200",
+            "--metrics-interval", "0", *common,
+        ),
     )  # fmt: skip
     return root
 

@@ -6,6 +6,7 @@ a type the archive does not answer is a 400 naming the types."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import zipfile
@@ -27,7 +28,7 @@ from tests.typed_cold_start_reference import with_new_node
 from tests.typed_live_reference import materialized_typed, random_typed_update
 from tests.unit.archive_build import user_models
 
-from .archives import SHARED_UPDATE_SECRET, build_archive
+from .archives import SHARED_UPDATE_SECRET, build_archive, concurrently
 
 pytestmark = pytest.mark.integration
 ARCHS = ["sage", "gat", "gcn", "gin", "rgcn", "hgt"]
@@ -43,30 +44,34 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("typed")
     graph = write_fraud_graph_csv(fraud_graph(150, 25, 60, 500, seed=4), root / "graph")
     store = root / "store"
-    for arch in ARCHS:
-        build_archive(
-            store, graph, "--undirected", "--arch", arch, "--name", arch, "--epochs", "2",
-            "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--batch-size", "4",
-        )  # fmt: skip
     torch.manual_seed(0)
     module = user_models.FraudHeteroConv(**HETERO_CONV)
     torch.save(module.state_dict(), root / "own.pt")
-    build_archive(
-        store, graph, "--undirected", "--name", "own", "--model-class", "FraudHeteroConv",
-        "--model-file", user_models.__file__, "--model-args", json.dumps(HETERO_CONV),
-        "--weights", str(root / "own.pt"), "--fanouts", "-1,-1", "--embedding-method", "head",
-    )  # fmt: skip
-    build_archive(
-        store, graph, "--undirected", "--arch", "gat", "--name", "live", "--epochs", "2",
-        "--hidden-dim", "16", "--heads", "2", "--fanouts", "-1,-1", "--enable-updates",
-        "--update-state-dir", str(root / "state"), "--min-workers", "2", "--max-workers", "2",
-    )  # fmt: skip
     fanouts = root / "fanouts.json"
     fanouts.write_text(json.dumps({"merchant__rev_pays__user": [1, 1]}))
-    build_archive(
-        store, graph, "--undirected", "--arch", "sage", "--name", "sage_sampled", "--epochs",
-        "2", "--hidden-dim", "16", "--fanouts", "-1,-1", "--fanouts-file", str(fanouts),
-    )  # fmt: skip
+    recipe = ("--undirected", "--epochs", "2", "--hidden-dim", "16", "--fanouts", "-1,-1")
+    builds = [
+        *(
+            (store, graph, *recipe, "--arch", arch, "--name", arch, "--heads", "2",
+             "--batch-size", "4")
+            for arch in ARCHS
+        ),
+        (
+            store, graph, "--undirected", "--name", "own", "--model-class", "FraudHeteroConv",
+            "--model-file", user_models.__file__, "--model-args", json.dumps(HETERO_CONV),
+            "--weights", str(root / "own.pt"), "--fanouts", "-1,-1", "--embedding-method", "head",
+        ),
+        (
+            store, graph, *recipe, "--arch", "gat", "--name", "live", "--heads", "2",
+            "--enable-updates", "--update-state-dir", str(root / "state"),
+            "--min-workers", "2", "--max-workers", "2",
+        ),
+        (
+            store, graph, *recipe, "--arch", "sage", "--name", "sage_sampled",
+            "--fanouts-file", str(fanouts),
+        ),
+    ]  # fmt: skip
+    concurrently(*(functools.partial(build_archive, *args) for args in builds))
     return root
 
 
