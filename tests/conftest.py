@@ -21,12 +21,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from tests.servers.redis_cluster import LocalCluster
 from tests.servers.redis_server import MISSING, RedisServer, redis_server_binary
 from tests.servers.shared_redis import SharedRedis
+
+T = TypeVar("T")
 
 _SERVER_DB, _SINGLE_DB = 1, 0
 
@@ -56,15 +59,22 @@ def _shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared
         cluster.stop()
 
 
+def _lend(shared: SharedRedis, lent: T, user: str, db: int | None = None) -> Iterator[T]:
+    """Lends a shared instance empty (database ``db``, or all), checks that ``user`` left it
+    as it was, and empties it again."""
+    shared.flush(db)
+    yield lent
+    shared.check_unchanged(user)
+    shared.flush(db)
+
+
 @pytest.fixture()
 def redis_server(
     _shared_server: SharedRedis, request: pytest.FixtureRequest
 ) -> Iterator[RedisServer]:
     """The session's redis-server (the shipped durable configuration), database 1, empty."""
-    _shared_server.flush(_SERVER_DB)
-    yield dataclasses.replace(_shared_server.nodes[0], db=_SERVER_DB)
-    _shared_server.check_unchanged(request.node.nodeid)
-    _shared_server.flush(_SERVER_DB)
+    server = dataclasses.replace(_shared_server.nodes[0], db=_SERVER_DB)
+    yield from _lend(_shared_server, server, request.node.nodeid, _SERVER_DB)
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +82,8 @@ def single_redis(
     _shared_server: SharedRedis, request: pytest.FixtureRequest
 ) -> Iterator[RedisServer]:
     """The session's redis-server, database 0, empty for this module."""
-    _shared_server.flush(_SINGLE_DB)
-    yield dataclasses.replace(_shared_server.nodes[0], db=_SINGLE_DB)
-    _shared_server.check_unchanged(request.node.nodeid)
-    _shared_server.flush(_SINGLE_DB)
+    server = dataclasses.replace(_shared_server.nodes[0], db=_SINGLE_DB)
+    yield from _lend(_shared_server, server, request.node.nodeid, _SINGLE_DB)
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +91,8 @@ def redis_cluster(
     _shared_cluster: SharedRedis, request: pytest.FixtureRequest
 ) -> Iterator[LocalCluster]:
     """The session's Redis Cluster (three primaries, three replicas), empty for this module."""
-    _shared_cluster.flush()
-    yield LocalCluster(_shared_cluster.nodes[0].home.parent, list(_shared_cluster.nodes))
-    _shared_cluster.check_unchanged(request.node.nodeid)
-    _shared_cluster.flush()
+    cluster = LocalCluster(_shared_cluster.nodes[0].home.parent, list(_shared_cluster.nodes))
+    yield from _lend(_shared_cluster, cluster, request.node.nodeid)
 
 
 @pytest.fixture()
